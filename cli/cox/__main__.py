@@ -1,0 +1,5 @@
+import sys
+
+from cox.main import main
+
+sys.exit(main())

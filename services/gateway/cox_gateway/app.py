@@ -1,0 +1,247 @@
+"""The HTTP API of API.md. Reads come from Redis and JetStream; every change is a NATS request
+to a turn-runner (or versions), which decides it atomically in Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from coxswain import __version__, bus, eventlog, keys, session_view, subjects
+from coxswain.errors import Invalid, NotFound, Unavailable
+from coxswain.ids import ID_RE
+from coxswain.models import (
+    ApprovalAnswer,
+    ApprovalCmd,
+    ChangesRequest,
+    CreateCmd,
+    CreateSession,
+    DiffRequest,
+    DiffResult,
+    LeadCmd,
+    LeadMessage,
+    LeadResult,
+    ListVersionsRequest,
+    ListVersionsResult,
+    ObserveBody,
+    ObserveCmd,
+    PatchCmd,
+    PatchSession,
+    RestoreCmd,
+    SendCmd,
+    SendMessage,
+    SendResult,
+    Session,
+    StopCmd,
+    StopResult,
+    UndoCmd,
+    WriteOutcome,
+)
+
+from . import errors, metrics
+
+if TYPE_CHECKING:
+    from .service import Gateway
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def _principal(request: Request) -> str:
+    """The principal the bearer token names (401 otherwise)."""
+    return str(request.app.state.gw.auth.principal(request))
+
+
+Principal = Annotated[str, Depends(_principal)]
+Sid = Annotated[str, PathParam(pattern=ID_RE.pattern, description="session id")]
+VersionId = Annotated[str, PathParam(pattern=ID_RE.pattern)]
+STATIC = Path(__file__).parent / "static"
+HEARTBEAT_S = 15.0
+MAX_WAIT_S = 60.0
+
+
+def create_app(gw: Gateway) -> FastAPI:
+    app = FastAPI(title="coxswain", version=__version__, max_body_size=gw.settings.max_body)
+    app.state.gw = gw
+    errors.install(app)
+    app.middleware("http")(metrics.middleware)
+
+    async def runner(op: str, cmd: BaseModel, result: type[R], timeout: float = 30.0) -> R:
+        return await bus.call(gw.nc, subjects.rpc(subjects.RUNNER, op), cmd, result, timeout=timeout)
+
+    async def owned(sid: str, who: str) -> dict[str, str]:
+        h = await gw.redis.hgetall(keys.session(sid))
+        if not h or h.get("principal") != who:
+            raise NotFound("no such session")
+        return h
+
+    # ------------------------------------------------------------------ sessions
+    @app.get("/v1/sessions")
+    async def list_sessions(who: Principal, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[Session]:
+        sids = await gw.redis.zrevrange(keys.principal(who), 0, limit - 1)
+        views = await asyncio.gather(*(session_view.load(gw.redis, s, who) for s in sids))
+        return [v for v in views if v is not None]
+
+    @app.post("/v1/sessions", status_code=201)
+    async def create_session(body: CreateSession, who: Principal) -> Session:
+        return await runner("create", CreateCmd(principal=who, **body.model_dump()), Session)
+
+    @app.get("/v1/sessions/{sid}")
+    async def get_session(sid: Sid, who: Principal) -> Session:
+        view = await session_view.load(gw.redis, sid, who)
+        if view is None:
+            raise NotFound("no such session")
+        return view
+
+    @app.patch("/v1/sessions/{sid}")
+    async def patch_session(sid: Sid, body: PatchSession, who: Principal) -> Session:
+        return await runner("patch", PatchCmd(principal=who, sid=sid, **body.model_dump()), Session)
+
+    # ------------------------------------------------------------------ steering
+    @app.post("/v1/sessions/{sid}/messages", status_code=202)
+    async def send(sid: Sid, body: SendMessage, who: Principal) -> SendResult:
+        return await runner("send", SendCmd(principal=who, sid=sid, **body.model_dump()), SendResult)
+
+    @app.post("/v1/sessions/{sid}/lead", status_code=202)
+    async def lead(sid: Sid, body: LeadMessage, who: Principal) -> LeadResult:
+        return await runner("lead", LeadCmd(principal=who, sid=sid, **body.model_dump()), LeadResult)
+
+    @app.post("/v1/sessions/{sid}/stop")
+    async def stop(sid: Sid, who: Principal) -> StopResult:
+        return await runner("stop", StopCmd(principal=who, sid=sid), StopResult)
+
+    @app.post("/v1/sessions/{sid}/approvals/{aid}")
+    async def answer(sid: Sid, aid: VersionId, body: ApprovalAnswer, who: Principal) -> dict[str, Any]:
+        await runner("answer", ApprovalCmd(principal=who, sid=sid, approval_id=aid, **body.model_dump()), _Ok)
+        return {"ok": True, "approval_id": aid, "decision": body.decision}
+
+    @app.post("/v1/sessions/{sid}/observe", status_code=202)
+    async def observe(sid: Sid, body: ObserveBody, who: Principal) -> dict[str, Any]:
+        await runner("observe", ObserveCmd(principal=who, sid=sid, **body.model_dump()), _Ok, timeout=90)
+        return {"ok": True}
+
+    # ------------------------------------------------------------------ versions
+    async def versions(op: str, req: BaseModel, result: type[R]) -> R:
+        return await bus.call(gw.nc, subjects.rpc(subjects.VERSIONS, op), req, result, timeout=30)
+
+    @app.get("/v1/sessions/{sid}/changes")
+    async def changes(sid: Sid, who: Principal) -> dict[str, Any]:
+        h = await owned(sid, who)
+        data = await bus.raw_call(gw.nc, subjects.rpc(subjects.VERSIONS, "changes"),
+                                  ChangesRequest(sid=sid, workspace=h["workspace"]).model_dump_json().encode(), 30)
+        return dict(data)
+
+    @app.get("/v1/sessions/{sid}/versions")
+    async def list_versions(sid: Sid, who: Principal,
+                            path: Annotated[str, Query(min_length=1, max_length=4096)]) -> ListVersionsResult:
+        h = await owned(sid, who)
+        return await versions("list", ListVersionsRequest(sid=sid, workspace=h["workspace"], path=path),
+                              ListVersionsResult)
+
+    @app.get("/v1/sessions/{sid}/versions/{vid}/diff")
+    async def diff(sid: Sid, vid: VersionId, who: Principal) -> DiffResult:
+        h = await owned(sid, who)
+        return await versions("diff", DiffRequest(sid=sid, workspace=h["workspace"], version_id=vid), DiffResult)
+
+    @app.post("/v1/sessions/{sid}/versions/{vid}/restore")
+    async def restore(sid: Sid, vid: VersionId, who: Principal) -> WriteOutcome:
+        return await runner("restore", RestoreCmd(principal=who, sid=sid, version_id=vid), WriteOutcome)
+
+    @app.post("/v1/sessions/{sid}/undo")
+    async def undo(sid: Sid, who: Principal) -> WriteOutcome:
+        return await runner("undo", UndoCmd(principal=who, sid=sid), WriteOutcome)
+
+    # ------------------------------------------------------------------ events
+    @app.get("/v1/sessions/{sid}/events", response_model=None)
+    async def events(
+        sid: Sid, request: Request, who: Principal,
+        after: Annotated[int | None, Query(ge=0)] = None,
+        format: Annotated[str, Query(pattern="^(sse|json)$")] = "sse",
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> Response:
+        await owned(sid, who)
+        start = after
+        if start is None:
+            last_id = request.headers.get("last-event-id")
+            if last_id:
+                try:
+                    start = int(last_id)
+                except ValueError as exc:
+                    raise Invalid("Last-Event-ID must be an event seq") from exc
+        start = start or 0
+        if format == "json":
+            async with eventlog.EventFeed(gw.js, sid, start) as feed:
+                out = await feed.drain(limit=limit)
+                if not out and wait > 0:
+                    out = await feed.next(timeout=wait, limit=limit)
+            return JSONResponse(out)
+        return StreamingResponse(_sse(gw, request, sid, start), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    # ------------------------------------------------------------------ operations
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        checks = await asyncio.gather(*(_health(gw, s) for s in subjects.SERVICES))
+        services = dict(zip(subjects.SERVICES, checks, strict=True))
+        ok = all(c.get("ok") for c in checks)
+        return JSONResponse({"ok": ok, "services": services}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return metrics.render()
+
+    @app.get("/", include_in_schema=False, response_model=None)
+    async def console() -> Response:
+        index = STATIC / "index.html"
+        if index.exists():
+            return FileResponse(index, headers={"Cache-Control": "no-store"})
+        return JSONResponse({"service": "coxswain", "version": __version__, "api": "/docs"})
+
+    if STATIC.exists():
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+class _Ok(BaseModel):
+    ok: bool = True
+
+
+async def _health(gw: Gateway, service: str) -> dict[str, Any]:
+    try:
+        data = await bus.raw_call(gw.nc, subjects.rpc(service, "health"), b"{}", timeout=2.0)
+        return {"ok": True, **(data if isinstance(data, dict) else {})}
+    except Unavailable as exc:
+        return {"ok": False, "detail": exc.detail}
+    except Exception as exc:  # noqa: BLE001 - any failure is "not healthy"
+        return {"ok": False, "detail": repr(exc)}
+
+
+async def _sse(gw: Gateway, request: Request, sid: str, after: int) -> AsyncIterator[bytes]:
+    """The backlog after ``after``, then live events; a comment line keeps idle streams open."""
+    metrics.STREAMS.inc()
+    try:
+        yield b"retry: 1000\n\n"
+        async with eventlog.EventFeed(gw.js, sid, after) as feed:
+            while not gw.stopping:
+                batch = await feed.next(timeout=HEARTBEAT_S if feed.caught_up else 1.0)
+                if not batch:
+                    if await request.is_disconnected():
+                        return
+                    yield b": keep-alive\n\n"
+                    continue
+                chunks = []
+                for ev in batch:
+                    data = json.dumps(ev, ensure_ascii=False, separators=(",", ":"))
+                    chunks.append(f"id: {ev['seq']}\nevent: {ev['type']}\ndata: {data}\n\n")
+                yield "".join(chunks).encode()
+    finally:
+        metrics.STREAMS.dec()

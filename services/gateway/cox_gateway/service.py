@@ -1,0 +1,69 @@
+"""The gateway process: the FastAPI app served by uvicorn, plus its NATS and Redis clients.
+
+The service context (NATS, Redis, health over NATS) is entered once in ``main``; uvicorn runs
+inside it as the process's foreground work and is told to exit on SIGTERM, after which the
+context drains NATS and closes Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from coxswain import subjects
+from coxswain.config import Settings
+from coxswain.service import Service
+
+from .app import create_app
+from .auth import Auth
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the service owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Gateway(Service):
+    name = subjects.GATEWAY
+    uses_redis = True
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.auth = Auth(settings.principals())
+
+    async def start(self) -> None:
+        self.js = self.nc.jetstream()
+        self.app = create_app(self)
+
+    async def health(self) -> dict[str, Any]:
+        await self.redis.ping()
+        return {"port": self.settings.port}
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        config = uvicorn.Config(
+            self.app, host=self.settings.host, port=self.settings.port, log_config=None, access_log=False,
+            lifespan="off", timeout_graceful_shutdown=3, proxy_headers=False, server_header=False,
+        )
+        server = _Server(config)
+        task = asyncio.create_task(server.serve(), name="uvicorn")
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        waiter.cancel()
+        await task
+        if not server.started:
+            raise RuntimeError(f"the gateway could not listen on {self.settings.host}:{self.settings.port}")
+        self.log.info("http.stopped")
+
+
+def main() -> None:
+    from coxswain.service import run
+
+    run(Gateway, subjects.GATEWAY)

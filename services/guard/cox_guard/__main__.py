@@ -1,0 +1,3 @@
+from cox_guard.service import main
+
+main()

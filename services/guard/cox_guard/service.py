@@ -1,0 +1,29 @@
+"""The guard service: a policy decision for every tool call, over NATS request-reply."""
+
+from __future__ import annotations
+
+import asyncio
+
+from coxswain import subjects
+from coxswain.models import GuardRequest, GuardResult
+from coxswain.service import Service
+
+from . import policy
+
+
+class Guard(Service):
+    name = subjects.GUARD
+
+    async def start(self) -> None:
+        await self.add_endpoint("check", GuardRequest, self.check)
+
+    async def check(self, req: GuardRequest) -> GuardResult:
+        if req.call.name == "write_file" and len(str(req.call.args.get("content", ""))) > 65_536:
+            return await asyncio.to_thread(policy.check, self.settings, req)
+        return policy.check(self.settings, req)
+
+
+def main() -> None:
+    from coxswain.service import run
+
+    run(Guard, subjects.GUARD)

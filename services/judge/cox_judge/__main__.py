@@ -1,0 +1,3 @@
+from cox_judge.service import main
+
+main()

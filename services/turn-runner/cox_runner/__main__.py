@@ -1,0 +1,3 @@
+from cox_runner.service import main
+
+main()

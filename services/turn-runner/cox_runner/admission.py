@@ -1,0 +1,217 @@
+"""Admission: each person's action (create, patch, send, Lead, Stop, answer, observe, restore,
+undo) as one atomic call into the Redis library, then a doorbell to the runner that holds the
+session so it acts on it at once.
+
+Any runner may admit any session's action: the queue group spreads requests, and Redis decides.
+A send to an idle session starts the turn on the runner that admitted it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coxswain import events as ev
+from coxswain import keys, safefs, session_view
+from coxswain.errors import Invalid, NotFound, TooLarge
+from coxswain.ids import new_id
+from coxswain.models import (
+    Accepted,
+    ApprovalCmd,
+    CreateCmd,
+    LeadCmd,
+    LeadResult,
+    ObserveCmd,
+    PatchCmd,
+    RestoreCmd,
+    RestoreRequest,
+    SendCmd,
+    SendResult,
+    Session,
+    StopCmd,
+    StopResult,
+    UndoCmd,
+    UndoRequest,
+    WriteOutcome,
+)
+
+from . import tools
+from .drive import Drive
+from .store import as_list
+
+if TYPE_CHECKING:
+    from .service import Runner
+
+STOP_SETTLE_S = 10.0
+
+
+class Admission:
+    def __init__(self, runner: Runner) -> None:
+        self.r = runner
+
+    # ------------------------------------------------------------------ sessions
+    async def create(self, cmd: CreateCmd) -> Session:
+        s = self.r.settings
+        root = s.root
+        root.mkdir(parents=True, exist_ok=True)
+        rel = cmd.workspace.strip()
+        if os.path.isabs(rel):
+            ws = Path(os.path.realpath(rel))
+            if ws != root and root not in ws.parents:
+                raise Invalid(f"workspace must be under {root}")
+        else:
+            ws = root / rel
+        # Create it (links resolved) only if it stays under the root.
+        rel_to_root = safefs.resolve(root, str(ws))
+        if safefs.denied(rel_to_root or "."):
+            raise Invalid("that folder is on the credential denylist")
+        ws = root / rel_to_root if rel_to_root else root
+        await asyncio.to_thread(ws.mkdir, parents=True, exist_ok=True)
+        ws = Path(os.path.realpath(ws))
+        model = cmd.model or s.model.default or ""
+        if model and model not in self.r.models.names():
+            raise Invalid(f"unknown model {model!r}; configured: {', '.join(sorted(self.r.models.names()))}")
+        sid = new_id("s")
+        body = ev.body(ev.SessionCreated(sid=sid, workspace=str(ws), model=model or None, title=cmd.title,
+                                         source="manual" if cmd.title else None))
+        await self.r.store.call("cox_create", sid,
+                                [sid, cmd.principal, str(ws), model, cmd.title or "", body, self.r.owner],
+                                extra_keys=[keys.principal(cmd.principal)])
+        view = await session_view.load(self.r.redis, sid, cmd.principal)
+        assert view is not None
+        return view
+
+    async def patch(self, cmd: PatchCmd) -> Session:
+        fields: list[str] = []
+        if cmd.title is not None:
+            fields += ["title", cmd.title]
+        if cmd.auto_title is not None:
+            fields += ["auto_title", "1" if cmd.auto_title else "0"]
+        if cmd.model is not None:
+            if cmd.model not in self.r.models.names():
+                raise Invalid(f"unknown model {cmd.model!r}; configured: {', '.join(sorted(self.r.models.names()))}")
+            fields += ["model", cmd.model]
+        if cmd.dont_ask is not None:
+            fields += ["dont_ask", "1" if cmd.dont_ask else "0"]
+        res = await self.r.store.call("cox_patch", cmd.sid, [cmd.sid, cmd.principal, self.r.owner, *fields])
+        if cmd.dont_ask:
+            await self.r.ring(res.get("runner"), cmd.sid, "approval")
+        view = await session_view.load(self.r.redis, cmd.sid, cmd.principal)
+        if view is None:
+            raise NotFound("no such session")
+        return view
+
+    # ------------------------------------------------------------------ messages
+    async def send(self, cmd: SendCmd) -> SendResult:
+        r = self.r
+        message_id = new_id("m")
+        turn_id = new_id("t")
+        res = await r.store.call("cox_send", cmd.sid, [
+            cmd.sid, cmd.principal, message_id, cmd.text, cmd.mode or "", cmd.client_id or "", r.runner_id,
+            str(r.settings.runner.lease_ms), turn_id, r.owner, " ".join(sorted(r.models.names())),
+        ])
+        if not res.get("replay"):
+            if res.get("disposition") == "started":
+                r.start_drive(Drive(sid=cmd.sid, token=str(res["token"]), first={
+                    "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
+                }))
+            elif res.get("disposition") == "steered":
+                await r.ring(res.get("runner"), cmd.sid, "steer")
+        return SendResult(message_id=res["message_id"], disposition=res["disposition"],
+                          position=res.get("position"))
+
+    async def lead(self, cmd: LeadCmd) -> LeadResult:
+        r = self.r
+        size = len(cmd.text.encode("utf-8"))
+        if size > r.settings.lead.max_bytes:
+            raise TooLarge(f"a Lead may hold {r.settings.lead.max_bytes} bytes of UTF-8; this one has {size}")
+        res = await r.store.call("cox_lead", cmd.sid, [
+            cmd.sid, cmd.principal, new_id("l"), cmd.text, cmd.client_id or "", str(r.settings.lead.max_pending),
+            r.owner,
+        ])
+        if not res.get("replay"):
+            await r.ring(res.get("runner"), cmd.sid, "lead")
+        return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]))
+
+    async def stop(self, cmd: StopCmd) -> StopResult:
+        r = self.r
+        res = await r.store.call("cox_stop", cmd.sid, [cmd.sid, cmd.principal, r.owner])
+        turn_id = res.get("turn_id")
+        if res.get("stopped"):
+            await r.ring(res.get("runner"), cmd.sid, "stop")
+            await self._settle(cmd.sid, turn_id)
+        return StopResult(turn_id=turn_id, discarded=as_list(res.get("discarded")),
+                          unapplied_leads=as_list(res.get("unapplied_leads")))
+
+    async def _settle(self, sid: str, turn_id: str | None) -> None:
+        """Wait (bounded) until the stopped turn has ended, so the reply describes a settled session."""
+        base = keys.session(sid)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(STOP_SETTLE_S, self.r.settings.runner.lease_ms / 1000 * 2 + 2)
+        while loop.time() < deadline:
+            cur, busy = await self.r.redis.hmget(base, ["turn_id", "busy"])
+            if busy != "1" or (turn_id and cur != turn_id):
+                return
+            await asyncio.sleep(0.01)
+
+    async def answer(self, cmd: ApprovalCmd) -> Accepted:
+        r = self.r
+        res = await r.store.call("cox_answer", cmd.sid, [
+            cmd.sid, cmd.principal, cmd.approval_id, cmd.decision, cmd.scope, cmd.message or "", r.owner,
+        ])
+        await r.ring(res.get("runner"), cmd.sid, "approval")
+        return Accepted()
+
+    async def observe(self, cmd: ObserveCmd) -> Accepted:
+        """The operator's ``!command``: run it now, record it, fold it into the next tool result."""
+        r = self.r
+        ws = await r.redis.hget(keys.session(cmd.sid), "workspace")
+        owner = await r.redis.hget(keys.session(cmd.sid), "principal")
+        if ws is None or owner != cmd.principal:
+            raise NotFound("no such session")
+        res = await tools.run_command(Path(ws), cmd.command, 60.0, r.settings.runner.output_limit)
+        output = (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
+        turn_id = (await r.redis.hget(keys.session(cmd.sid), "turn_id")) or None
+        record = json.dumps({"command": cmd.command, "output": output}, ensure_ascii=False)
+        await r.store.call("cox_emit", cmd.sid, [
+            cmd.sid, "", r.owner, "1", "rpush", ":observed", "", record,
+            ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command, output=output,
+                                exit_code=res.exit_code)),
+        ])
+        runner_id = await r.redis.hget(keys.session(cmd.sid), "runner")
+        await r.ring(runner_id, cmd.sid, "observe")
+        return Accepted()
+
+    # ------------------------------------------------------------------ a person's writes
+    async def restore(self, cmd: RestoreCmd) -> WriteOutcome:
+        return await self._person_write(cmd.sid, cmd.principal, "restore", cmd.version_id)
+
+    async def undo(self, cmd: UndoCmd) -> WriteOutcome:
+        return await self._person_write(cmd.sid, cmd.principal, "undo", None)
+
+    async def _person_write(self, sid: str, principal: str, op: str, version_id: str | None) -> WriteOutcome:
+        """Restore and undo are writes like any other: under the session's lease, versioned first."""
+        r = self.r
+        res = await r.store.call("cox_op_begin", sid, [sid, principal, r.runner_id, str(r.settings.runner.lease_ms), op])
+        token = str(res["token"])
+        d = Drive(sid=sid, token=token)
+        r.drives[sid] = d
+        try:
+            ws = await r.redis.hget(keys.session(sid), "workspace") or ""
+            if version_id is not None:
+                out = await r.clients.restore(RestoreRequest(sid=sid, workspace=ws, version_id=version_id,
+                                                             token=int(token)))
+            else:
+                out = await r.clients.undo(UndoRequest(sid=sid, workspace=ws, token=int(token)))
+            await r.store.call("cox_emit", sid, [
+                sid, token, r.owner, "0",
+                ev.body(ev.VersionKept(sid=sid, path=out.kept.path, version_id=out.kept.version_id, store=out.kept.store)),
+                ev.body(ev.FileWritten(sid=sid, path=out.path, added=out.added, removed=out.removed, via=op)),  # type: ignore[arg-type]
+            ])
+            return out
+        finally:
+            r.drives.pop(sid, None)
+            await r.finish_op(d)

@@ -1,0 +1,155 @@
+"""The approval gate of one tool call: guard, then the judge, then the person.
+
+DESIGN "Policy": guard decides allow/ask/refuse (pin, denylist, protected paths, credential
+content, taint, the writes/commands settings, standing approvals). An ``ask`` that is not a
+security confirm is answered by the don't-ask switch when it is on, else by the judge when guard
+routes it there; what the judge refuses or fails on goes to the person with the judge's answer.
+A security confirm always goes to the person. Every decision is a ``policy.decision`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from coxswain import events as ev
+from coxswain import keys
+from coxswain.errors import CoxError
+from coxswain.ids import new_id
+from coxswain.models import CallSpec, GuardRequest, GuardResult, JudgeRequest, JudgeResult, Plan
+
+from .errors import StopRequested
+
+if TYPE_CHECKING:
+    from .loop import TurnLoop
+
+APPROVAL_POLL_S = 1.0
+
+
+@dataclass
+class GateOutcome:
+    allowed: bool
+    reason: str
+    actor: str
+    path: str | None = None
+    message: str | None = None
+    """A person's message given with the answer: delivered as a user message after the result."""
+    guard: GuardResult | None = None
+
+
+def standing_key(name: str, args: dict[str, Any], path: str | None) -> str:
+    """What "always" remembers: a command's program (and subcommand), or a written path."""
+    if name == "run_command":
+        try:
+            words = shlex.split(str(args.get("command", "")))
+        except ValueError:
+            words = str(args.get("command", "")).split()
+        if not words:
+            return ""
+        if len(words) > 1 and not words[1].startswith("-") and "/" not in words[1]:
+            return f"{words[0]} {words[1]}"
+        return words[0]
+    if name == "write_file" and path is not None:
+        return f"write:{path}"
+    return ""
+
+
+async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
+    turn = loop.turn
+    redis = loop.runner.redis
+    base = keys.session(turn.sid)
+    standing = set(await redis.smembers(base + ":standing")) | turn.turn_standing
+    dont_ask = (await redis.hget(base, "dont_ask")) == "1"
+    g = await loop.runner.clients.guard(GuardRequest(
+        sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask,
+        standing=sorted(standing), tainted=loop.tainted_fragments(),
+    ))
+    await loop.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
+                                      verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security))
+    if g.verdict == "refuse":
+        return GateOutcome(False, g.reason, g.actor, g.path, guard=g)
+    if g.verdict == "allow":
+        return GateOutcome(True, g.reason, g.actor, g.path, guard=g)
+
+    if not g.security and dont_ask:
+        await _decided(loop, call, "allow", "setting", "the don't-ask switch is on")
+        return GateOutcome(True, "don't ask is on", "setting", g.path, guard=g)
+
+    judge_info: dict[str, Any] | None = None
+    if g.route == "judge" and not g.security:
+        j = await _ask_judge(loop, call)
+        if j.verdict == "allow":
+            await _decided(loop, call, "allow", "judge", j.reason)
+            return GateOutcome(True, j.reason, "judge", g.path, guard=g)
+        judge_info = j.model_dump(mode="json")
+
+    return await ask_person(loop, call, g, judge_info)
+
+
+async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, reason: str) -> None:
+    t = loop.turn
+    await loop.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id, verdict=verdict,  # type: ignore[arg-type]
+                                      actor=actor, reason=reason))  # type: ignore[arg-type]
+
+
+async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
+    t = loop.turn
+    plan = loop.plan
+    try:
+        return await loop.runner.clients.judge(JudgeRequest(
+            sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
+            plan=Plan(steps=plan["steps"], marks=plan.get("marks", [])) if plan else None,
+        ))
+    except CoxError as exc:
+        return JudgeResult(verdict="error", reason=f"the judge failed: {exc.detail}", kind="unavailable")
+
+
+async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
+                     judge_info: dict[str, Any] | None, *, reason: str | None = None,
+                     security: bool | None = None) -> GateOutcome:
+    """Open an approval and wait for the person's answer (or Stop). Leads wait meanwhile."""
+    t = loop.turn
+    aid = new_id("a")
+    sec = bool(g.security) if security is None else security
+    why = reason or (g.reason if g else "")
+    key = standing_key(call.name, call.args, g.path if g else None)
+    record = {
+        "approval_id": aid, "call_id": call.call_id, "name": call.name, "args": call.args,
+        "security": sec, "reason": why, "judge": judge_info, "turn_id": t.turn_id,
+        "state": "pending", "standing_key": key,
+    }
+    await loop.emit(
+        ev.ApprovalPending(sid=t.sid, turn_id=t.turn_id, approval_id=aid, call_id=call.call_id, security=sec,
+                           judge=judge_info, name=call.name, args=call.args, reason=why),
+        ops=[("hset", ":appr", aid, json.dumps(record, ensure_ascii=False))],
+    )
+    base = keys.session(t.sid)
+    while True:
+        raw = await loop.runner.redis.hget(base + ":appr", aid)
+        a = json.loads(raw) if raw else {}
+        if a.get("state") == "resolved":
+            break
+        if t.stopping:
+            a["state"] = "dismissed"
+            await loop.emit(
+                ev.ApprovalResolved(sid=t.sid, turn_id=t.turn_id, approval_id=aid, decision="deny",
+                                    actor="policy", reason="the turn was stopped"),  # type: ignore[call-arg]
+                ops=[("hset", ":appr", aid, json.dumps(a, ensure_ascii=False))],
+            )
+            raise StopRequested(t.stop_reason or "stop")
+        t.bell.clear()
+        try:
+            await asyncio.wait_for(t.bell.wait(), APPROVAL_POLL_S)
+        except TimeoutError:
+            pass
+    decision = a.get("decision", "deny")
+    message = a.get("message")
+    if decision == "allow" and a.get("scope") == "turn" and key and not sec:
+        t.turn_standing.add(key)
+    await _decided(loop, call, "allow" if decision == "allow" else "refuse", "person",
+                   "allowed by the person" if decision == "allow" else "denied by the person")
+    return GateOutcome(decision == "allow", "allowed by the person" if decision == "allow" else
+                       "denied by the person", "person", g.path if g else None, message=message, guard=g)

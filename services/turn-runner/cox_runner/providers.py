@@ -1,0 +1,75 @@
+"""Models a session can choose: the built-in ``script`` model and real providers via pydantic-ai.
+
+A provider is a ``[[model.providers]]`` entry in the TOML config, for example::
+
+    [[model.providers]]
+    name = "local-qwen"          # what a session's ``model`` names
+    kind = "openai"              # any OpenAI-compatible server: vLLM, llama.cpp, Ollama, OpenRouter
+    base_url = "http://127.0.0.1:8000/v1"
+    model = "Qwen2.5-Coder-7B-Instruct"
+    api_key_env = "LOCAL_KEY"    # optional; the key is read from this variable
+
+    [[model.providers]]
+    name = "claude"
+    kind = "anthropic"
+    model = "claude-sonnet-4-5"
+    api_key_env = "ANTHROPIC_API_KEY"
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic_ai.models import Model
+from pydantic_ai.settings import ModelSettings
+
+from coxswain.config import ModelConfig, ProviderConfig
+from coxswain.errors import NotAccepting
+
+from .script_model import ScriptModel
+
+
+class Models:
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+        self._by_name: dict[str, ProviderConfig] = {p.name: p for p in cfg.providers}
+        self._cache: dict[str, Model] = {}
+
+    def names(self) -> set[str]:
+        return {"script", *self._by_name}
+
+    def get(self, name: str) -> Model:
+        if name in self._cache:
+            return self._cache[name]
+        model = self._build(name)
+        self._cache[name] = model
+        return model
+
+    def settings(self, name: str) -> ModelSettings | None:
+        p = self._by_name.get(name)
+        if p is None:
+            return None
+        s: dict[str, Any] = {}
+        if p.max_tokens is not None:
+            s["max_tokens"] = p.max_tokens
+        if p.temperature is not None:
+            s["temperature"] = p.temperature
+        return ModelSettings(**s) if s else None  # type: ignore[typeddict-item]
+
+    def _build(self, name: str) -> Model:
+        if name == "script":
+            return ScriptModel()
+        p = self._by_name.get(name)
+        if p is None:
+            raise NotAccepting(f"model {name!r} is not configured")
+        key = p.api_key or (os.environ.get(p.api_key_env) if p.api_key_env else None)
+        if p.kind == "openai":
+            from pydantic_ai.models.openai import OpenAIChatModel
+            from pydantic_ai.providers.openai import OpenAIProvider
+
+            return OpenAIChatModel(p.model, provider=OpenAIProvider(base_url=p.base_url, api_key=key or "none"))
+        from pydantic_ai.models.anthropic import AnthropicModel
+        from pydantic_ai.providers.anthropic import AnthropicProvider
+
+        return AnthropicModel(p.model, provider=AnthropicProvider(api_key=key, base_url=p.base_url))

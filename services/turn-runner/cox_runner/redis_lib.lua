@@ -1,0 +1,565 @@
+#!lua name=coxswain
+--[[
+coxswain's session state machine: every transition is one function call, atomic in Redis.
+
+Keys of a session derive from its hash key KEYS[1] = "cox:s:{<sid>}" (see coxswain/keys.py;
+the suffixes below mirror it). The global indexes are fixed names.
+
+Every function returns an array: [1] is a JSON reply ({"error": code, "detail": text} when it
+refused, in which case nothing was changed); the rest, when present, is a batch of outbox
+entries the caller now holds the publish lock for and must publish to JetStream, then call
+cox_pub_done. Events are written to the outbox here, with their seq, in the same call as the
+state change they describe, so the log and the state can never disagree.
+
+Fencing: the busy lease is the string KEYS[1]..":lease" holding the token (an INCR that is
+never reused) with a PX TTL. Functions a turn's runner calls take the token and refuse with
+"fenced" when it is no longer the lease's.
+]]
+
+local LEASES = 'cox:leases'
+local DIRTY = 'cox:outbox:dirty'
+local PUB_BATCH = 200
+local PUB_LOCK_MS = 5000
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function reply(tbl) return cjson.encode(tbl) end
+local function refuse(code, detail) return { cjson.encode({ error = code, detail = detail }) } end
+
+-- Record one event: body is a JSON object without seq/ts.
+local function emit(base, sid, body, now)
+  local seq = redis.call('HINCRBY', base, 'seq', 1)
+  local ev = '{"seq":' .. seq .. ',"ts":' .. now .. ',' .. string.sub(body, 2)
+  redis.call('RPUSH', base .. ':outbox', ev)
+  redis.call('ZADD', DIRTY, 'NX', now, sid)
+  return seq
+end
+
+local function emit_t(base, sid, tbl, now)
+  tbl.sid = sid
+  return emit(base, sid, cjson.encode(tbl), now)
+end
+
+-- Take the publish lock if free and hand the caller the first batch of the outbox.
+local function with_pub(base, owner, first)
+  local out = { first }
+  if owner == nil or owner == '' then return out end
+  if redis.call('LLEN', base .. ':outbox') == 0 then return out end
+  if redis.call('SET', base .. ':publock', owner, 'NX', 'PX', PUB_LOCK_MS) then
+    local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
+    for i = 1, #batch do out[#out + 1] = batch[i] end
+  end
+  return out
+end
+
+local function busy(base) return redis.call('HGET', base, 'busy') == '1' end
+
+local function hold(base, token)
+  local cur = redis.call('GET', base .. ':lease')
+  return cur ~= false and cur == token
+end
+
+local function session_of(base, principal)
+  if redis.call('EXISTS', base) == 0 then return nil end
+  if principal ~= nil and principal ~= '' and redis.call('HGET', base, 'principal') ~= principal then
+    return nil
+  end
+  return true
+end
+
+local function ids_of(list)
+  local out = {}
+  for i = 1, #list do out[#out + 1] = cjson.decode(list[i]).message_id end
+  return out
+end
+
+-- Start a turn for msg (table: message_id, text, mode). Lease must already be held/created.
+local function begin_turn(base, sid, msg, turn_id, now)
+  local nm = redis.call('HGET', base, 'next_model')
+  if nm and nm ~= '' then
+    redis.call('HSET', base, 'model', nm)
+    redis.call('HDEL', base, 'next_model')
+    emit_t(base, sid, { type = 'session.updated', changes = { model = nm } }, now)
+  end
+  local model = redis.call('HGET', base, 'model')
+  redis.call('HSET', base, 'turn_id', turn_id, 'message_id', msg.message_id, 'stop', '',
+    'lead_closed', '0', 'turn_started', now, 'task', msg.text)
+  redis.call('DEL', base .. ':open')
+  local via = msg.mode
+  if via == nil or via == '' then via = 'send' end
+  emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = msg.message_id, text = msg.text, via = via }, now)
+  emit_t(base, sid, { type = 'turn.start', turn_id = turn_id, message_id = msg.message_id, model = model }, now)
+end
+
+local function take_lease(base, sid, runner, lease_ms, now)
+  local token = tostring(redis.call('HINCRBY', base, 'fence', 1))
+  redis.call('SET', base .. ':lease', token, 'PX', lease_ms)
+  redis.call('ZADD', LEASES, now + lease_ms, sid)
+  redis.call('HSET', base, 'runner', runner, 'token', token, 'busy', '1')
+  return token
+end
+
+local function release(base, sid)
+  redis.call('DEL', base .. ':lease')
+  redis.call('ZREM', LEASES, sid)
+  redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'runner', '', 'token', '',
+    'lead_closed', '0', 'op', '', 'busy', '0')
+end
+
+-- Mark every pending lead unapplied (Stop, steer, crash): they stay saved, start nothing.
+local function unapply_leads(base, sid, turn_id, now)
+  local ids = redis.call('LRANGE', base .. ':leadq', 0, -1)
+  if #ids == 0 then return ids end
+  for i = 1, #ids do
+    local raw = redis.call('HGET', base .. ':leads', ids[i])
+    if raw then
+      local l = cjson.decode(raw)
+      l.state = 'unapplied'
+      redis.call('HSET', base .. ':leads', ids[i], cjson.encode(l))
+    end
+  end
+  redis.call('DEL', base .. ':leadq')
+  local t = { type = 'lead.unapplied', lead_ids = ids }
+  if turn_id ~= '' then t.turn_id = turn_id end
+  emit_t(base, sid, t, now)
+  return ids
+end
+
+-- ------------------------------------------------------------------ session lifecycle
+
+-- KEYS: base, principal index. ARGV: sid, principal, workspace, model, title, created_body, owner
+local function cox_create(keys, args)
+  local base, pidx = keys[1], keys[2]
+  local sid, principal, workspace, model, title, body, owner = unpack(args)
+  if redis.call('EXISTS', base) == 1 then return refuse('conflict', 'session exists') end
+  local now = now_ms()
+  local tsrc = ''
+  if title ~= '' then tsrc = 'manual' end
+  redis.call('HSET', base, 'principal', principal, 'workspace', workspace, 'model', model,
+    'title', title, 'title_source', tsrc, 'auto_title', '1', 'dont_ask', '0', 'created', now,
+    'seq', 0, 'fence', 0, 'turn_id', '', 'stop', '', 'lead_closed', '0', 'busy', '0')
+  redis.call('ZADD', pidx, now, sid)
+  emit(base, sid, body, now)
+  return with_pub(base, owner, reply({ sid = sid, created = now }))
+end
+
+-- ARGV: sid, principal, owner, then field/value pairs among title, auto_title, model, dont_ask
+local function cox_patch(keys, args)
+  local base = keys[1]
+  local sid, principal, owner = args[1], args[2], args[3]
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  local now = now_ms()
+  local changes = {}
+  local n = 0
+  local is_busy = busy(base)
+  for i = 4, #args, 2 do
+    local f, v = args[i], args[i + 1]
+    if f == 'title' then
+      redis.call('HSET', base, 'title', v, 'title_source', 'manual')
+      emit_t(base, sid, { type = 'title.set', title = v, source = 'manual' }, now)
+    elseif f == 'model' then
+      if is_busy then
+        -- applied before the next queued message runs (ADR 40 via ADR 0035 amendment)
+        redis.call('HSET', base, 'next_model', v)
+        changes.next_model = v
+      else
+        redis.call('HSET', base, 'model', v)
+        redis.call('HDEL', base, 'next_model')
+        changes.model = v
+      end
+      n = n + 1
+    elseif f == 'auto_title' or f == 'dont_ask' then
+      redis.call('HSET', base, f, v)
+      changes[f] = (v == '1')
+      n = n + 1
+    end
+  end
+  if n > 0 then emit_t(base, sid, { type = 'session.updated', changes = changes }, now) end
+  return with_pub(base, owner, reply({ ok = true, runner = redis.call('HGET', base, 'runner') }))
+end
+
+-- ------------------------------------------------------------------ admission
+
+-- ARGV: sid, principal, message_id, text, mode ('', queue, steer), client_id, runner,
+--       lease_ms, turn_id, owner, known_models (space separated, '' = any)
+local function cox_send(keys, args)
+  local base = keys[1]
+  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models = unpack(args)
+  lease_ms = tonumber(lease_ms)
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  if client_id ~= '' then
+    local prev = redis.call('HGET', base .. ':cid', client_id)
+    if prev then
+      local p = cjson.decode(prev)
+      p.replay = true
+      return { cjson.encode(p) }
+    end
+  end
+  local model = redis.call('HGET', base, 'model')
+  if model == false or model == '' then
+    return refuse('not_accepting', 'no model is chosen for this session')
+  end
+  if models ~= '' then
+    local target = redis.call('HGET', base, 'next_model')
+    if not target or target == '' then target = model end
+    if not string.find(' ' .. models .. ' ', ' ' .. target .. ' ', 1, true) then
+      return refuse('not_accepting', 'model ' .. target .. ' is not configured')
+    end
+  end
+  local now = now_ms()
+  local msg = { message_id = message_id, text = text, mode = mode }
+  local res
+  if not busy(base) then
+    local token = take_lease(base, sid, runner, lease_ms, now)
+    begin_turn(base, sid, msg, turn_id, now)
+    local disp = 'started'
+    res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token }
+  elseif mode == '' then
+    return refuse('busy', 'a turn is running: choose queue or steer')
+  elseif mode == 'queue' then
+    redis.call('RPUSH', base .. ':q', cjson.encode(msg))
+    local pos = redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')
+    emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'queue' }, now)
+    res = { message_id = message_id, disposition = 'queued', position = pos }
+  else
+    redis.call('RPUSH', base .. ':sq', cjson.encode(msg))
+    local pos = redis.call('LLEN', base .. ':sq')
+    emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'steer' }, now)
+    if redis.call('HGET', base, 'stop') == '' then redis.call('HSET', base, 'stop', 'steer') end
+    redis.call('HSET', base, 'lead_closed', '1')
+    res = { message_id = message_id, disposition = 'steered', position = pos,
+            runner = redis.call('HGET', base, 'runner'), turn_id = redis.call('HGET', base, 'turn_id') }
+  end
+  if client_id ~= '' then
+    local keep = { message_id = res.message_id, disposition = res.disposition, position = res.position }
+    redis.call('HSET', base .. ':cid', client_id, cjson.encode(keep))
+  end
+  return with_pub(base, owner, reply(res))
+end
+
+-- ARGV: sid, principal, lead_id, text, client_id, max_pending, owner
+local function cox_lead(keys, args)
+  local base = keys[1]
+  local sid, principal, lead_id, text, client_id, max_pending, owner = unpack(args)
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  if client_id ~= '' then
+    local prev = redis.call('HGET', base .. ':cid', client_id)
+    if prev then
+      local p = cjson.decode(prev)
+      p.replay = true
+      return { cjson.encode(p) }
+    end
+  end
+  if not busy(base) or redis.call('HGET', base, 'turn_id') == '' then
+    return refuse('no_turn', 'no turn is running: send a message instead')
+  end
+  if redis.call('HGET', base, 'lead_closed') == '1' or redis.call('HGET', base, 'stop') ~= '' then
+    return refuse('lead_closed', 'the running turn is finishing and takes no more Leads')
+  end
+  if redis.call('LLEN', base .. ':leadq') >= tonumber(max_pending) then
+    return refuse('too_many_pending', 'at most ' .. max_pending .. ' Leads may wait')
+  end
+  local now = now_ms()
+  local turn_id = redis.call('HGET', base, 'turn_id')
+  redis.call('HSET', base .. ':leads', lead_id,
+    cjson.encode({ lead_id = lead_id, text = text, state = 'pending', turn_id = turn_id }))
+  redis.call('RPUSH', base .. ':leadq', lead_id)
+  emit_t(base, sid, { type = 'lead.saved', turn_id = turn_id, lead_id = lead_id, text = text }, now)
+  local res = { lead_id = lead_id, pending = redis.call('LLEN', base .. ':leadq') }
+  if client_id ~= '' then redis.call('HSET', base .. ':cid', client_id, cjson.encode(res)) end
+  res.runner = redis.call('HGET', base, 'runner')
+  return with_pub(base, owner, reply(res))
+end
+
+-- ARGV: sid, principal, owner
+local function cox_stop(keys, args)
+  local base = keys[1]
+  local sid, principal, owner = unpack(args)
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  if not busy(base) then
+    return { reply({ turn_id = cjson.null, discarded = {}, unapplied_leads = {}, stopped = false }) }
+  end
+  local now = now_ms()
+  local turn_id = redis.call('HGET', base, 'turn_id')
+  local waiting = redis.call('LRANGE', base .. ':sq', 0, -1)
+  local queued = redis.call('LRANGE', base .. ':q', 0, -1)
+  for i = 1, #queued do waiting[#waiting + 1] = queued[i] end
+  local discarded = ids_of(waiting)
+  redis.call('DEL', base .. ':sq', base .. ':q')
+  if #discarded > 0 then
+    local t = { type = 'queue.discarded', message_ids = discarded }
+    if turn_id ~= '' then t.turn_id = turn_id end
+    emit_t(base, sid, t, now)
+  end
+  local unapplied = unapply_leads(base, sid, turn_id, now)
+  redis.call('HSET', base, 'stop', 'stop', 'lead_closed', '1')
+  local tid = turn_id
+  if tid == '' then tid = cjson.null end
+  local res = { turn_id = tid, discarded = discarded, unapplied_leads = unapplied, stopped = true,
+                runner = redis.call('HGET', base, 'runner') }
+  return with_pub(base, owner, reply(res))
+end
+
+-- ARGV: sid, principal, approval_id, decision, scope, message, owner
+-- "Always this session" makes the approval's standing_key standing (never for a security confirm).
+local function cox_answer(keys, args)
+  local base = keys[1]
+  local sid, principal, aid, decision, scope, message, owner = unpack(args)
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  local raw = redis.call('HGET', base .. ':appr', aid)
+  if not raw then return refuse('not_found', 'no such approval') end
+  local a = cjson.decode(raw)
+  if a.state ~= 'pending' then return refuse('resolved', 'this approval was already answered') end
+  local now = now_ms()
+  a.state = 'resolved'
+  a.decision = decision
+  a.scope = scope
+  if message ~= '' then a.message = message end
+  redis.call('HSET', base .. ':appr', aid, cjson.encode(a))
+  local prefix = a.standing_key
+  if decision == 'allow' and scope == 'session' and type(prefix) == 'string' and prefix ~= '' and not a.security then
+    redis.call('SADD', base .. ':standing', prefix)
+  end
+  local ev = { type = 'approval.resolved', turn_id = a.turn_id, approval_id = aid, decision = decision,
+               actor = 'person', scope = scope }
+  if message ~= '' then ev.message = message end
+  emit_t(base, sid, ev, now)
+  return with_pub(base, owner, reply({ ok = true, runner = redis.call('HGET', base, 'runner'),
+                                       turn_id = a.turn_id }))
+end
+
+-- ------------------------------------------------------------------ the turn's holder
+
+-- ARGV: sid, token, lease_ms
+local function cox_renew(keys, args)
+  local base = keys[1]
+  local sid, token, lease_ms = args[1], args[2], tonumber(args[3])
+  if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  redis.call('PEXPIRE', base .. ':lease', lease_ms)
+  redis.call('ZADD', LEASES, now_ms() + lease_ms, sid)
+  return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq'),
+                   observed = redis.call('LLEN', base .. ':observed') }) }
+end
+
+-- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
+-- then nops*4 op fields (op, suffix, field, value), then event bodies.
+-- ops: hset | hdel | del | sadd | rpush ; suffix in the allowed set.
+local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true }
+local function cox_emit(keys, args)
+  local base = keys[1]
+  local sid, token, owner, nops = args[1], args[2], args[3], tonumber(args[4])
+  if token ~= '' and not hold(base, token) then return refuse('fenced', 'lease lost') end
+  if token == '' and redis.call('EXISTS', base) == 0 then return refuse('not_found', 'no such session') end
+  local i = 5
+  for _ = 1, nops do
+    local op, suffix, field, value = args[i], args[i + 1], args[i + 2], args[i + 3]
+    if not ALLOWED[suffix] then return refuse('invalid', 'suffix not allowed: ' .. suffix) end
+    i = i + 4
+  end
+  i = 5
+  local results = {}
+  for _ = 1, nops do
+    local op, suffix, field, value = args[i], args[i + 1], args[i + 2], args[i + 3]
+    local key = base .. suffix
+    if op == 'hset' then redis.call('HSET', key, field, value)
+    elseif op == 'hsetnx' then results[#results + 1] = redis.call('HSETNX', key, field, value)
+    elseif op == 'hdel' then redis.call('HDEL', key, field)
+    elseif op == 'del' then redis.call('DEL', key)
+    elseif op == 'sadd' then redis.call('SADD', key, value)
+    elseif op == 'rpush' then redis.call('RPUSH', key, value)
+    end
+    i = i + 4
+  end
+  local now = now_ms()
+  local first, last = 0, 0
+  for j = i, #args do
+    last = emit(base, sid, args[j], now)
+    if first == 0 then first = last end
+  end
+  return with_pub(base, owner, reply({ first = first, last = last }))
+end
+
+-- Automatic title: never over a manual rename, never when auto_title is off.
+-- ARGV: sid, token, owner, title, turn_id
+local function cox_auto_title(keys, args)
+  local base = keys[1]
+  local sid, token, owner, title, turn_id = unpack(args)
+  if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  if redis.call('HGET', base, 'title_source') ~= '' or redis.call('HGET', base, 'auto_title') ~= '1' then
+    return { reply({ applied = false }) }
+  end
+  redis.call('HSET', base, 'title', title, 'title_source', 'auto')
+  emit_t(base, sid, { type = 'title.set', turn_id = turn_id, title = title, source = 'auto' }, now_ms())
+  return with_pub(base, owner, reply({ applied = true }))
+end
+
+-- Take the pending Leads to apply them now. ARGV: sid, token, owner, turn_id
+local function cox_take_leads(keys, args)
+  local base = keys[1]
+  local sid, token, owner, turn_id = unpack(args)
+  if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  local ids = redis.call('LRANGE', base .. ':leadq', 0, -1)
+  if #ids == 0 then return { reply({ leads = {} }) } end
+  local now = now_ms()
+  local leads = {}
+  for i = 1, #ids do
+    local raw = redis.call('HGET', base .. ':leads', ids[i])
+    local l = cjson.decode(raw)
+    l.state = 'applied'
+    redis.call('HSET', base .. ':leads', ids[i], cjson.encode(l))
+    leads[#leads + 1] = { lead_id = ids[i], text = l.text }
+    emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = ids[i], text = l.text, via = 'lead' }, now)
+  end
+  redis.call('DEL', base .. ':leadq')
+  emit_t(base, sid, { type = 'lead.applied', turn_id = turn_id, lead_ids = ids }, now)
+  return with_pub(base, owner, reply({ leads = leads }))
+end
+
+-- Close Lead admission before the turn's final work. If Leads are pending, admission stays
+-- open and the caller must apply them (the turn continues). ARGV: sid, token
+local function cox_close_leads(keys, args)
+  local base = keys[1]
+  local sid, token = args[1], args[2]
+  if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  local n = redis.call('LLEN', base .. ':leadq')
+  if n > 0 and redis.call('HGET', base, 'stop') == '' then return { reply({ closed = false, pending = n }) } end
+  redis.call('HSET', base, 'lead_closed', '1')
+  return { reply({ closed = true, pending = n }) }
+end
+
+-- End the running turn and, atomically, start the next waiting message or go idle.
+-- ARGV: sid, token, owner, end_body ('' = the turn had no turn.end to write), next_turn_id,
+--       lease_ms, plan ('' keep as is, '-' clear, else JSON), handoff ('1': this runner is
+--       shutting down; leave the next message for another runner: the session stays busy, the
+--       lease is dropped and the session is listed as claimable at once)
+local function cox_turn_end(keys, args)
+  local base = keys[1]
+  local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff = unpack(args)
+  lease_ms = tonumber(lease_ms)
+  if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  local now = now_ms()
+  local turn_id = redis.call('HGET', base, 'turn_id')
+  if plan == '-' then redis.call('HDEL', base, 'plan')
+  elseif plan ~= '' then redis.call('HSET', base, 'plan', plan) end
+  if end_body ~= '' and turn_id ~= '' then
+    unapply_leads(base, sid, turn_id, now)
+    emit(base, sid, end_body, now)
+  end
+  redis.call('DEL', base .. ':open')
+  redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'lead_closed', '0', 'op', '')
+  if handoff == '1' and (redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')) > 0 then
+    redis.call('DEL', base .. ':lease')
+    redis.call('ZADD', LEASES, 0, sid)
+    redis.call('HSET', base, 'runner', '', 'token', '')
+    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, handed_off = true }))
+  end
+  local raw = redis.call('LPOP', base .. ':sq')
+  if not raw then raw = redis.call('LPOP', base .. ':q') end
+  if raw then
+    local msg = cjson.decode(raw)
+    redis.call('PEXPIRE', base .. ':lease', lease_ms)
+    redis.call('ZADD', LEASES, now + lease_ms, sid)
+    begin_turn(base, sid, msg, next_turn_id, now)
+    return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id }))
+  end
+  release(base, sid)
+  return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id }))
+end
+
+-- A short lease for a person's write while idle (restore, undo). ARGV: sid, principal, runner, lease_ms, op
+local function cox_op_begin(keys, args)
+  local base = keys[1]
+  local sid, principal, runner, lease_ms, op = unpack(args)
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  if busy(base) then
+    return refuse('busy', 'a turn is running: stop it or wait before ' .. op)
+  end
+  local token = take_lease(base, sid, runner, tonumber(lease_ms), now_ms())
+  redis.call('HSET', base, 'op', op)
+  return { reply({ token = token }) }
+end
+
+-- ------------------------------------------------------------------ takeover
+
+-- Claim sessions whose lease expired (their runner died or stalled). ARGV: runner, lease_ms, limit
+local function cox_claim(keys, args)
+  local runner, lease_ms, limit = args[1], tonumber(args[2]), tonumber(args[3])
+  local now = now_ms()
+  local sids = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
+  local out = {}
+  for i = 1, #sids do
+    local sid = sids[i]
+    local base = 'cox:s:{' .. sid .. '}'
+    local ttl = redis.call('PTTL', base .. ':lease')
+    if ttl > 0 then
+      redis.call('ZADD', LEASES, now + ttl, sid)
+    elseif redis.call('EXISTS', base) == 0 or not busy(base) then
+      redis.call('ZREM', LEASES, sid)
+    else
+      local old = redis.call('HGET', base, 'runner')
+      local token = take_lease(base, sid, runner, lease_ms, now)
+      local open = redis.call('HGETALL', base .. ':open')
+      out[#out + 1] = { sid = sid, token = token, turn_id = redis.call('HGET', base, 'turn_id'),
+                        old_runner = old, open = open, op = redis.call('HGET', base, 'op') }
+    end
+  end
+  return { cjson.encode(out) }
+end
+
+-- ------------------------------------------------------------------ outbox publishing
+
+-- The caller published the first n entries of the batch it was handed. ARGV: sid, owner, n
+local function cox_pub_done(keys, args)
+  local base = keys[1]
+  local sid, owner, n = args[1], args[2], tonumber(args[3])
+  if redis.call('GET', base .. ':publock') ~= owner then return refuse('lost', 'publish lock lost') end
+  if n > 0 then redis.call('LTRIM', base .. ':outbox', n, -1) end
+  if redis.call('LLEN', base .. ':outbox') > 0 then
+    redis.call('PEXPIRE', base .. ':publock', PUB_LOCK_MS)
+    local out = { reply({ more = true }) }
+    local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
+    for i = 1, #batch do out[#out + 1] = batch[i] end
+    return out
+  end
+  redis.call('DEL', base .. ':publock')
+  redis.call('ZREM', DIRTY, sid)
+  return { reply({ more = false }) }
+end
+
+-- Sweeper: sessions whose outbox has waited longer than min_age_ms. ARGV: min_age_ms, limit
+local function cox_dirty(keys, args)
+  local cutoff = now_ms() - tonumber(args[1])
+  return redis.call('ZRANGEBYSCORE', DIRTY, '-inf', cutoff, 'LIMIT', 0, tonumber(args[2]))
+end
+
+-- Take the publish lock of a session found by the sweeper. ARGV: sid, owner
+local function cox_pub_claim(keys, args)
+  local base = keys[1]
+  local sid, owner = args[1], args[2]
+  if redis.call('LLEN', base .. ':outbox') == 0 then
+    redis.call('ZREM', DIRTY, sid)
+    return { reply({ claimed = false }) }
+  end
+  return with_pub(base, owner, reply({ claimed = true }))
+end
+
+redis.register_function('cox_create', cox_create)
+redis.register_function('cox_patch', cox_patch)
+redis.register_function('cox_send', cox_send)
+redis.register_function('cox_lead', cox_lead)
+redis.register_function('cox_stop', cox_stop)
+redis.register_function('cox_answer', cox_answer)
+redis.register_function('cox_renew', cox_renew)
+redis.register_function('cox_emit', cox_emit)
+redis.register_function('cox_auto_title', cox_auto_title)
+redis.register_function('cox_take_leads', cox_take_leads)
+redis.register_function('cox_close_leads', cox_close_leads)
+redis.register_function('cox_turn_end', cox_turn_end)
+redis.register_function('cox_op_begin', cox_op_begin)
+redis.register_function('cox_claim', cox_claim)
+redis.register_function('cox_pub_done', cox_pub_done)
+redis.register_function('cox_dirty', cox_dirty)
+redis.register_function('cox_pub_claim', cox_pub_claim)

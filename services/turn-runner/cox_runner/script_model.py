@@ -1,0 +1,269 @@
+"""The built-in ``script`` model: a pydantic-ai model that follows a JSON script, no network.
+
+The model reads the latest user message (a send, a queued or steered message, a Lead, or an
+approval's message) that holds a fenced block tagged ``script``; the n-th model request after
+that message returns step n. Past the last step it answers ``script done``. A turn-starting
+message without a script gets a one-line echo. A Lead holding a script replaces the steps that
+remain (it is the latest scripted message now); a Lead or approval message *without* a script
+leaves the running script alone.
+
+Because it is a real :class:`pydantic_ai.models.Model`, the runner's loop drives it through the
+same ``model_request_stream`` call as a real provider: streaming deltas, tool calls, usage and
+finish reasons all take the same path.
+
+How a request says which kind of user message it carries: the runner sets
+``ModelRequest.metadata["cox_vias"]``, one ``via`` per user prompt part (real providers ignore
+metadata). Title requests carry ``metadata["cox_purpose"] = "title"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ModelResponsePart,
+    ModelResponseStreamEvent,
+    TextPart,
+    ToolCallPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+from pydantic_ai.profiles import ModelProfile
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import RequestUsage
+
+SCRIPT_RE = re.compile(r"```script[ \t]*\r?\n(.*?)```", re.DOTALL)
+TURN_STARTS = frozenset({"send", "queue", "steer"})
+DONE_TEXT = "script done"
+
+
+class ScriptTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ScriptStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    tools: list[ScriptTool] = Field(default_factory=list)
+    finish: str = "stop"
+    delay_ms: int = Field(0, ge=0, le=600_000)
+    tokens: int | None = Field(None, ge=0)
+    malformed: bool = False
+
+
+class ScriptError(ValueError):
+    """The script block is not valid JSON of the documented shape."""
+
+
+def parse_script(text: str) -> list[ScriptStep] | None:
+    """The steps of the last ``script`` block in ``text``; None if it has none."""
+    blocks = SCRIPT_RE.findall(text)
+    if not blocks:
+        return None
+    try:
+        raw = json.loads(blocks[-1])
+    except ValueError as exc:
+        raise ScriptError(f"script block is not JSON: {exc}") from exc
+    if isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise ScriptError("script block must be a JSON list of steps")
+    try:
+        return [ScriptStep.model_validate(s) for s in raw]
+    except ValidationError as exc:
+        raise ScriptError(f"script step is not valid: {exc.errors()[0]['msg']}") from exc
+
+
+def _user_texts(req: ModelRequest) -> list[tuple[str, str]]:
+    vias = list((req.metadata or {}).get("cox_vias") or [])
+    out: list[tuple[str, str]] = []
+    for part in req.parts:
+        if isinstance(part, UserPromptPart):
+            text = part.content if isinstance(part.content, str) else " ".join(
+                c for c in part.content if isinstance(c, str)
+            )
+            via = vias.pop(0) if vias else "send"
+            out.append((text, via))
+    return out
+
+
+@dataclass
+class Plan:
+    """What the script says this request should answer."""
+
+    step: ScriptStep
+    call_prefix: str
+
+
+def plan_for(messages: list[ModelMessage]) -> Plan:
+    """Walk back to the latest scripted user message and count the responses since."""
+    responses = 0
+    for msg in reversed(messages):
+        if isinstance(msg, ModelResponse):
+            responses += 1
+            continue
+        if not isinstance(msg, ModelRequest):
+            continue
+        if (msg.metadata or {}).get("cox_purpose") == "title":
+            continue
+        for text, via in reversed(_user_texts(msg)):
+            try:
+                steps = parse_script(text)
+            except ScriptError as exc:
+                return Plan(ScriptStep(text=f"script error: {exc}"), "err")
+            if steps is not None:
+                if responses < len(steps):
+                    return Plan(steps[responses], f"s{responses}")
+                return Plan(ScriptStep(text=DONE_TEXT), "done")
+            if via in TURN_STARTS:
+                if responses == 0:
+                    first = text.strip().splitlines()[0] if text.strip() else ""
+                    return Plan(ScriptStep(text=f"echo: {first[:200]}"), "echo")
+                return Plan(ScriptStep(text=DONE_TEXT), "done")
+    return Plan(ScriptStep(text=DONE_TEXT), "done")
+
+
+def title_for(messages: list[ModelMessage]) -> str:
+    """First five words of the first user message in the title request."""
+    for msg in messages:
+        if isinstance(msg, ModelRequest):
+            for text, _ in _user_texts(msg):
+                cleaned = SCRIPT_RE.sub(" ", text)
+                words = cleaned.split()
+                if words:
+                    return " ".join(words[:5])[:200]
+    return "Untitled"
+
+
+def _parts(plan: Plan) -> list[ModelResponsePart]:
+    parts: list[ModelResponsePart] = []
+    if plan.step.text:
+        parts.append(TextPart(content=plan.step.text))
+    for i, tool in enumerate(plan.step.tools):
+        call_id = f"call_{uuid.uuid4().hex[:12]}"
+        args: str | dict[str, Any]
+        args = '{"path": ' if plan.step.malformed and i == 0 else dict(tool.args)
+        parts.append(ToolCallPart(tool_name=tool.name, args=args, tool_call_id=call_id))
+    return parts
+
+
+def _usage(plan: Plan, parts: list[ModelResponsePart]) -> RequestUsage:
+    if plan.step.tokens is not None:
+        return RequestUsage(input_tokens=0, output_tokens=plan.step.tokens)
+    out = sum(len(str(getattr(p, "content", "") or getattr(p, "args", ""))) // 4 + 1 for p in parts)
+    return RequestUsage(input_tokens=10, output_tokens=out)
+
+
+def _finish(plan: Plan) -> Any:
+    f = plan.step.finish
+    return f if f in ("stop", "length", "content_filter", "tool_call", "error") else "stop"
+
+
+class ScriptModel(Model):
+    """A scripted model with no network and no key (API.md, "The script model")."""
+
+    def __init__(self) -> None:
+        super().__init__(profile=ModelProfile(supports_tools=True))
+
+    @property
+    def model_name(self) -> str:
+        return "script"
+
+    @property
+    def system(self) -> str:
+        return "script"
+
+    def _answer(self, messages: list[ModelMessage]) -> tuple[Plan, list[ModelResponsePart]]:
+        last = messages[-1] if messages else None
+        if isinstance(last, ModelRequest) and (last.metadata or {}).get("cox_purpose") == "title":
+            return Plan(ScriptStep(text=title_for(messages)), "title"), []
+        plan = plan_for(messages)
+        return plan, _parts(plan)
+
+    async def request(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> ModelResponse:
+        plan, parts = self._answer(messages)
+        if plan.call_prefix == "title":
+            parts = [TextPart(content=plan.step.text or "")]
+        if plan.step.delay_ms:
+            await asyncio.sleep(plan.step.delay_ms / 1000)
+        return ModelResponse(parts=parts, usage=_usage(plan, parts), model_name="script",
+                             finish_reason=_finish(plan))
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: Any = None,
+    ) -> AsyncGenerator[StreamedResponse]:
+        plan, parts = self._answer(messages)
+        if plan.call_prefix == "title":
+            parts = [TextPart(content=plan.step.text or "")]
+        yield ScriptStream(model_request_parameters=model_request_parameters, plan=plan, script_parts=parts)
+
+
+@dataclass
+class ScriptStream(StreamedResponse):
+    plan: Plan = field(default_factory=lambda: Plan(ScriptStep(), ""))
+    script_parts: list[ModelResponsePart] = field(default_factory=list)
+    _ts: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    async def _get_event_iterator(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        step = self.plan.step
+        text_chunks: list[str] = []
+        for part in self.script_parts:
+            if isinstance(part, TextPart):
+                text_chunks = re.findall(r"\S+\s*|\s+", part.content) or [part.content]
+        n = max(1, len(text_chunks))
+        pause = step.delay_ms / 1000 / n if step.delay_ms else 0.0
+        for chunk in text_chunks:
+            if pause:
+                await asyncio.sleep(pause)
+            for ev in self._parts_manager.handle_text_delta(vendor_part_id="content", content=chunk):
+                yield ev
+        if not text_chunks and pause:
+            await asyncio.sleep(pause)
+        for i, part in enumerate(self.script_parts):
+            if isinstance(part, ToolCallPart):
+                yield self._parts_manager.handle_tool_call_part(
+                    vendor_part_id=f"tool{i}", tool_name=part.tool_name, args=part.args,
+                    tool_call_id=part.tool_call_id,
+                )
+        self._usage = _usage(self.plan, self.script_parts)
+        self.finish_reason = _finish(self.plan)
+
+    @property
+    def model_name(self) -> str:
+        return "script"
+
+    @property
+    def provider_name(self) -> str | None:
+        return None
+
+    @property
+    def provider_url(self) -> str | None:
+        return None
+
+    @property
+    def timestamp(self) -> datetime:
+        return self._ts

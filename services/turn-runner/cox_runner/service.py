@@ -1,0 +1,164 @@
+"""The turn-runner process: admission endpoints, the drives it holds, and three loops.
+
+- lease keeper: renews every lease this runner holds (one pipeline per period); a refused
+  renewal or a missed deadline cancels that drive, so a paused runner stops itself.
+- claimer: takes over sessions whose lease expired (their runner died) and ends the dead turn
+  ``crashed`` before going on with the queue in order.
+- sweeper: publishes outboxes whose publisher died.
+
+Shutdown (SIGTERM): stop taking requests, ask running turns to end (``canceled``), hand the
+sessions with waiting messages to another runner, wait (bounded), then cancel what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from coxswain import eventlog, subjects
+from coxswain.config import Settings
+from coxswain.ids import new_id
+from coxswain.models import (
+    ApprovalCmd,
+    CreateCmd,
+    LeadCmd,
+    ObserveCmd,
+    PatchCmd,
+    RestoreCmd,
+    SendCmd,
+    StopCmd,
+    UndoCmd,
+)
+from coxswain.service import Service
+
+from . import drive as drives_mod
+from .admission import Admission
+from .clients import Clients
+from .drive import Drive
+from .providers import Models
+from .store import Store
+
+SHUTDOWN_GRACE_S = 8.0
+
+
+class Runner(Service):
+    name = subjects.RUNNER
+    uses_redis = True
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.runner_id = new_id("r")
+        self.owner = self.runner_id
+        self.log = self.log.bind(runner=self.runner_id)
+        self.drives: dict[str, Drive] = {}
+        self.models = Models(settings.model)
+        self.turns_started = 0
+
+    async def start(self) -> None:
+        self.js = self.nc.jetstream()
+        await eventlog.ensure_stream(self.js)
+        self.store = Store(self.redis, self.js, self.owner, self.log)
+        await self.store.load()
+        self.clients = Clients(self.nc, judge_timeout=self.settings.judge.timeout_s + 5)
+        self.admission = Admission(self)
+        a = self.admission
+        for op, model, handler in (
+            ("create", CreateCmd, a.create), ("patch", PatchCmd, a.patch), ("send", SendCmd, a.send),
+            ("lead", LeadCmd, a.lead), ("stop", StopCmd, a.stop), ("answer", ApprovalCmd, a.answer),
+            ("observe", ObserveCmd, a.observe), ("restore", RestoreCmd, a.restore), ("undo", UndoCmd, a.undo),
+        ):
+            await self.add_endpoint(op, model, handler)
+        self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
+        rc = self.settings.runner
+        self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
+        self.spawn(self._every(rc.claim_interval_ms / 1000, self._claim), "claimer", critical=True)
+        self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
+
+    async def health(self) -> dict[str, Any]:
+        await self.redis.ping()
+        return {"runner": self.runner_id, "drives": len(self.drives), "turns_started": self.turns_started}
+
+    # ------------------------------------------------------------------ drives
+    def start_drive(self, d: Drive) -> None:
+        self.drives[d.sid] = d
+        d.task = self.spawn(drives_mod.run_drive(self, d), f"drive:{d.sid}")
+
+    async def finish_op(self, d: Drive) -> None:
+        """End a person's write: release the session, or run what was queued meanwhile."""
+        nxt = await drives_mod._turn_end_call(self, d, "", "")
+        if nxt is not None:
+            self.start_drive(Drive(sid=d.sid, token=d.token, first=nxt))
+
+    def metrics_turn_started(self) -> None:
+        self.turns_started += 1
+
+    async def read_events(self, sid: str) -> list[dict[str, Any]]:
+        async with eventlog.EventFeed(self.js, sid) as feed:
+            return await feed.drain(limit=1_000_000)
+
+    # ------------------------------------------------------------------ doorbells
+    async def ring(self, runner_id: Any, sid: str, kind: str) -> None:
+        """Tell the runner holding ``sid`` to look again (it also learns on its next renewal)."""
+        if not runner_id:
+            return
+        if runner_id == self.runner_id:
+            await drives_mod.ring_local(self, sid, kind)
+            return
+        with contextlib.suppress(Exception):
+            await self.nc.publish(subjects.control(str(runner_id)), json.dumps({"sid": sid, "kind": kind}).encode())
+
+    async def _on_control(self, msg: Msg) -> None:
+        try:
+            data = json.loads(msg.data)
+            await drives_mod.ring_local(self, str(data["sid"]), str(data.get("kind", "")))
+        except Exception as exc:  # noqa: BLE001 - a bad doorbell is logged, never fatal
+            self.log.warning("control.bad_message", error=repr(exc))
+
+    # ------------------------------------------------------------------ loops
+    async def _every(self, period: float, fn: Any) -> None:
+        while True:
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis/NATS hiccups must not kill the loop
+                self.log.warning("loop.error", loop=fn.__name__, error=repr(exc))
+            await asyncio.sleep(period)
+
+    async def _renew(self) -> None:
+        await drives_mod.renew_all(self)
+
+    async def _claim(self) -> None:
+        if self.stopping:
+            return
+        raw = await self.redis.fcall("cox_claim", 0, self.runner_id, str(self.settings.runner.lease_ms), "20")
+        for c in drives_mod.parse_claims(raw[0] if isinstance(raw, list) else raw):
+            sid = str(c["sid"])
+            self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"))
+            self.start_drive(Drive(sid=sid, token=str(c["token"]), crashed=c))
+
+    async def _sweep(self) -> None:
+        await self.store.sweep()
+
+    # ------------------------------------------------------------------ shutdown
+    async def before_cancel(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._ctl.unsubscribe()
+        for d in list(self.drives.values()):
+            d.shutting_down = True
+            if d.turn is not None:
+                d.turn.request_stop("shutdown")
+        tasks = [d.task for d in self.drives.values() if d.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
+        await self.store.close()
+
+
+def main() -> None:
+    from coxswain.service import run
+
+    run(Runner, subjects.RUNNER)

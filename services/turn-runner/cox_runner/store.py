@@ -1,0 +1,137 @@
+"""The runner's handle on Redis: the function library, its calls, and publishing the outbox.
+
+Every state change is one ``FCALL`` into ``redis_lib.lua``. A call that recorded events may hand
+back a batch of the session's outbox together with its publish lock; this module then publishes
+the batch to JetStream in order and asks for the next one until the outbox is empty. Publishing
+runs in a kept background task so an HTTP reply or the turn loop does not wait on JetStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from nats.js import JetStreamContext
+
+from coxswain import errors, eventlog, keys
+
+LIBRARY = resources.files("cox_runner").joinpath("redis_lib.lua").read_text()
+
+
+def _list(value: Any) -> list[Any]:
+    """cjson writes an empty Lua table as ``{}``; lists always come back as lists."""
+    return value if isinstance(value, list) else []
+
+
+class Store:
+    """Calls into the Redis function library; one per runner process."""
+
+    def __init__(self, redis: aioredis.Redis, js: JetStreamContext, owner: str, log: Any) -> None:
+        self.redis = redis
+        self.js = js
+        self.owner = owner
+        self.log = log
+        self._publishers: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def load(self) -> None:
+        await self.redis.function_load(LIBRARY, replace=True)
+
+    async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
+                   publish: bool = True) -> dict[str, Any]:
+        """Run ``fn``; raise the error it answered; publish any outbox batch it handed over."""
+        ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
+        argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
+        try:
+            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+        except redis.exceptions.ResponseError as exc:
+            if "Function not found" not in str(exc) and "NOSCRIPT" not in str(exc):
+                raise
+            await self.load()
+            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+        head = json.loads(res[0])
+        batch = list(res[1:])
+        if batch and sid is not None:
+            if publish:
+                self._start_publish(sid, batch)
+        if isinstance(head, dict) and "error" in head:
+            raise errors.from_wire({"error": head["error"], "detail": head.get("detail", ""),
+                                    "status": _status(head["error"])})
+        return head if isinstance(head, dict) else {"value": head}
+
+    # ------------------------------------------------------------------ publishing
+    def _start_publish(self, sid: str, batch: list[str]) -> None:
+        task = asyncio.create_task(self._publish(sid, batch), name=f"publish:{sid}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, sid: str, batch: list[str]) -> None:
+        try:
+            while batch:
+                await eventlog.publish(self.js, sid, batch)
+                res = await self.redis.fcall("cox_pub_done", 1, keys.session(sid), sid, self.owner, str(len(batch)))
+                batch = list(res[1:])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
+            self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
+
+    async def sweep(self, min_age_ms: int = 1000, limit: int = 50) -> int:
+        """Publish outboxes nobody is publishing (their drainer died or NATS was down)."""
+        sids = await self.redis.fcall("cox_dirty", 0, str(min_age_ms), str(limit))
+        claimed = 0
+        for sid in sids:
+            try:
+                res = await self.redis.fcall("cox_pub_claim", 1, keys.session(sid), sid, self.owner)
+            except redis.exceptions.ResponseError:
+                await self.load()
+                continue
+            batch = list(res[1:])
+            if batch:
+                claimed += 1
+                await self._publish(sid, batch)
+        return claimed
+
+    async def flush(self, sid: str, timeout: float = 5.0) -> bool:
+        """Wait until the session's outbox is published (so the log can be read in full)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        base = keys.session(sid)
+        while loop.time() < deadline:
+            if await self.redis.llen(base + keys.OUTBOX) == 0:
+                return True
+            with contextlib.suppress(redis.exceptions.ResponseError):
+                res = await self.redis.fcall("cox_pub_claim", 1, base, sid, self.owner)
+                batch = list(res[1:])
+                if batch:
+                    await self._publish(sid, batch)
+                    continue
+            await asyncio.sleep(0.005)
+        return False
+
+    async def close(self) -> None:
+        """Let publishing in flight finish (bounded), then cancel the rest."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=3)
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+_STATUS = {"not_found": 404, "busy": 409, "not_accepting": 409, "no_turn": 409, "lead_closed": 409,
+           "resolved": 409, "fenced": 409, "conflict": 409, "too_many_pending": 429, "invalid": 422,
+           "lost": 409}
+
+
+def _status(code: str) -> int:
+    return _STATUS.get(code, 500)
+
+
+def as_list(value: Any) -> list[Any]:
+    return _list(value)

@@ -1,0 +1,54 @@
+"""A running turn's identity and the signals other processes send it.
+
+The runner that holds a session's lease keeps one :class:`Turn`. Admission on any runner
+changes Redis first and then rings this runner's doorbell (``cox.ctl.<runner_id>``); the lease
+keeper also learns the same flags from every renewal, so a lost doorbell only delays a signal by
+one renewal period, it never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STOP_OUTCOME = {"stop": "stopped", "steer": "stopped", "shutdown": "canceled"}
+
+
+@dataclass
+class Turn:
+    sid: str
+    turn_id: str
+    token: str
+    message_id: str
+    text: str
+    via: str
+    workspace: Path
+    model: str
+    started: float = field(default_factory=time.monotonic)
+    bell: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_reason: str | None = None
+    leads_waiting: bool = False
+    observed_waiting: bool = False
+    turn_standing: set[str] = field(default_factory=set)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None or reason == "stop":
+            self.stop_reason = reason
+        self.stop_event.set()
+        self.bell.set()
+
+    def ring(self) -> None:
+        self.bell.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_reason is not None
+
+    @property
+    def skip_reason(self) -> str:
+        return "steer" if self.stop_reason == "steer" else "stop"

@@ -1,0 +1,3 @@
+from cox_versions.service import main
+
+main()

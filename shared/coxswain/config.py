@@ -1,0 +1,178 @@
+"""Typed settings, read once per process: flags > environment > TOML file > defaults.
+
+The TOML file is the one API.md describes (``[approval]``, ``[judge]``, ``[limits]``,
+``[limits.soft]``, ``[lead]``, ``[model]``) plus a few operational tables (``[runner]``,
+``[auth]``, ``[[model.providers]]``). Environment variables use the ``COX_`` prefix with ``__``
+between levels (``COX_LIMITS__TOOL_CALLS=50``); ``NATS_URL`` and ``REDIS_URL`` are honoured too.
+``cox up`` hands its flags to the services it starts through the same variables.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CONFIG_ENV = "COX_CONFIG"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ApprovalConfig(_Section):
+    writes: Literal["allow", "ask"] = "allow"
+    commands: Literal["judge", "ask", "allow"] = "judge"
+    allow_commands: list[str] = Field(default_factory=list)
+
+
+class JudgeConfig(_Section):
+    kind: Literal["rules", "model", "none"] = "rules"
+    model: str | None = None
+    approve_threshold: float = Field(0.8, ge=0.0, le=1.0)
+    timeout_s: float = Field(20.0, gt=0)
+
+
+class SoftLimits(_Section):
+    tool_calls: int | None = Field(None, ge=1)
+    tokens: int | None = Field(None, ge=1)
+    actions: int | None = Field(None, ge=1)
+    seconds: float | None = Field(None, gt=0)
+
+
+class LimitsConfig(_Section):
+    tool_calls: int = Field(500, ge=1)
+    tokens: int = Field(10_000_000, ge=1)
+    actions: int = Field(200, ge=1)
+    seconds: float = Field(14_400, gt=0)
+    soft: SoftLimits = Field(default_factory=SoftLimits)
+    stuck_repeats: int = Field(3, ge=2)
+    """How many times the same call with the same result counts as stuck (progress guard)."""
+
+    def soft_value(self, name: str) -> float:
+        """A soft limit follows its hard one unless set lower (ADR 0035 §4)."""
+        hard = float(getattr(self, name))
+        soft = getattr(self.soft, name)
+        return hard if soft is None else min(hard, float(soft))
+
+
+class LeadConfig(_Section):
+    max_pending: int = Field(8, ge=1, le=64)
+    max_bytes: int = Field(32_768, ge=1)
+
+
+class ProviderConfig(_Section):
+    """A real model reached through pydantic-ai. ``name`` is what sessions choose."""
+
+    name: str
+    kind: Literal["openai", "anthropic"] = "openai"
+    model: str
+    base_url: str | None = None
+    api_key: str | None = None
+    api_key_env: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+class ModelConfig(_Section):
+    default: str | None = "script"
+    providers: list[ProviderConfig] = Field(default_factory=list)
+
+    def names(self) -> set[str]:
+        return {"script"} | {p.name for p in self.providers}
+
+
+class RunnerConfig(_Section):
+    lease_ms: int = Field(5_000, ge=200)
+    """Busy lease TTL. A killed runner's turn is taken over after about this long."""
+    renew_ms: int | None = Field(None, ge=50)
+    """How often the holder renews (default lease/3)."""
+    claim_interval_ms: int = Field(250, ge=20)
+    """How often every runner looks for expired leases and stuck outboxes."""
+    command_timeout_s: float = Field(120.0, gt=0)
+    output_limit: int = Field(64_000, ge=1024)
+    """Bytes of tool output given back to the model; the rest is cut with a note."""
+
+    @property
+    def renew_every_ms(self) -> int:
+        return self.renew_ms or max(50, self.lease_ms // 3)
+
+
+class AuthConfig(_Section):
+    tokens: dict[str, str] = Field(default_factory=dict)
+    """Bearer token -> principal name, for more than the one local principal."""
+
+
+class Settings(BaseSettings):
+    """Everything a coxswain process reads at start."""
+
+    model_config = SettingsConfigDict(env_prefix="COX_", env_nested_delimiter="__", extra="ignore")
+
+    nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("COX_NATS_URL", "NATS_URL"))
+    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("COX_REDIS_URL", "REDIS_URL"))
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str | None = None
+    """The bearer token of the local principal (``cox up --token`` or ``.cox/token``)."""
+    principal: str = "local"
+    root: Path = Path("workspaces")
+    """Workspaces may only be created under this folder."""
+    store_dir: str = ".coxswain"
+    """The versions store inside each workspace (protected, ignored by git)."""
+    max_body: int = 1_048_576
+    instance: str = ""
+    """A name for this process in logs (cox up sets gateway, turn-runner-1, ...)."""
+    log_level: str = "info"
+
+    approval: ApprovalConfig = Field(default_factory=ApprovalConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    lead: LeadConfig = Field(default_factory=LeadConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+
+    @model_validator(mode="after")
+    def _absolute_root(self) -> Settings:
+        self.root = self.root.expanduser().resolve()
+        return self
+
+    def principals(self) -> dict[str, str]:
+        """Token -> principal, including the local one."""
+        out = dict(self.auth.tokens)
+        if self.token:
+            out[self.token] = self.principal
+        return out
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = os.environ.get(CONFIG_ENV)
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
+        return tuple(sources)
+
+
+def load(config: str | Path | None = None, **overrides: Any) -> Settings:
+    """Read settings once. ``config`` (or ``$COX_CONFIG``) names the TOML file; it must exist."""
+    if config is not None:
+        os.environ[CONFIG_ENV] = str(config)
+    path = os.environ.get(CONFIG_ENV)
+    if path and not Path(path).is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})

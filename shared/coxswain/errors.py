@@ -1,0 +1,132 @@
+"""The error hierarchy every service raises and the gateway maps to HTTP in one place.
+
+    CoxError                      code            status
+    ├── Invalid                   invalid         422   bad input (shape, encoding, ids)
+    │   └── BadJson               bad_json        400   body is not UTF-8 JSON
+    ├── Unauthorized              unauthorized    401
+    ├── NotFound                  not_found       404   also: another principal's session
+    ├── Conflict                  (various)       409   busy, not_accepting, no_turn, lead_closed,
+    │                                                   resolved, fenced
+    ├── TooLarge                  too_large       413
+    ├── TooManyPending            too_many_pending 429
+    ├── Refused                   refused         403   policy refused a path or command
+    └── Unavailable               unavailable     503   NATS, Redis or a service is down
+
+Over NATS an error travels as ``{"ok": false, "error": code, "status": n, "detail": text}`` and
+is rebuilt into the same class on the other side by :func:`from_wire`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CoxError(Exception):
+    """Base of every error that has a wire code and an HTTP status."""
+
+    code: ClassVar[str] = "internal"
+    status: ClassVar[int] = 500
+
+    def __init__(self, detail: str = "", *, code: str | None = None, status: int | None = None) -> None:
+        super().__init__(detail or self.code)
+        self.detail = detail or self.code
+        if code is not None:
+            self.code = code  # type: ignore[misc]
+        if status is not None:
+            self.status = status  # type: ignore[misc]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"ok": False, "error": self.code, "status": self.status, "detail": self.detail}
+
+
+class Invalid(CoxError):
+    code = "invalid"
+    status = 422
+
+
+class BadJson(Invalid):
+    code = "bad_json"
+    status = 400
+
+
+class Unauthorized(CoxError):
+    code = "unauthorized"
+    status = 401
+
+
+class NotFound(CoxError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(CoxError):
+    """A 409; ``code`` says which rule refused (busy, not_accepting, no_turn, ...)."""
+
+    code = "conflict"
+    status = 409
+
+
+class Busy(Conflict):
+    code = "busy"
+
+
+class NotAccepting(Conflict):
+    code = "not_accepting"
+
+
+class NoTurn(Conflict):
+    code = "no_turn"
+
+
+class LeadClosed(Conflict):
+    code = "lead_closed"
+
+
+class Resolved(Conflict):
+    code = "resolved"
+
+
+class Fenced(Conflict):
+    """A write carried a fencing token that is no longer the session's lease."""
+
+    code = "fenced"
+
+
+class TooLarge(CoxError):
+    code = "too_large"
+    status = 413
+
+
+class TooManyPending(CoxError):
+    code = "too_many_pending"
+    status = 429
+
+
+class Refused(CoxError):
+    code = "refused"
+    status = 403
+
+
+class Unavailable(CoxError):
+    code = "unavailable"
+    status = 503
+
+
+_BY_CODE: dict[str, type[CoxError]] = {
+    cls.code: cls
+    for cls in (
+        Invalid, BadJson, Unauthorized, NotFound, Conflict, Busy, NotAccepting, NoTurn,
+        LeadClosed, Resolved, Fenced, TooLarge, TooManyPending, Refused, Unavailable,
+    )
+}
+
+
+def from_wire(payload: dict[str, Any]) -> CoxError:
+    """Rebuild an error sent by another service; unknown codes keep their code and status."""
+    code = str(payload.get("error", "internal"))
+    detail = str(payload.get("detail", ""))
+    status = int(payload.get("status", 500))
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return CoxError(detail, code=code, status=status)
+    return cls(detail, status=status) if status != cls.status else cls(detail)

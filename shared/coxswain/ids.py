@@ -1,0 +1,35 @@
+"""Identifiers: how they are made and how untrusted ones are checked.
+
+A session id ends up inside NATS subjects (``cox.ev.<sid>``) and Redis keys, so it is checked
+against a strict alphabet before it reaches either: no ``.``, ``*``, ``>`` or whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+
+from .errors import Invalid
+
+ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+
+
+def new_id(prefix: str) -> str:
+    """A sortable, unguessable id: ``<prefix>_<time><random>`` (time first so ids sort by birth)."""
+    t = int(time.time() * 1000)
+    stamp = ""
+    for _ in range(9):
+        stamp = _ALPHABET[t & 31] + stamp
+        t >>= 5
+    rand = "".join(secrets.choice(_ALPHABET) for _ in range(12))
+    return f"{prefix}_{stamp}{rand}"
+
+
+def check_id(value: str, what: str = "id") -> str:
+    """Return ``value`` when it is a safe id, else raise :class:`Invalid`."""
+    if not isinstance(value, str) or not ID_RE.fullmatch(value):
+        raise Invalid(f"{what} must match {ID_RE.pattern}")
+    return value

@@ -1,0 +1,35 @@
+"""Structured logging: one JSON object per line on stderr (``cox up`` files it per service)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+
+def setup(service: str, level: str = "info") -> None:
+    """Configure structlog and the stdlib root logger for this process, once."""
+    lvl = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(stream=sys.stderr, level=lvl, format="%(message)s", force=True)
+    for noisy in ("uvicorn.access", "httpx", "httpcore", "openai", "anthropic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    structlog.contextvars.bind_contextvars(service=service)
+
+
+def get(name: str | None = None, **bound: Any) -> Any:
+    log = structlog.get_logger(name) if name else structlog.get_logger()
+    return log.bind(**bound) if bound else log

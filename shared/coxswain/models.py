@@ -1,0 +1,341 @@
+"""One pydantic model per request and per result: HTTP bodies, session objects, RPC messages.
+
+HTTP bodies forbid unknown fields so a typo is a 422, not a silently ignored option.
+Text that will be stored or forwarded must be encodable UTF-8 (a JSON ``\\ud800`` escape
+decodes to a lone surrogate, which would fail later as a 500): :data:`Text` rejects it early.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from .events import Actor, Verdict
+from .ids import ID_RE
+
+
+def _utf8(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from exc
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+Id = Annotated[str, Field(pattern=ID_RE.pattern)]
+Mode = Literal["queue", "steer"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---------------------------------------------------------------- HTTP bodies
+
+
+class CreateSession(_Body):
+    workspace: Annotated[Text, Field(min_length=1, max_length=4096)]
+    model: Annotated[Text, Field(min_length=1, max_length=200)] | None = None
+    title: Annotated[Text, Field(max_length=200)] | None = None
+
+
+class PatchSession(_Body):
+    title: Annotated[Text, Field(min_length=1, max_length=200)] | None = None
+    auto_title: bool | None = None
+    model: Annotated[Text, Field(min_length=1, max_length=200)] | None = None
+    dont_ask: bool | None = None
+
+
+class SendMessage(_Body):
+    text: Annotated[Text, Field(min_length=1)]
+    mode: Mode | None = None
+    client_id: Id | None = None
+
+
+class LeadMessage(_Body):
+    text: Annotated[Text, Field(min_length=1)]
+    client_id: Id | None = None
+
+
+class ApprovalAnswer(_Body):
+    decision: Literal["allow", "deny"]
+    scope: Literal["once", "turn", "session"] = "once"
+    message: Text | None = None
+
+
+class ObserveBody(_Body):
+    command: Annotated[Text, Field(min_length=1, max_length=8192)]
+
+
+# ---------------------------------------------------------------- HTTP results
+
+
+class QueueItem(_Out):
+    message_id: str
+    text: str
+    mode: Mode
+
+
+class LeadInfo(_Out):
+    lead_id: str
+    state: Literal["pending", "applied", "unapplied"]
+    text: str = ""
+
+
+class ApprovalInfo(_Out):
+    approval_id: str
+    call_id: str
+    name: str
+    args: Any = None
+    security: bool = False
+    reason: str = ""
+    judge: dict[str, Any] | None = None
+    turn_id: str | None = None
+
+
+class Plan(_Out):
+    steps: list[str]
+    marks: list[int] = Field(default_factory=list)
+    turn_id: str | None = None
+
+
+class Session(_Out):
+    id: str
+    workspace: str
+    model: str | None
+    title: str | None
+    title_source: Literal["auto", "manual"] | None
+    auto_title: bool
+    busy: bool
+    turn_id: str | None
+    queue: list[QueueItem]
+    leads: list[LeadInfo]
+    approvals: list[ApprovalInfo]
+    plan: Plan | None
+    dont_ask: bool
+    created: int = 0
+    next_model: str | None = None
+
+
+class SendResult(_Out):
+    message_id: str
+    disposition: Literal["started", "queued", "steered"]
+    position: int | None = None
+
+
+class LeadResult(_Out):
+    lead_id: str
+    pending: int
+
+
+class StopResult(_Out):
+    turn_id: str | None
+    discarded: list[str]
+    unapplied_leads: list[str]
+
+
+class Accepted(_Out):
+    ok: bool = True
+
+
+# ---------------------------------------------------------------- RPC: gateway -> turn-runner
+# Every command names the principal the gateway authenticated; the runner checks ownership again.
+
+
+class SessionRef(_Body):
+    principal: Id
+    sid: Id
+
+
+class CreateCmd(_Body):
+    principal: Id
+    workspace: str
+    model: str | None = None
+    title: str | None = None
+
+
+class PatchCmd(SessionRef, PatchSession):
+    pass
+
+
+class SendCmd(SessionRef, SendMessage):
+    pass
+
+
+class LeadCmd(SessionRef, LeadMessage):
+    pass
+
+
+class StopCmd(SessionRef):
+    pass
+
+
+class ApprovalCmd(SessionRef, ApprovalAnswer):
+    approval_id: Id
+
+
+class ObserveCmd(SessionRef, ObserveBody):
+    pass
+
+
+class RestoreCmd(SessionRef):
+    version_id: Id
+
+
+class UndoCmd(SessionRef):
+    pass
+
+
+# ---------------------------------------------------------------- RPC: guard
+
+
+class CallSpec(_Body):
+    call_id: str
+    name: str
+    args: dict[str, Any]
+
+
+class GuardRequest(_Body):
+    sid: Id
+    workspace: str
+    call: CallSpec
+    dont_ask: bool = False
+    standing: list[str] = Field(default_factory=list)
+    """Command prefixes a person allowed for this session ("always")."""
+    tainted: list[str] = Field(default_factory=list)
+    """Fragments the turn read from tool results; a command that contains one is tainted."""
+
+
+class GuardResult(_Out):
+    verdict: Verdict
+    actor: Actor
+    reason: str
+    security: bool = False
+    route: Literal["judge", "person"] | None = None
+    """Where an ``ask`` goes next: the judge first, or straight to the person."""
+    path: str | None = None
+    """The call's path, relative to the workspace, after links were resolved."""
+    preview: dict[str, Any] | None = None
+
+
+# ---------------------------------------------------------------- RPC: judge
+
+
+class JudgeRequest(_Body):
+    sid: Id
+    workspace: str
+    call: CallSpec
+    task: str = ""
+    plan: Plan | None = None
+
+
+class JudgeResult(_Out):
+    verdict: Literal["allow", "refuse", "error"]
+    score: float | None = None
+    reason: str
+    kind: str
+
+
+# ---------------------------------------------------------------- RPC: versions
+
+
+class KeepRequest(_Body):
+    sid: Id
+    workspace: str
+    path: str
+    token: int | None = None
+    reason: Literal["write", "restore", "undo", "command"] = "write"
+    turn_id: str | None = None
+    call_id: str | None = None
+
+
+class KeepResult(_Out):
+    version_id: str
+    store: Literal["git", "versions", "absent"]
+    path: str
+    existed: bool
+
+
+class VersionInfo(_Out):
+    version_id: str
+    path: str
+    store: Literal["git", "versions", "absent"]
+    size: int
+    created: float
+    reason: str
+    sid: str
+    undone: bool = False
+
+
+class ListVersionsRequest(_Body):
+    sid: Id
+    workspace: str
+    path: str
+
+
+class ListVersionsResult(_Out):
+    path: str
+    versions: list[VersionInfo]
+
+
+class DiffRequest(_Body):
+    sid: Id
+    workspace: str
+    version_id: Id
+
+
+class DiffResult(_Out):
+    path: str
+    version_id: str
+    diff: str
+    added: int
+    removed: int
+    deleted: bool = False
+    empty: bool = False
+    oversized: bool = False
+
+
+class RestoreRequest(_Body):
+    sid: Id
+    workspace: str
+    version_id: Id
+    token: int | None = None
+
+
+class UndoRequest(_Body):
+    sid: Id
+    workspace: str
+    token: int | None = None
+
+
+class WriteOutcome(_Out):
+    """What a restore or undo did: the version it kept first, then the write."""
+
+    path: str
+    kept: KeepResult
+    restored_from: str
+    added: int
+    removed: int
+    deleted: bool = False
+
+
+class ChangesRequest(_Body):
+    sid: Id
+    workspace: str
+
+
+class Health(_Out):
+    service: str
+    ok: bool
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+__all__ = [name for name in dir() if not name.startswith("_")] + ["Actor", "Verdict"]

@@ -1,0 +1,239 @@
+"""File access pinned to a workspace root, safe against links swapped in after a check.
+
+Paths in every request are untrusted. :func:`resolve` answers "where does this really point" (all
+links resolved) and refuses anything outside the root. The I/O functions then open the resolved
+path *beneath* the root: each component is opened relative to its parent's descriptor with
+``O_NOFOLLOW``, so a link swapped in between the check and the open fails (``ELOOP``/``ENOTDIR``)
+instead of escaping. Writes go to a temporary file in the same directory and are renamed into
+place, so a reader sees the old content or the new, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import os
+import stat
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from .errors import Invalid, Refused
+
+MAX_PATH = 4096
+MAX_DEPTH = 64
+
+CREDENTIAL_DENYLIST: tuple[str, ...] = (
+    ".ssh", ".aws", ".gnupg", ".docker", ".kube", ".azure", ".config/gcloud",
+    ".netrc", ".pgpass", ".npmrc", ".pypirc", ".git-credentials",
+    "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ed25519*", "id_ecdsa*", "id_dsa*",
+    ".env", ".env.*", "*.env",
+)
+"""Never read, written or versioned, whatever the settings (DESIGN: Policy, always refused)."""
+
+
+def _matches(rel: str, patterns: tuple[str, ...]) -> str | None:
+    parts = PurePosixPath(rel).parts
+    for pat in patterns:
+        if "/" in pat:
+            if rel == pat or rel.startswith(pat + "/"):
+                return pat
+            continue
+        for part in parts:
+            if fnmatch.fnmatchcase(part, pat):
+                return pat
+    return None
+
+
+def denied(rel: str) -> str | None:
+    """The denylist entry ``rel`` falls under, if any."""
+    return _matches(rel, CREDENTIAL_DENYLIST)
+
+
+def check_text_path(path: str) -> str:
+    if not isinstance(path, str) or not path:
+        raise Invalid("path must be a non-empty string")
+    if "\x00" in path or len(path) > MAX_PATH:
+        raise Invalid("path holds NUL or is too long")
+    return path
+
+
+def resolve(root: Path | str, path: str) -> str:
+    """``path`` (relative to ``root``, or absolute) as a normalised path relative to the real root.
+
+    Every link is resolved; a result outside the root is refused. ``""`` is the root itself.
+    """
+    check_text_path(path)
+    real_root = os.path.realpath(root)
+    joined = path if os.path.isabs(path) else os.path.join(real_root, path)
+    real = os.path.realpath(joined)
+    if real != real_root and not real.startswith(real_root + os.sep):
+        raise Refused(f"{path!r} is outside the workspace")
+    rel = os.path.relpath(real, real_root)
+    rel = "" if rel == "." else rel.replace(os.sep, "/")
+    if len(PurePosixPath(rel).parts) > MAX_DEPTH:
+        raise Invalid("path is too deep")
+    return rel
+
+
+def _components(rel: str) -> list[str]:
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise Refused("'..' is not allowed in a resolved path")
+    return parts
+
+
+@contextlib.contextmanager
+def _dir_fd(root: Path | str, parts: list[str], create: bool = False) -> Iterator[int]:
+    """A descriptor of ``root/parts...`` opened component by component without following links."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(os.path.realpath(root), flags)
+    try:
+        for part in parts:
+            try:
+                nfd = os.open(part, flags, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                nfd = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Refused(f"{part!r} is a link or not a folder (changed since it was checked?)") from exc
+                raise
+            os.close(fd)
+            fd = nfd
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_dir(root: Path | str, rel: str, create: bool = False) -> contextlib.AbstractContextManager[int]:
+    """A descriptor of the folder ``rel`` beneath ``root``, opened without following links."""
+    return _dir_fd(root, _components(rel), create=create)
+
+
+def _split(rel: str) -> tuple[list[str], str]:
+    parts = _components(rel)
+    if not parts:
+        raise Invalid("a file path is needed, not the workspace root")
+    return parts[:-1], parts[-1]
+
+
+def read(root: Path | str, rel: str, max_bytes: int | None = None) -> bytes | None:
+    """The file's bytes, or None when it does not exist. Links anywhere in the path are refused."""
+    dirs, name = _split(rel)
+    try:
+        with _dir_fd(root, dirs) as dfd:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise Refused(f"{rel!r} is a link") from exc
+                if exc.errno == errno.EISDIR:
+                    raise Invalid(f"{rel!r} is a folder") from exc
+                raise
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise Invalid(f"{rel!r} is not a regular file")
+                return fh.read() if max_bytes is None else fh.read(max_bytes)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError as exc:
+        raise Invalid(f"a parent of {rel!r} is not a folder") from exc
+
+
+def write(root: Path | str, rel: str, data: bytes, mode: int | None = None) -> bool:
+    """Atomically replace ``rel`` with ``data`` (temp + fsync + rename). True if it existed."""
+    dirs, name = _split(rel)
+    with _dir_fd(root, dirs, create=True) as dfd:
+        existed = False
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                raise Refused(f"{rel!r} is a link")
+            if stat.S_ISDIR(st.st_mode):
+                raise Invalid(f"{rel!r} is a folder")
+            existed = True
+            mode = stat.S_IMODE(st.st_mode) if mode is None else mode
+        except FileNotFoundError:
+            pass
+        tmp = f".{name}.cox-{uuid.uuid4().hex[:12]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     mode if mode is not None else 0o644, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        return existed
+
+
+def delete(root: Path | str, rel: str) -> bool:
+    """Remove the file ``rel``; True if it existed."""
+    dirs, name = _split(rel)
+    try:
+        with _dir_fd(root, dirs) as dfd:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                raise Invalid(f"{rel!r} is a folder")
+            os.unlink(name, dir_fd=dfd)
+            return True
+    except FileNotFoundError:
+        return False
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str  # file | dir | link | other
+    size: int
+
+
+def listdir(root: Path | str, rel: str, limit: int = 1000) -> list[Entry]:
+    """Entries of the folder ``rel`` (sorted), without following links."""
+    out: list[Entry] = []
+    try:
+        with _dir_fd(root, _components(rel)) as dfd:
+            names = sorted(os.listdir(dfd))
+            for name in names[:limit]:
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
+                        else "link" if stat.S_ISLNK(st.st_mode) else "other")
+                out.append(Entry(name, kind, st.st_size if kind == "file" else 0))
+    except FileNotFoundError as exc:
+        raise Invalid(f"no folder {rel or '.'!r}") from exc
+    except NotADirectoryError as exc:
+        raise Invalid(f"{rel!r} is not a folder") from exc
+    return out
+
+
+def workspace_under(root: Path | str, workspace: str) -> Path:
+    """The real path of ``workspace`` (relative to ``root`` or absolute), refused if outside root."""
+    rel = resolve(root, workspace)
+    return Path(os.path.realpath(root)) / rel if rel else Path(os.path.realpath(root))
+
+
+def write_if_missing(root: Path | str, rel: str, data: bytes) -> bool:
+    """Create ``rel`` with ``data`` unless it exists. True if it was created."""
+    dirs, name = _split(rel)
+    with _dir_fd(root, dirs, create=True) as dfd:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return True

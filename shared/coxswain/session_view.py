@@ -1,0 +1,62 @@
+"""Reading a session's state from Redis into the API's session object (read-only)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from . import keys
+from .models import ApprovalInfo, LeadInfo, Plan, QueueItem, Session
+
+
+async def load(redis: aioredis.Redis, sid: str, principal: str | None) -> Session | None:
+    """The session, or None when it does not exist or belongs to another principal."""
+    base = keys.session(sid)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hgetall(base)
+        pipe.lrange(base + keys.STEER, 0, -1)
+        pipe.lrange(base + keys.QUEUE, 0, -1)
+        pipe.hgetall(base + keys.LEADS)
+        pipe.hgetall(base + keys.APPROVALS)
+        h, steer, queue, leads, approvals = await pipe.execute()
+    if not h or (principal is not None and h.get("principal") != principal):
+        return None
+    return build(sid, h, steer, queue, leads, approvals)
+
+
+def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads: dict[str, str],
+          approvals: dict[str, str]) -> Session:
+    items = [QueueItem(**_pick(json.loads(x), "message_id", "text", "mode")) for x in [*steer, *queue]]
+    for item in items:
+        if item.mode not in ("queue", "steer"):
+            item.mode = "queue"
+    lead_list = sorted((json.loads(v) for v in leads.values()), key=lambda x: x.get("lead_id", ""))
+    appr = [json.loads(v) for v in approvals.values()]
+    pending = sorted((a for a in appr if a.get("state") == "pending"), key=lambda a: a.get("approval_id", ""))
+    plan_raw = h.get("plan")
+    plan = Plan(**json.loads(plan_raw)) if plan_raw else None
+    return Session(
+        id=sid,
+        workspace=h.get("workspace", ""),
+        model=h.get("model") or None,
+        title=h.get("title") or None,
+        title_source=h.get("title_source") or None,  # type: ignore[arg-type]
+        auto_title=h.get("auto_title", "1") == "1",
+        busy=h.get("busy") == "1",
+        turn_id=h.get("turn_id") or None,
+        queue=items,
+        leads=[LeadInfo(lead_id=x["lead_id"], state=x.get("state", "pending"), text=x.get("text", ""))
+               for x in lead_list],
+        approvals=[ApprovalInfo(**_pick(a, "approval_id", "call_id", "name", "args", "security", "reason",
+                                        "judge", "turn_id")) for a in pending],
+        plan=plan,
+        dont_ask=h.get("dont_ask") == "1",
+        created=int(h.get("created", 0) or 0),
+        next_model=h.get("next_model") or None,
+    )
+
+
+def _pick(d: dict[str, Any], *names: str) -> dict[str, Any]:
+    return {n: d[n] for n in names if n in d and d[n] is not None}

@@ -1,0 +1,49 @@
+"""NATS subject and stream names. Services build subjects here, never inline.
+
+Layout:
+    cox.rpc.<service>.<op>     request-reply, queue group per service (any replica answers)
+    cox.ctl.<runner_id>        doorbell to the runner that holds a session's lease
+    cox.ev.<sid>               a session's events, stored in the COX_EVENTS JetStream stream
+    $SRV.PING.<service>        health (nats micro), one reply per replica
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .ids import check_id
+
+EVENTS_STREAM: Final = "COX_EVENTS"
+EVENTS_WILDCARD: Final = "cox.ev.>"
+
+GATEWAY: Final = "gateway"
+RUNNER: Final = "turn-runner"
+GUARD: Final = "guard"
+JUDGE: Final = "judge"
+VERSIONS: Final = "versions"
+SERVICES: Final = (GATEWAY, RUNNER, GUARD, JUDGE, VERSIONS)
+
+
+def rpc(service: str, op: str) -> str:
+    """The request-reply subject of ``op`` on ``service``."""
+    return f"cox.rpc.{service}.{op}"
+
+
+def queue_group(service: str) -> str:
+    """Replicas of one service share a queue group so each request reaches one of them."""
+    return f"q-{service}"
+
+
+def control(runner_id: str) -> str:
+    """Doorbell subject of one runner process; the payload only says which session to look at."""
+    return f"cox.ctl.{check_id(runner_id, 'runner id')}"
+
+
+def events(sid: str) -> str:
+    """Subject of one session's event log."""
+    return f"cox.ev.{check_id(sid, 'session id')}"
+
+
+def ping(service: str) -> str:
+    """nats micro's PING subject for every replica of ``service``."""
+    return f"$SRV.PING.{service}"
