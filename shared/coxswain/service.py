@@ -120,7 +120,11 @@ class Service:
         return self._nc
 
     @property
-    def redis(self) -> aioredis.Redis:
+    def redis(self) -> Any:
+        """The Redis client (``decode_responses=True``: str in, str out).
+
+        Typed ``Any`` because redis-py's stubs describe every reply as ``bytes | str``.
+        """
         assert self._redis is not None, "service does not use Redis or is not entered"
         return self._redis
 
@@ -320,7 +324,8 @@ async def _run(factory: Callable[[Settings], Service], settings: Settings) -> in
     try:
         async with factory(settings) as svc:
             serving = asyncio.create_task(svc.serve(stop), name="serve")
-            await asyncio.wait({serving, svc.fatal}, return_when=asyncio.FIRST_COMPLETED)
+            pending: list[asyncio.Future[Any]] = [serving, svc.fatal]
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             stop.set()
             await asyncio.gather(serving, return_exceptions=True)
             if svc.fatal.done():

@@ -42,7 +42,7 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
         workspace=h.get("workspace", ""),
         model=h.get("model") or None,
         title=h.get("title") or None,
-        title_source=h.get("title_source") or None,  # type: ignore[arg-type]
+        title_source=h.get("title_source") or None,
         auto_title=h.get("auto_title", "1") == "1",
         busy=h.get("busy") == "1",
         turn_id=h.get("turn_id") or None,

@@ -76,7 +76,7 @@ def create_app(gw: Gateway) -> FastAPI:
         return await bus.call(gw.nc, subjects.rpc(subjects.RUNNER, op), cmd, result, timeout=timeout)
 
     async def owned(sid: str, who: str) -> dict[str, str]:
-        h = await gw.redis.hgetall(keys.session(sid))
+        h: dict[str, str] = await gw.redis.hgetall(keys.session(sid))
         if not h or h.get("principal") != who:
             raise NotFound("no such session")
         return h

@@ -77,7 +77,7 @@ def _command(node: Any, problems: list[str]) -> None:
             words.append(part.word)
         elif part.kind == "redirect":
             target = getattr(part, "output", None)
-            if isinstance(target, int) or (hasattr(target, "word") and target.word in SAFE_TARGETS):
+            if isinstance(target, int) or getattr(target, "word", None) in SAFE_TARGETS:
                 continue
             if part.type in ("<", "<<<"):
                 continue

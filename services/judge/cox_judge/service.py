@@ -6,6 +6,8 @@ no judge (the person decides). The decision is made in code against ``approve_th
 
 from __future__ import annotations
 
+from typing import Literal
+
 from coxswain import subjects
 from coxswain.models import JudgeRequest, JudgeResult
 from coxswain.service import Service
@@ -28,7 +30,7 @@ class Judge(Service):
         command = str(req.call.args.get("command", ""))
         v = rules.judge(command)
         score = 1.0 if v.ok else 0.0
-        verdict = "allow" if score >= cfg.approve_threshold else "refuse"
+        verdict: Literal["allow", "refuse"] = "allow" if score >= cfg.approve_threshold else "refuse"
         return JudgeResult(verdict=verdict, score=score, reason=v.reason, kind="rules")
 
 

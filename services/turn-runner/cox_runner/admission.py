@@ -209,7 +209,7 @@ class Admission:
             await r.store.call("cox_emit", sid, [
                 sid, token, r.owner, "0",
                 ev.body(ev.VersionKept(sid=sid, path=out.kept.path, version_id=out.kept.version_id, store=out.kept.store)),
-                ev.body(ev.FileWritten(sid=sid, path=out.path, added=out.added, removed=out.removed, via=op)),  # type: ignore[arg-type]
+                ev.body(ev.FileWritten(sid=sid, path=out.path, added=out.added, removed=out.removed, via=op)),
             ])
             return out
         finally:

@@ -103,7 +103,7 @@ async def _end_turn(runner: Runner, d: Drive, ending: Ending, plan: dict[str, An
         return None
     body = ""
     if turn is not None:
-        body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,  # type: ignore[arg-type]
+        body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,
                                   finish_reason=ending.finish_reason, detail=ending.detail))
     runner.log.info("turn.end", sid=d.sid, turn_id=turn.turn_id if turn else None, outcome=ending.outcome)
     return await _turn_end_call(runner, d, body, _plan_action(ending, plan))

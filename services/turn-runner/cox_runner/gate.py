@@ -91,8 +91,8 @@ async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
 
 async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, reason: str) -> None:
     t = loop.turn
-    await loop.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id, verdict=verdict,  # type: ignore[arg-type]
-                                      actor=actor, reason=reason))  # type: ignore[arg-type]
+    await loop.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id, verdict=verdict,
+                                      actor=actor, reason=reason))
 
 
 async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
@@ -113,7 +113,7 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
     """Open an approval and wait for the person's answer (or Stop). Leads wait meanwhile."""
     t = loop.turn
     aid = new_id("a")
-    sec = bool(g.security) if security is None else security
+    sec = bool(g is not None and g.security) if security is None else security
     why = reason or (g.reason if g else "")
     key = standing_key(call.name, call.args, g.path if g else None)
     record = {
@@ -136,7 +136,7 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
             a["state"] = "dismissed"
             await loop.emit(
                 ev.ApprovalResolved(sid=t.sid, turn_id=t.turn_id, approval_id=aid, decision="deny",
-                                    actor="policy", reason="the turn was stopped"),  # type: ignore[call-arg]
+                                    actor="policy", reason="the turn was stopped"),
                 ops=[("hset", ":appr", aid, json.dumps(a, ensure_ascii=False))],
             )
             raise StopRequested(t.stop_reason or "stop")

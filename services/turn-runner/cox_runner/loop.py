@@ -122,7 +122,8 @@ class TurnLoop:
         task: asyncio.Future[T] = asyncio.ensure_future(aw)
         stopper = asyncio.ensure_future(t.stop_event.wait())
         try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            racing: list[asyncio.Future[Any]] = [task, stopper]
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             task.cancel()
             stopper.cancel()
@@ -476,7 +477,7 @@ class TurnLoop:
     async def _skip(self, calls: list[ToolCallPart], reason: str) -> None:
         if not calls:
             return
-        evs = [ev.ToolSkipped(**self._e(), call_id=c.tool_call_id, reason=reason) for c in calls]  # type: ignore[arg-type]
+        evs = [ev.ToolSkipped(**self._e(), call_id=c.tool_call_id, reason=reason) for c in calls]
         await self.emit(*evs, ops=[("hdel", ":open", c.tool_call_id, "") for c in calls])
         for c in calls:
             self.history.tool_return(c.tool_call_id, transcript.skip_text(reason), c.tool_name)

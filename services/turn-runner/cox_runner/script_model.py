@@ -246,7 +246,7 @@ class ScriptStream(StreamedResponse):
         for i, part in enumerate(self.script_parts):
             if isinstance(part, ToolCallPart):
                 yield self._parts_manager.handle_tool_call_part(
-                    vendor_part_id=f"tool{i}", tool_name=part.tool_name, args=part.args,
+                    vendor_part_id=f"tool{i}", tool_name=part.tool_name, args=part.args,  # type: ignore[arg-type]
                     tool_call_id=part.tool_call_id,
                 )
         self._usage = _usage(self.plan, self.script_parts)

@@ -90,7 +90,7 @@ class Versions(Service):
             return st.keep(req.sid, rel, data, req.reason, req.turn_id, req.call_id, new_id("v"))
 
         rec = await asyncio.to_thread(work)
-        return KeepResult(version_id=rec.version_id, store=rec.store, path=rel, existed=rec.store != "absent")  # type: ignore[arg-type]
+        return KeepResult(version_id=rec.version_id, store=rec.store, path=rel, existed=rec.store != "absent")
 
     async def restore(self, req: RestoreRequest) -> WriteOutcome:
         await self.check_token(req.sid, req.token)
@@ -112,7 +112,7 @@ class Versions(Service):
         added, removed = textdiff.counts(current, target)
         return WriteOutcome(
             path=rel, restored_from=version_id, added=added, removed=removed, deleted=target is None,
-            kept=KeepResult(version_id=kept.version_id, store=kept.store, path=rel, existed=current is not None),  # type: ignore[arg-type]
+            kept=KeepResult(version_id=kept.version_id, store=kept.store, path=rel, existed=current is not None),
         )
 
     async def undo(self, req: UndoRequest) -> WriteOutcome:
@@ -133,7 +133,7 @@ class Versions(Service):
         ws = self.workspace(req.workspace)
         rel = check_path(ws, req.path, self.settings.store_dir)
         recs, undone = await asyncio.to_thread(self.store(ws).records)
-        out = [VersionInfo(version_id=r.version_id, path=r.path, store=r.store, size=r.size,  # type: ignore[arg-type]
+        out = [VersionInfo(version_id=r.version_id, path=r.path, store=r.store, size=r.size,
                            created=r.created, reason=r.reason, sid=r.sid, undone=r.version_id in undone)
                for r in reversed(recs) if r.path == rel]
         return ListVersionsResult(path=rel, versions=out)

@@ -144,7 +144,7 @@ class Store:
 
     def _valid(self, d: dict[str, Any]) -> Record | None:
         try:
-            rec = Record(**{k: d.get(k) for k in Record.__dataclass_fields__})
+            rec = Record(**{k: d.get(k) for k in Record.__dataclass_fields__})  # type: ignore[arg-type]
         except TypeError:
             return None
         if not isinstance(rec.version_id, str) or not ID_RE.fullmatch(rec.version_id):

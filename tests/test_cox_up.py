@@ -1,0 +1,103 @@
+"""``cox up`` as a user runs it: ready line, the printed curl, restarts, and a clean SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from cox.servers import free_port
+
+from .stack import Api
+
+
+def _start(tmp: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_URL", "REDIS_URL"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cox", "up", *args], cwd=tmp, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+
+    threading.Thread(target=pump, daemon=True).start()
+    threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
+    return proc, lines
+
+
+def _wait_line(lines: list[str], prefix: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in lines:
+            if line.startswith(prefix):
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no {prefix!r} line within {timeout}s; got {lines}")
+
+
+def test_cox_up_runs_the_printed_curl_restarts_a_dead_service_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    started = time.monotonic()
+    proc, lines = _start(tmp_path, "--port", str(port), "--runners", "2")
+    try:
+        ready = _wait_line(lines, "ready:", 30)
+        assert time.monotonic() - started < 30, "ready in under 30 s"
+        assert ready == f"ready: http://127.0.0.1:{port}"
+        token = _wait_line(lines, "token:", 5).split(": ", 1)[1]
+        assert (tmp_path / ".cox" / "token").read_text().strip() == token
+        curl = _wait_line(lines, "  curl -s -X POST", 5).strip()
+        out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=30)
+        assert json.loads(out.stdout)["disposition"] == "started", out.stdout + out.stderr
+        sid = re.search(r"/v1/sessions/([A-Za-z0-9_-]+)/messages", curl).group(1)  # type: ignore[union-attr]
+        with Api(f"http://127.0.0.1:{port}", token) as api:
+            end = api.wait_type(sid, "turn.end", timeout=30)
+            assert end["outcome"] == "completed"
+        assert (tmp_path / "workspaces" / "demo" / "notes" / "hello.txt").exists()
+        for name in ("gateway", "guard", "judge", "versions", "turn-runner-1", "turn-runner-2"):
+            assert (tmp_path / ".cox" / "logs" / f"{name}.log").exists()
+
+        # A service that dies is restarted and the system answers again.
+        me = psutil.Process(proc.pid)
+        guard = next(p for p in me.children() if "cox_guard" in " ".join(p.cmdline()))
+        guard.kill()
+        deadline = time.monotonic() + 30
+        healthy_again = False
+        time.sleep(0.5)
+        while time.monotonic() < deadline:
+            r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+            if r.status_code == 200:
+                healthy_again = True
+                break
+            time.sleep(0.2)
+        assert healthy_again
+        assert any("cox_guard" in " ".join(p.cmdline()) and p.pid != guard.pid for p in me.children())
+
+        family = [proc.pid] + [p.pid for p in me.children(recursive=True)]
+        assert len(family) >= 1 + 2 + 6, "nats, redis and six services"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
+    time.sleep(0.5)
+    alive = [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"processes left behind: {alive}"
+
+
+def test_cox_up_refuses_a_missing_config(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "cox", "up", "--config", "nope.toml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "config file not found" in r.stderr
