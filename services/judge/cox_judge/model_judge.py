@@ -47,9 +47,9 @@ class Answer(BaseModel):
     reason: str = Field(max_length=2000)
 
 
-def build_model(p: ProviderConfig, timeout_s: float) -> Model:
-    """A pydantic-ai model for a configured provider, with no client-side retries (the judge's
-    own timeout bounds the whole call)."""
+def build_model(p: ProviderConfig, timeout_s: float) -> tuple[Model, Any]:
+    """A pydantic-ai model for a configured provider and its SDK client (closed on stop), with
+    no client-side retries: the judge's own timeout bounds the whole call."""
     key = p.api_key or (os.environ.get(p.api_key_env) if p.api_key_env else None)
     if p.kind == "openai":
         from openai import AsyncOpenAI
@@ -57,13 +57,13 @@ def build_model(p: ProviderConfig, timeout_s: float) -> Model:
         from pydantic_ai.providers.openai import OpenAIProvider
 
         client = AsyncOpenAI(base_url=p.base_url, api_key=key or "none", max_retries=0, timeout=timeout_s)
-        return OpenAIChatModel(p.model, provider=OpenAIProvider(openai_client=client))
+        return OpenAIChatModel(p.model, provider=OpenAIProvider(openai_client=client)), client
     from anthropic import AsyncAnthropic
     from pydantic_ai.models.anthropic import AnthropicModel
     from pydantic_ai.providers.anthropic import AnthropicProvider
 
     aclient = AsyncAnthropic(api_key=key, base_url=p.base_url, max_retries=0, timeout=timeout_s)
-    return AnthropicModel(p.model, provider=AnthropicProvider(anthropic_client=aclient))
+    return AnthropicModel(p.model, provider=AnthropicProvider(anthropic_client=aclient)), aclient
 
 
 def prompt(req: JudgeRequest) -> str:
@@ -95,14 +95,20 @@ class ModelJudge:
         self.cfg = cfg
         self.problem: str | None = None
         self.agent: Agent[None, Answer] | None = None
+        self.client: Any = None
         by_name = {p.name: p for p in providers}
         if not cfg.model:
             self.problem = "no judge model is configured ([judge] model)"
         elif cfg.model not in by_name:
             self.problem = f"the judge model {cfg.model!r} is not among [[model.providers]]"
         else:
-            self.agent = Agent(build_model(by_name[cfg.model], cfg.timeout_s), output_type=Answer,
-                               instructions=INSTRUCTIONS, retries={"output": 0, "tools": 0})
+            model, self.client = build_model(by_name[cfg.model], cfg.timeout_s)
+            self.agent = Agent(model, output_type=Answer, instructions=INSTRUCTIONS,
+                               retries={"output": 0, "tools": 0})
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.close()
 
     def _error(self, reason: str, said: str | None = None) -> JudgeResult:
         return JudgeResult(verdict="error", reason=reason, kind="model", said=said or None,

@@ -30,6 +30,10 @@ class Judge(Service):
     async def start(self) -> None:
         await self.add_endpoint("decide", JudgeRequest, self.decide)
 
+    async def on_stop(self) -> None:
+        if self.model_judge is not None:
+            await self.model_judge.aclose()
+
     async def decide(self, req: JudgeRequest) -> JudgeResult:
         cfg = self.settings.judge
         if req.call.name != "run_command":
