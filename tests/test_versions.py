@@ -325,3 +325,26 @@ def test_changes_units() -> None:
     ]
     out = build_changes(evs).files
     assert [(f.path, f.actor, f.seq, f.available) for f in out] == [("x", "person", 3, True)]
+
+
+def test_a_planted_shadow_config_never_runs(tmp_path: Path) -> None:
+    """The shadow's config sits where commands can write; it is rewritten before every use."""
+    from cox_versions.shadow import Shadow
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    shadow = Shadow(ws, ".coxswain")
+    tree, _ = shadow.snapshot("s_one")
+    marker = tmp_path / "pwned"
+    cfg = ws / ".coxswain" / "shadow" / "config"
+    with cfg.open("a") as fh:
+        fh.write(f"[core]\n\tfsmonitor = touch {marker}\n\thooksPath = {tmp_path}\n")
+    (ws / ".gitattributes").write_text("* filter=evil\n")
+    with cfg.open("a") as fh:
+        fh.write(f"[filter \"evil\"]\n\tclean = touch {marker}\n")
+    (ws / "a.txt").write_text("b\n")
+    _, changes = shadow.changes("s_one", tree)
+    assert not marker.exists()
+    assert {c.path for c in changes} == {"a.txt", ".gitattributes"}
+    assert shadow.read(next(c.old_oid for c in changes if c.path == "a.txt"), 100) == b"a\n"

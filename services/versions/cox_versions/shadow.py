@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coxswain import safefs
-from coxswain.errors import Invalid, Unavailable
+from coxswain.errors import CoxError, Invalid, Unavailable
 
 from . import gitrepo
 
@@ -86,9 +86,15 @@ class Shadow:
         for sub in ("objects", "refs/heads", "info"):
             with safefs.open_dir(self.ws, f"{self.rel}/{sub}", create=True):
                 pass
-        safefs.write_if_missing(self.ws, f"{self.rel}/HEAD", b"ref: refs/heads/main\n")
-        safefs.write(self.ws, f"{self.rel}/config", CONFIG)
-        safefs.write(self.ws, f"{self.rel}/info/exclude", b"")
+        for name, content in (("HEAD", b"ref: refs/heads/main\n"), ("config", CONFIG), ("info/exclude", b"")):
+            rel = f"{self.rel}/{name}"
+            try:
+                same = safefs.read(self.ws, rel, max_bytes=len(content) + 1) == content
+            except CoxError:  # a link or a folder planted there
+                same = False
+            if not same:
+                safefs.delete(self.ws, rel)  # removes a planted link itself, never its target
+                safefs.write(self.ws, rel, content)
 
     def _env(self, sid: str) -> dict[str, str]:
         safefs.check_text_path(sid)
