@@ -232,10 +232,19 @@ def test_writes_ask_brings_the_prompt_back_with_a_preview(stack: Stack, api: Api
     lines = [ln for h in p["hunks"] for ln in h["lines"]]
     assert {"op": "-", "old": 2, "new": None, "text": "two"} in lines
     assert {"op": "+", "old": None, "new": 2, "text": "2"} in lines
-    answer(api, s["id"], pending["approval_id"], "allow")
+    answer(api, s["id"], pending["approval_id"], "allow", scope="session")
     api.wait_type(s["id"], "turn.end")
     with open(f"{ws}/a.txt") as fh:
         assert fh.read() == "one\n2\nthree\n"
+    changes = api.http.get(f"/v1/sessions/{s['id']}/changes").json()["files"]
+    assert [(c["path"], c["actor"], c["available"]) for c in changes] == [("a.txt", "person", True)]
+    assert changes[0]["preview"] == p, "the preview the person approved"
+    # "Always this session" makes that path's writes standing.
+    evs = run_turn(api, s["id"], script({"tools": [{"name": "write_file", "args": {"path": "a.txt",
+                                                                                    "content": "1\n"}}]},
+                                        {"text": "ok"}))
+    d = final_decision(evs, call_ids(evs, "write_file")[0])
+    assert (d["verdict"], d["actor"]) == ("allow", "standing")
     # Don't-ask answers a write that writes = ask would put to the person.
     patch(api, s["id"], dont_ask=True)
     evs = run_turn(api, s["id"], script({"tools": [{"name": "write_file", "args": {"path": "b.txt",

@@ -319,12 +319,13 @@ def test_changes_units() -> None:
         {"seq": 2, "type": "policy.decision", "call_id": "c1", "verdict": "ask", "actor": "setting",
          "name": "write_file", "path": "x", "preview": {"added": 1}},
         {"seq": 3, "type": "policy.decision", "call_id": "c1", "verdict": "allow", "actor": "person",
-         "name": "write_file", "path": "x", "preview": {"added": 1}},
+         "name": "write_file", "path": "x"},
         {"seq": 4, "type": "tool.call", "call_id": "c2", "name": "run_command", "args": {"command": "ls"}},
         {"seq": 5, "type": "policy.decision", "call_id": "c2", "verdict": "allow", "actor": "setting"},
     ]
     out = build_changes(evs).files
     assert [(f.path, f.actor, f.seq, f.available) for f in out] == [("x", "person", 3, True)]
+    assert out[0].preview == {"added": 1}, "the preview recorded with guard's decision of the same call"
 
 
 def test_a_planted_shadow_config_never_runs(tmp_path: Path) -> None:

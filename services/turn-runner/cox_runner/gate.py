@@ -90,9 +90,10 @@ async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
     base = keys.session(turn.sid)
     standing = set(await redis.smembers(base + ":standing")) | turn.turn_standing
     dont_ask = (await redis.hget(base, "dont_ask")) == "1"
+    command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
     g = await loop.runner.clients.guard(GuardRequest(
-        sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask,
-        standing=sorted(standing), tainted=loop.tainted_fragments(), trusted=person_words(loop),
+        sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
+        tainted=loop.tainted_fragments() if command else [], trusted=person_words(loop) if command else [],
     ))
     await loop.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
                                       verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
@@ -120,9 +121,9 @@ async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
 async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, reason: str,
                    g: GuardResult | None = None) -> None:
     t = loop.turn
+    # The preview was recorded with guard's decision of this call; it is not repeated here.
     await loop.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id, verdict=verdict,
-                                      actor=actor, reason=reason, name=call.name, path=g.path if g else None,
-                                      preview=g.preview if g else None))
+                                      actor=actor, reason=reason, name=call.name, path=g.path if g else None))
 
 
 async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
