@@ -133,6 +133,10 @@ class PolicyDecision(_Event):
     actor: Actor
     reason: str
     security: bool = False
+    name: str | None = None
+    path: str | None = None
+    preview: dict[str, Any] | None = None
+    """A write's preview (textdiff.preview) as guard computed it before the decision."""
 
 
 class ApprovalPending(_Event):
@@ -144,6 +148,7 @@ class ApprovalPending(_Event):
     name: str = ""
     args: Any = None
     reason: str = ""
+    preview: dict[str, Any] | None = None
 
 
 class ApprovalResolved(_Event):
@@ -168,6 +173,7 @@ class FileWritten(_Event):
     added: int
     removed: int
     via: Literal["tool", "restore", "undo", "command"] = "tool"
+    deleted: bool = False
 
 
 class LeadSaved(_Event):

@@ -18,6 +18,9 @@ LEASES: Final = "cox:leases"
 """zset sid -> lease expiry in ms (Redis clock). Takeover scans it for expired leases."""
 DIRTY: Final = "cox:outbox:dirty"
 """zset sid -> ms when its outbox last got events nobody has published yet. The sweeper's list."""
+VERSIONS_MAC_KEY: Final = "cox:versions:mac-key"
+"""string: the versions service's HMAC key (hex). Index lines in a workspace's store folder are
+members only with a valid MAC; the key lives here, out of reach of the model's commands."""
 
 # Suffixes of a session's keys (mirrored in the Lua library).
 LEASE: Final = ":lease"

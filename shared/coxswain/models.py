@@ -212,6 +212,9 @@ class GuardRequest(_Body):
     """Command prefixes a person allowed for this session ("always")."""
     tainted: list[str] = Field(default_factory=list)
     """Fragments the turn read from tool results; a command that contains one is tainted."""
+    trusted: list[str] = Field(default_factory=list)
+    """The person's own words in this session (messages, Leads, approval messages): text found
+    there is not taint even when a tool result also held it."""
 
 
 class GuardResult(_Out):
@@ -224,6 +227,8 @@ class GuardResult(_Out):
     path: str | None = None
     """The call's path, relative to the workspace, after links were resolved."""
     preview: dict[str, Any] | None = None
+    """For a write: what it would change (:func:`coxswain.textdiff.preview`), recorded with the
+    decision so the Changes view can show it later."""
 
 
 # ---------------------------------------------------------------- RPC: judge
@@ -239,9 +244,15 @@ class JudgeRequest(_Body):
 
 class JudgeResult(_Out):
     verdict: Literal["allow", "refuse", "error"]
+    """``allow`` only when the judge allowed and, for a model, its score reached the threshold."""
     score: float | None = None
     reason: str
     kind: str
+    answer: str | None = None
+    """What the judge itself answered (``allow``/``refuse``), before the threshold was applied."""
+    threshold: float | None = None
+    said: str | None = None
+    """For a malformed or refused answer: what the model said, shown to the person."""
 
 
 # ---------------------------------------------------------------- RPC: versions
@@ -273,6 +284,8 @@ class VersionInfo(_Out):
     reason: str
     sid: str
     undone: bool = False
+    turn_id: str | None = None
+    call_id: str | None = None
 
 
 class ListVersionsRequest(_Body):
@@ -301,6 +314,10 @@ class DiffResult(_Out):
     deleted: bool = False
     empty: bool = False
     oversized: bool = False
+    binary: bool = False
+    hunks: list[dict[str, Any]] = Field(default_factory=list)
+    """Numbered lines: ``{old_start, old_len, new_start, new_len, lines: [{op, old, new, text}]}``."""
+    store: Literal["git", "versions", "absent"] | None = None
 
 
 class RestoreRequest(_Body):
@@ -316,9 +333,7 @@ class UndoRequest(_Body):
     token: int | None = None
 
 
-class WriteOutcome(_Out):
-    """What a restore or undo did: the version it kept first, then the write."""
-
+class FileOutcome(_Out):
     path: str
     kept: KeepResult
     restored_from: str
@@ -327,9 +342,91 @@ class WriteOutcome(_Out):
     deleted: bool = False
 
 
+class WriteOutcome(_Out):
+    """What a restore or undo did: the version it kept first, then the write.
+
+    Undoing a command puts back every file it changed: ``files`` lists each (the first is the
+    one the top-level fields describe).
+    """
+
+    path: str
+    kept: KeepResult
+    restored_from: str
+    added: int
+    removed: int
+    deleted: bool = False
+    files: list[FileOutcome] = Field(default_factory=list)
+
+
 class ChangesRequest(_Body):
     sid: Id
     workspace: str
+
+
+PREVIEW_LABEL = "Approved preview — not proof of a successful write"
+PREVIEW_UNAVAILABLE = "preview unavailable"
+
+
+class ChangeEntry(_Out):
+    """The latest approved write of one file, as the approval recorded it (not as it happened)."""
+
+    path: str
+    call_id: str
+    turn_id: str | None = None
+    seq: int
+    ts: int = 0
+    actor: str
+    label: str = PREVIEW_LABEL
+    available: bool
+    preview: dict[str, Any] | None = None
+    note: str | None = None
+    """``"preview unavailable"`` for a record without detail; nothing is invented in its place."""
+
+
+class ChangesResult(_Out):
+    files: list[ChangeEntry]
+
+
+class SnapshotRequest(_Body):
+    """Before a command: remember the workspace so what the command changes can be kept."""
+
+    sid: Id
+    workspace: str
+    token: int | None = None
+
+
+class SnapshotResult(_Out):
+    snapshot: str | None
+    """A tree id of the shadow repository; None when the snapshot was skipped (``skipped`` says why)."""
+    skipped: str | None = None
+    ms: float = 0.0
+
+
+class CommandChangesRequest(_Body):
+    """After a command: keep the previous content of every file it changed, created or deleted."""
+
+    sid: Id
+    workspace: str
+    snapshot: Annotated[str, Field(pattern=r"^[0-9a-f]{40}([0-9a-f]{24})?$")]
+    token: int | None = None
+    turn_id: str | None = None
+    call_id: str | None = None
+
+
+class FileChange(_Out):
+    path: str
+    version_id: str
+    store: Literal["git", "versions", "absent"]
+    added: int
+    removed: int
+    created: bool = False
+    deleted: bool = False
+
+
+class CommandChangesResult(_Out):
+    changes: list[FileChange]
+    skipped: list[str] = Field(default_factory=list)
+    """Paths the command changed that are not kept (links, the denylist, too large), with why."""
 
 
 class Health(_Out):

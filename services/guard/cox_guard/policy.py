@@ -1,45 +1,75 @@
-"""Guard's policy for one tool call (DESIGN "Policy"), as a pure function of settings + request.
+"""Guard's policy for one tool call (DESIGN "Policy"), as a function of settings + request.
 
-Order: refusals (outside the pin after resolving links, the credential denylist, a read-only
-mount) -> security confirms no setting waives (protected paths, credential-looking content, a
-command built from tool output) -> standing approvals -> the writes/commands settings.
+Order, first match wins:
+
+1. Refused outright (no setting, standing approval or person changes it): a path outside the
+   workspace pin after resolving every link, the credential denylist (for a command: a word that
+   names a denylisted path), a write to a read-only mount.
+2. Security confirms, always the person's (``security=True``; the don't-ask switch and standing
+   approvals do not answer them): a protected path (``.git/`` at any depth, the store folder, CI
+   definitions, ``scripts/``, ``Makefile`` ...) written by ``write_file`` or by a command's
+   redirection, content that looks like a credential (detect-secrets), a command built from tool
+   output (taint, see :mod:`cox_guard.taint`).
+3. Standing approvals: config ``allow_commands`` prefixes and a person's "always this session"
+   (a command prefix, or ``write:<path>``).
+4. The settings: ``writes = allow|ask``; ``commands = allow|ask|judge`` (judge kind ``none``
+   sends the call to the person).
+
+A write's decision carries a preview of what it would change, computed here from the current
+file, so the approval and the Changes view can show it.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from coxswain import safefs
+from coxswain import safefs, textdiff
 from coxswain.config import Settings
 from coxswain.errors import CoxError
 from coxswain.models import GuardRequest, GuardResult
 
-from . import secrets
+from . import secrets, shell, taint
 
-PROTECTED: tuple[str, ...] = (
-    ".git", ".github/workflows", ".gitlab-ci.yml", ".circleci", ".ci", ".buildkite", "Jenkinsfile",
-    ".travis.yml", "azure-pipelines.yml", ".pre-commit-config.yaml", "scripts", "Makefile", "GNUmakefile",
-    ".git-hooks", ".husky",
+PROTECTED_ROOT: tuple[str, ...] = (
+    ".github/workflows", ".github/actions", ".gitlab-ci.yml", ".gitlab", ".circleci", ".ci", ".buildkite",
+    "Jenkinsfile", ".travis.yml", "azure-pipelines.yml", ".drone.yml", "bitbucket-pipelines.yml",
+    ".pre-commit-config.yaml", "scripts", "Makefile", "GNUmakefile", "makefile",
 )
-"""Paths whose change could run code outside the turn (hooks, CI, build scripts): always ask."""
+"""Paths (from the workspace root) whose change could run code outside the turn: CI, build scripts."""
+PROTECTED_ANYWHERE: tuple[str, ...] = (".git", ".git-hooks", ".husky")
+"""Folder names protected at any depth: a nested repository's hooks run as well as the top one's."""
 
 NO_WORKSPACE = frozenset({"respond", "plan_write", "plan_step"})
 
 
 def protected(rel: str, store_dir: str) -> str | None:
-    for p in (*PROTECTED, store_dir):
+    for p in (*PROTECTED_ROOT, store_dir):
         if rel == p or rel.startswith(p + "/"):
             return p
+    for part in PurePosixPath(rel).parts:
+        if part in PROTECTED_ANYWHERE:
+            return part
     return None
 
 
-def read_only(path: Path) -> bool:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return False
-    return bool(st.f_flag & os.ST_RDONLY)
+def read_only(root: Path, rel: str) -> bool:
+    """Whether the file system that would hold ``rel`` is mounted read-only.
+
+    The nearest existing folder on the way to the target decides: a read-only mount may sit
+    anywhere under the workspace, not only at its root.
+    """
+    path = root / rel if rel else root
+    while True:
+        try:
+            st = os.statvfs(path)
+            return bool(st.f_flag & os.ST_RDONLY)
+        except FileNotFoundError:
+            if path == root or path.parent == path:
+                return False
+            path = path.parent
+        except OSError:
+            return False
 
 
 def check(settings: Settings, req: GuardRequest) -> GuardResult:
@@ -53,7 +83,7 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
     if name in ("read_file", "list_dir", "write_file"):
         return _path_call(settings, req, root, name, args)
     if name == "run_command":
-        return _command(settings, req, str(args.get("command", "")))
+        return _command(settings, req, root, str(args.get("command", "")))
     return GuardResult(verdict="refuse", actor="policy", reason=f"unknown tool {name!r}")
 
 
@@ -71,43 +101,75 @@ def _path_call(settings: Settings, req: GuardRequest, root: Path, name: str, arg
         return GuardResult(verdict="allow", actor="setting", reason="reading inside the workspace", path=rel)
     if not rel:
         return GuardResult(verdict="refuse", actor="policy", reason="cannot write the workspace folder itself")
-    if read_only(root):
-        return GuardResult(verdict="refuse", actor="policy", reason="the workspace is on a read-only mount", path=rel)
+    if read_only(root, rel):
+        return GuardResult(verdict="refuse", actor="policy", reason=f"{rel} is on a read-only mount", path=rel)
+    content = str(args.get("content", ""))
+    try:
+        current = safefs.read(root, rel, max_bytes=textdiff.MAX_DIFF_INPUT + 1)
+    except CoxError as exc:
+        return GuardResult(verdict="refuse", actor="policy", reason=exc.detail, path=rel)
+    preview = textdiff.preview(current, content.encode("utf-8", errors="surrogatepass"), rel)
+
+    def result(**kw: object) -> GuardResult:
+        return GuardResult(path=rel, preview=preview, **kw)
+
     prot = protected(rel, settings.store_dir)
     if prot:
-        return GuardResult(verdict="ask", actor="policy", security=True, route="person", path=rel,
-                           reason=f"{rel} is a protected path ({prot}): a security confirm")
-    kinds = secrets.find(str(args.get("content", "")))
+        return result(verdict="ask", actor="policy", security=True, route="person",
+                      reason=f"{rel} is a protected path ({prot}): a security confirm")
+    kinds = secrets.find(content)
     if kinds:
-        return GuardResult(verdict="ask", actor="policy", security=True, route="person", path=rel,
-                           reason=f"the content looks like a credential ({', '.join(kinds)}): a security confirm")
+        return result(verdict="ask", actor="policy", security=True, route="person",
+                      reason=f"the content looks like a credential ({', '.join(kinds)}): a security confirm")
     if f"write:{rel}" in req.standing:
-        return GuardResult(verdict="allow", actor="standing", reason="allowed for this session", path=rel)
+        return result(verdict="allow", actor="standing", reason="allowed for this session")
     if settings.approval.writes == "ask":
-        return GuardResult(verdict="ask", actor="setting", route="person", path=rel, reason="writes = ask")
-    return GuardResult(verdict="allow", actor="setting", path=rel, reason="writes in the workspace go ahead (kept)")
+        return result(verdict="ask", actor="setting", route="person", reason="writes = ask")
+    return result(verdict="allow", actor="setting", reason="writes in the workspace go ahead (kept)")
 
 
-def _command(settings: Settings, req: GuardRequest, command: str) -> GuardResult:
+def _denied_word(command: str) -> str | None:
+    for word in shell.words(command):
+        if word.startswith("-") and "=" not in word:
+            continue
+        path = word.split("=", 1)[1] if word.startswith("-") else word
+        hit = safefs.denied(path.lstrip("~"))
+        if hit:
+            return f"{word} ({hit})"
+    return None
+
+
+def _command(settings: Settings, req: GuardRequest, root: Path, command: str) -> GuardResult:
     if not command.strip():
         return GuardResult(verdict="refuse", actor="policy", reason="empty command")
-    tainted = [f for f in req.tainted if len(f) >= 8 and f in command]
+    deny = _denied_word(command)
+    if deny:
+        return GuardResult(verdict="refuse", actor="policy",
+                           reason=f"the command names a path on the credential denylist: {deny}")
+    tainted = taint.find(command, req.tainted, req.trusted, root)
     if tainted:
         return GuardResult(verdict="ask", actor="policy", security=True, route="person",
-                           reason=f"the command contains text read from tool output ({tainted[0][:60]!r}): "
+                           reason=f"the command contains text read from tool output ({tainted[:80]!r}): "
                                   "a security confirm")
-    for prefix in (*settings.approval.allow_commands, *req.standing):
-        if prefix and not prefix.startswith("write:") and _starts(command, prefix):
-            return GuardResult(verdict="allow", actor="standing", reason=f"standing approval {prefix!r}")
+    parsed = shell.parse(command)
+    for target in parsed.redirect_targets:
+        try:
+            rel = safefs.resolve(root, target)
+        except CoxError:
+            continue
+        prot = protected(rel, settings.store_dir)
+        if prot:
+            return GuardResult(verdict="ask", actor="policy", security=True, route="person",
+                               reason=f"the command writes {rel}, a protected path ({prot}): a security confirm")
+    standing = [p for p in (*settings.approval.allow_commands, *req.standing) if p and not p.startswith("write:")]
+    prefix = shell.covered(command, standing)
+    if prefix is not None:
+        return GuardResult(verdict="allow", actor="standing", reason=f"standing approval {prefix!r}")
     mode = settings.approval.commands
     if mode == "allow":
         return GuardResult(verdict="allow", actor="setting", reason="commands = allow")
-    if mode == "ask" or settings.judge.kind == "none":
-        return GuardResult(verdict="ask", actor="setting", route="person",
-                           reason="commands = ask" if mode == "ask" else "no judge is configured")
+    if mode == "ask":
+        return GuardResult(verdict="ask", actor="setting", route="person", reason="commands = ask")
+    if settings.judge.kind == "none":
+        return GuardResult(verdict="ask", actor="setting", route="person", reason="no judge is configured")
     return GuardResult(verdict="ask", actor="setting", route="judge", reason="commands go to the judge first")
-
-
-def _starts(command: str, prefix: str) -> bool:
-    c = command.strip()
-    return c == prefix or c.startswith(prefix + " ")

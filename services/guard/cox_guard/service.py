@@ -18,7 +18,9 @@ class Guard(Service):
         await self.add_endpoint("check", GuardRequest, self.check)
 
     async def check(self, req: GuardRequest) -> GuardResult:
-        if req.call.name == "write_file" and len(str(req.call.args.get("content", ""))) > 65_536:
+        # Writes read the current file, diff it and scan the content; commands look at the
+        # workspace for taint. Both block, so they run off the event loop.
+        if req.call.name in ("write_file", "run_command"):
             return await asyncio.to_thread(policy.check, self.settings, req)
         return policy.check(self.settings, req)
 

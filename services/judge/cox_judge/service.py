@@ -1,7 +1,9 @@
 """The judge service: decides ordinary command approvals (DESIGN "Policy").
 
-``kind = "rules"`` (default) approves known read-only commands; ``"none"`` answers that there is
-no judge (the person decides). The decision is made in code against ``approve_threshold``.
+``kind = "rules"`` (default) approves known read-only commands (a real shell parser, see
+:mod:`cox_judge.rules`); ``"model"`` asks a model for a structured verdict
+(:mod:`cox_judge.model_judge`); ``"none"`` answers that there is no judge, so the person decides.
+In every kind the decision is made in code against ``approve_threshold``.
 """
 
 from __future__ import annotations
@@ -9,17 +11,28 @@ from __future__ import annotations
 from typing import Literal
 
 from coxswain import subjects
+from coxswain.config import Settings
 from coxswain.models import JudgeRequest, JudgeResult
 from coxswain.service import Service
 
 from . import rules
+from .model_judge import ModelJudge
 
 
 class Judge(Service):
     name = subjects.JUDGE
 
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.model_judge = ModelJudge(settings.judge, settings.model.providers) if settings.judge.kind == "model" \
+            else None
+
     async def start(self) -> None:
         await self.add_endpoint("decide", JudgeRequest, self.decide)
+
+    async def on_stop(self) -> None:
+        if self.model_judge is not None:
+            await self.model_judge.aclose()
 
     async def decide(self, req: JudgeRequest) -> JudgeResult:
         cfg = self.settings.judge
@@ -27,11 +40,16 @@ class Judge(Service):
             return JudgeResult(verdict="refuse", score=0.0, reason="the judge only decides commands", kind=cfg.kind)
         if cfg.kind == "none":
             return JudgeResult(verdict="error", reason="no judge is configured", kind="none")
+        if self.model_judge is not None:
+            result = await self.model_judge.decide(req)
+            self.log.info("judge.decided", kind="model", verdict=result.verdict, score=result.score)
+            return result
         command = str(req.call.args.get("command", ""))
         v = rules.judge(command)
         score = 1.0 if v.ok else 0.0
         verdict: Literal["allow", "refuse"] = "allow" if score >= cfg.approve_threshold else "refuse"
-        return JudgeResult(verdict=verdict, score=score, reason=v.reason, kind="rules")
+        return JudgeResult(verdict=verdict, score=score, reason=v.reason, kind="rules",
+                           answer="allow" if v.ok else "refuse", threshold=cfg.approve_threshold)
 
 
 def main() -> None:

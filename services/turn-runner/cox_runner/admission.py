@@ -22,6 +22,7 @@ from coxswain.models import (
     Accepted,
     ApprovalCmd,
     CreateCmd,
+    FileOutcome,
     LeadCmd,
     LeadResult,
     ObserveCmd,
@@ -206,11 +207,13 @@ class Admission:
                                                              token=int(token)))
             else:
                 out = await r.clients.undo(UndoRequest(sid=sid, workspace=ws, token=int(token)))
-            await r.store.call("cox_emit", sid, [
-                sid, token, r.owner, "0",
-                ev.body(ev.VersionKept(sid=sid, path=out.kept.path, version_id=out.kept.version_id, store=out.kept.store)),
-                ev.body(ev.FileWritten(sid=sid, path=out.path, added=out.added, removed=out.removed, via=op)),
-            ])
+            evs: list[str] = []
+            for f in out.files or [FileOutcome(**out.model_dump(exclude={'files'}))]:  # undoing a command puts back every file it changed
+                evs += [ev.body(ev.VersionKept(sid=sid, path=f.kept.path, version_id=f.kept.version_id,
+                                               store=f.kept.store)),
+                        ev.body(ev.FileWritten(sid=sid, path=f.path, added=f.added, removed=f.removed, via=op,
+                                               deleted=f.deleted))]
+            await r.store.call("cox_emit", sid, [sid, token, r.owner, "0", *evs])
             return out
         finally:
             r.drives.pop(sid, None)

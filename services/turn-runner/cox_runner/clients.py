@@ -6,6 +6,8 @@ from nats.aio.client import Client
 
 from coxswain import bus, subjects
 from coxswain.models import (
+    CommandChangesRequest,
+    CommandChangesResult,
     DiffRequest,
     DiffResult,
     GuardRequest,
@@ -15,6 +17,8 @@ from coxswain.models import (
     KeepRequest,
     KeepResult,
     RestoreRequest,
+    SnapshotRequest,
+    SnapshotResult,
     UndoRequest,
     WriteOutcome,
 )
@@ -43,3 +47,10 @@ class Clients:
 
     async def diff(self, req: DiffRequest) -> DiffResult:
         return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "diff"), req, DiffResult, timeout=30)
+
+    async def snapshot(self, req: SnapshotRequest) -> SnapshotResult:
+        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "snapshot"), req, SnapshotResult, timeout=90)
+
+    async def after_command(self, req: CommandChangesRequest) -> CommandChangesResult:
+        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "after"), req, CommandChangesResult,
+                              timeout=120)

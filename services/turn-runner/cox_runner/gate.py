@@ -4,7 +4,11 @@ DESIGN "Policy": guard decides allow/ask/refuse (pin, denylist, protected paths,
 content, taint, the writes/commands settings, standing approvals). An ``ask`` that is not a
 security confirm is answered by the don't-ask switch when it is on, else by the judge when guard
 routes it there; what the judge refuses or fails on goes to the person with the judge's answer.
-A security confirm always goes to the person. Every decision is a ``policy.decision`` event.
+A security confirm always goes to the person. Every decision is a ``policy.decision`` event; a
+write's decisions carry guard's preview of what it would change (the Changes view reads them).
+
+Taint needs two lists from the turn: fragments of tool output (``loop.tainted_fragments``) and
+the person's own words (:func:`person_words`), which are not taint even when output held them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic_ai.messages import ModelRequest, UserPromptPart
+
 from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import CoxError
@@ -22,11 +28,13 @@ from coxswain.ids import new_id
 from coxswain.models import CallSpec, GuardRequest, GuardResult, JudgeRequest, JudgeResult, Plan
 
 from .errors import StopRequested
+from .script_model import SCRIPT_RE
 
 if TYPE_CHECKING:
     from .loop import TurnLoop
 
 APPROVAL_POLL_S = 1.0
+MAX_TRUSTED_CHARS = 200_000
 
 
 @dataclass
@@ -57,42 +65,65 @@ def standing_key(name: str, args: dict[str, Any], path: str | None) -> str:
     return ""
 
 
+def person_words(loop: TurnLoop) -> list[str]:
+    """What the person wrote in this session (newest first, bounded), ``script`` blocks removed:
+    a script stands for the model's answers, not for the person's words."""
+    texts: list[str] = [loop.turn.text, *(text for text, _ in loop.pending_user)]
+    for msg in reversed(loop.history.messages):
+        if isinstance(msg, ModelRequest):
+            texts.extend(p.content for p in msg.parts if isinstance(p, UserPromptPart) and isinstance(p.content, str))
+    out: list[str] = []
+    size = 0
+    for text in texts:
+        cleaned = SCRIPT_RE.sub(" ", text).strip()
+        if cleaned and cleaned not in out:
+            out.append(cleaned[:MAX_TRUSTED_CHARS - size])
+            size += len(out[-1])
+            if size >= MAX_TRUSTED_CHARS:
+                break
+    return out
+
+
 async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
     turn = loop.turn
     redis = loop.runner.redis
     base = keys.session(turn.sid)
     standing = set(await redis.smembers(base + ":standing")) | turn.turn_standing
     dont_ask = (await redis.hget(base, "dont_ask")) == "1"
+    command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
     g = await loop.runner.clients.guard(GuardRequest(
-        sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask,
-        standing=sorted(standing), tainted=loop.tainted_fragments(),
+        sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
+        tainted=loop.tainted_fragments() if command else [], trusted=person_words(loop) if command else [],
     ))
     await loop.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
-                                      verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security))
+                                      verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
+                                      name=call.name, path=g.path, preview=g.preview))
     if g.verdict == "refuse":
         return GateOutcome(False, g.reason, g.actor, g.path, guard=g)
     if g.verdict == "allow":
         return GateOutcome(True, g.reason, g.actor, g.path, guard=g)
 
     if not g.security and dont_ask:
-        await _decided(loop, call, "allow", "setting", "the don't-ask switch is on")
+        await _decided(loop, call, "allow", "setting", "the don't-ask switch is on", g)
         return GateOutcome(True, "don't ask is on", "setting", g.path, guard=g)
 
     judge_info: dict[str, Any] | None = None
     if g.route == "judge" and not g.security:
         j = await _ask_judge(loop, call)
         if j.verdict == "allow":
-            await _decided(loop, call, "allow", "judge", j.reason)
+            await _decided(loop, call, "allow", "judge", j.reason, g)
             return GateOutcome(True, j.reason, "judge", g.path, guard=g)
-        judge_info = j.model_dump(mode="json")
+        judge_info = j.model_dump(mode="json", exclude_none=True)
 
     return await ask_person(loop, call, g, judge_info)
 
 
-async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, reason: str) -> None:
+async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, reason: str,
+                   g: GuardResult | None = None) -> None:
     t = loop.turn
+    # The preview was recorded with guard's decision of this call; it is not repeated here.
     await loop.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id, verdict=verdict,
-                                      actor=actor, reason=reason))
+                                      actor=actor, reason=reason, name=call.name, path=g.path if g else None))
 
 
 async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
@@ -119,11 +150,12 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
     record = {
         "approval_id": aid, "call_id": call.call_id, "name": call.name, "args": call.args,
         "security": sec, "reason": why, "judge": judge_info, "turn_id": t.turn_id,
-        "state": "pending", "standing_key": key,
+        "state": "pending", "standing_key": key, "preview": g.preview if g else None,
     }
     await loop.emit(
         ev.ApprovalPending(sid=t.sid, turn_id=t.turn_id, approval_id=aid, call_id=call.call_id, security=sec,
-                           judge=judge_info, name=call.name, args=call.args, reason=why),
+                           judge=judge_info, name=call.name, args=call.args, reason=why,
+                           preview=g.preview if g else None),
         ops=[("hset", ":appr", aid, json.dumps(record, ensure_ascii=False))],
     )
     base = keys.session(t.sid)
@@ -150,6 +182,6 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
     if decision == "allow" and a.get("scope") == "turn" and key and not sec:
         t.turn_standing.add(key)
     await _decided(loop, call, "allow" if decision == "allow" else "refuse", "person",
-                   "allowed by the person" if decision == "allow" else "denied by the person")
+                   "allowed by the person" if decision == "allow" else "denied by the person", g)
     return GateOutcome(decision == "allow", "allowed by the person" if decision == "allow" else
                        "denied by the person", "person", g.path if g else None, message=message, guard=g)

@@ -40,7 +40,7 @@ from coxswain import keys, safefs, textdiff
 from coxswain.errors import CoxError, Fenced
 from coxswain.models import CallSpec, KeepRequest
 
-from . import gate, tools, transcript
+from . import cmdversions, gate, tools, transcript
 from .errors import LeaseLost, StopRequested
 from .turn import STOP_OUTCOME, Turn
 
@@ -395,15 +395,18 @@ class TurnLoop:
                 self.actions += 1
                 timeout = float(args.get("timeout_s") or self.settings.runner.command_timeout_s)
                 timeout = min(timeout, max(1.0, self.limits.seconds - (time.monotonic() - t.started)))
+                snap = await cmdversions.before(self)
                 try:
                     res = await self.guarded(tools.run_command(root, args["command"], timeout, limit))
                 except StopRequested:
                     await self._result(call, False, f"Cancelled: the person {_verb(t.stop_reason)} the turn; "
-                                                    "the command was killed.")
+                                                    "the command was killed.",
+                                       extra=await cmdversions.after(self, call.tool_call_id, snap), first=True)
                     raise
                 self._taint(res.output)
                 head = f"exit code {res.exit_code}\n" if res.exit_code is not None else ""
-                await self._result(call, res.exit_code == 0 and not res.timed_out, head + res.output)
+                await self._result(call, res.exit_code == 0 and not res.timed_out, head + res.output,
+                                   extra=await cmdversions.after(self, call.tool_call_id, snap), first=True)
             elif name == "respond":
                 await self.emit(ev.AgentMessage(**self._e(), text=args["text"]))
                 await self._result(call, True, "Delivered to the person.")

@@ -1,37 +1,53 @@
-"""The versions service: keep before every write, list, diff, restore, undo, changes.
+"""The versions service: keep before every write, list, diff, restore, undo, command snapshots, changes.
 
-Requests come from runners (keep, restore, undo: writes, checked against the session's fencing
-token) and from the gateway (list, diff, changes: reads). Workspaces must lie under the
-configured root; paths are resolved beneath the workspace and checked against the denylist.
+Requests come from runners (keep, restore, undo, snapshot, after: writes, checked against the
+session's fencing token) and from the gateway (list, diff, changes: reads). Workspaces must lie
+under the configured root; paths are resolved beneath the workspace and checked against the
+denylist; every record read back is checked (see :mod:`cox_versions.store`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
+import time
 from pathlib import Path
 from typing import Any
 
-from coxswain import keys, safefs, subjects, textdiff
+from coxswain import eventlog, keys, safefs, subjects, textdiff
 from coxswain.config import Settings
-from coxswain.errors import Fenced, Invalid, NotFound
+from coxswain.errors import CoxError, Fenced, Invalid, NotFound
 from coxswain.ids import new_id
 from coxswain.models import (
     ChangesRequest,
+    ChangesResult,
+    CommandChangesRequest,
+    CommandChangesResult,
     DiffRequest,
     DiffResult,
+    FileChange,
+    FileOutcome,
     KeepRequest,
     KeepResult,
     ListVersionsRequest,
     ListVersionsResult,
     RestoreRequest,
+    SnapshotRequest,
+    SnapshotResult,
     UndoRequest,
     VersionInfo,
     WriteOutcome,
 )
 from coxswain.service import Service
 
-from .store import Record, Store, check_path
+from . import changes as changes_view
+from .gitrepo import Repo
+from .shadow import Shadow
+from .store import MAX_OBJECT, Record, Store, check_path
+
+REPO_CACHE_S = 2.0
+"""How long a workspace's git discovery is reused (a command may ``git init`` at any time)."""
 
 
 class Versions(Service):
@@ -41,12 +57,19 @@ class Versions(Service):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self._locks: dict[str, asyncio.Lock] = {}
+        self._repos: dict[str, tuple[float, Repo | None]] = {}
+        self.mac_key = b""
 
     async def start(self) -> None:
+        # The key that makes index lines members of the store: in Redis, out of the model's reach.
+        await self.redis.set(keys.VERSIONS_MAC_KEY, secrets.token_hex(32), nx=True)
+        self.mac_key = bytes.fromhex(await self.redis.get(keys.VERSIONS_MAC_KEY))
+        self.js = self.nc.jetstream()
         for op, model, handler in (
             ("keep", KeepRequest, self.keep), ("list", ListVersionsRequest, self.list),
             ("diff", DiffRequest, self.diff), ("restore", RestoreRequest, self.restore),
             ("undo", UndoRequest, self.undo), ("changes", ChangesRequest, self.changes),
+            ("snapshot", SnapshotRequest, self.snapshot), ("after", CommandChangesRequest, self.after),
         ):
             await self.add_endpoint(op, model, handler)
 
@@ -64,8 +87,17 @@ class Versions(Service):
             raise NotFound("the workspace folder does not exist")
         return real
 
+    def repo(self, ws: Path) -> Repo | None:
+        now = time.monotonic()
+        hit = self._repos.get(str(ws))
+        if hit is not None and now - hit[0] < REPO_CACHE_S:
+            return hit[1]
+        repo = Repo.find(ws, self.settings.root)
+        self._repos[str(ws)] = (now, repo)
+        return repo
+
     def store(self, ws: Path) -> Store:
-        return Store(ws, self.settings.store_dir)
+        return Store(ws, self.settings.store_dir, self.mac_key, self.repo(ws))
 
     async def check_token(self, sid: str, token: int | None) -> None:
         """Writes carry the session's fencing token; a stale one is refused."""
@@ -83,10 +115,10 @@ class Versions(Service):
         await self.check_token(req.sid, req.token)
         ws = self.workspace(req.workspace)
         rel = check_path(ws, req.path, self.settings.store_dir)
-        st = self.store(ws)
 
         def work() -> Record:
-            data = safefs.read(ws, rel)
+            st = self.store(ws)
+            data = safefs.read(ws, rel, max_bytes=MAX_OBJECT + 1)
             return st.keep(req.sid, rel, data, req.reason, req.turn_id, req.call_id, new_id("v"))
 
         rec = await asyncio.to_thread(work)
@@ -96,45 +128,108 @@ class Versions(Service):
         await self.check_token(req.sid, req.token)
         ws = self.workspace(req.workspace)
         async with self._lock(ws):
-            return await asyncio.to_thread(self._restore, ws, req.sid, req.version_id, "restore")
+            out = await asyncio.to_thread(self._restore, ws, req.sid, req.version_id, "restore")
+        return WriteOutcome(**out.model_dump(), files=[out])
 
-    def _restore(self, ws: Path, sid: str, version_id: str, reason: str) -> WriteOutcome:
+    def _restore(self, ws: Path, sid: str, version_id: str, reason: str) -> FileOutcome:
         st = self.store(ws)
         rec = st.find(version_id)
         target = st.content(rec)
         rel = check_path(ws, rec.path, self.settings.store_dir)
-        current = safefs.read(ws, rel)
+        current = safefs.read(ws, rel, max_bytes=MAX_OBJECT + 1)
         kept = st.keep(sid, rel, current, reason, None, None, new_id("v"))
         if target is None:
             safefs.delete(ws, rel)
         else:
             safefs.write(ws, rel, target)
         added, removed = textdiff.counts(current, target)
-        return WriteOutcome(
+        return FileOutcome(
             path=rel, restored_from=version_id, added=added, removed=removed, deleted=target is None,
             kept=KeepResult(version_id=kept.version_id, store=kept.store, path=rel, existed=current is not None),
         )
 
     async def undo(self, req: UndoRequest) -> WriteOutcome:
+        """Put back the session's latest write; for a command, every file that command changed."""
         await self.check_token(req.sid, req.token)
         ws = self.workspace(req.workspace)
         async with self._lock(ws):
-            st = self.store(ws)
-            recs, undone = await asyncio.to_thread(st.records)
-            for rec in reversed(recs):
-                if rec.sid == req.sid and rec.reason != "undo" and rec.version_id not in undone:
-                    out = await asyncio.to_thread(self._restore, ws, req.sid, rec.version_id, "undo")
-                    await asyncio.to_thread(st.mark_undone, rec.version_id)
-                    return out
-        raise NotFound("this session has no write left to undo")
+            return await asyncio.to_thread(self._undo, ws, req.sid)
+
+    def _undo(self, ws: Path, sid: str) -> WriteOutcome:
+        st = self.store(ws)
+        recs, undone = st.records()
+        mine = [r for r in recs if r.sid == sid and r.reason != "undo" and r.version_id not in undone]
+        if not mine:
+            raise NotFound("this session has no write left to undo")
+        last = mine[-1]
+        group = [last]
+        if last.reason == "command" and last.call_id:
+            group = [r for r in mine if r.reason == "command" and r.call_id == last.call_id]
+        files: list[FileOutcome] = []
+        for rec in reversed(group):
+            files.append(self._restore(ws, sid, rec.version_id, "undo"))
+            st.mark_undone(rec.version_id, sid)
+        first = files[0]
+        return WriteOutcome(**first.model_dump(), files=files)
+
+    # ------------------------------------------------------------------ command snapshots
+    async def snapshot(self, req: SnapshotRequest) -> SnapshotResult:
+        await self.check_token(req.sid, req.token)
+        ws = self.workspace(req.workspace)
+        shadow = Shadow(ws, self.settings.store_dir)
+        try:
+            tree, ms = await asyncio.to_thread(shadow.snapshot, req.sid)
+        except CoxError as exc:
+            self.log.warning("snapshot.skipped", workspace=str(ws), error=exc.detail)
+            return SnapshotResult(snapshot=None, skipped=exc.detail)
+        return SnapshotResult(snapshot=tree, ms=round(ms, 2))
+
+    async def after(self, req: CommandChangesRequest) -> CommandChangesResult:
+        """Keep the previous content of every file the command changed (reason ``command``)."""
+        await self.check_token(req.sid, req.token)
+        ws = self.workspace(req.workspace)
+        async with self._lock(ws):
+            return await asyncio.to_thread(self._after, ws, req)
+
+    def _after(self, ws: Path, req: CommandChangesRequest) -> CommandChangesResult:
+        shadow = Shadow(ws, self.settings.store_dir)
+        _, changed = shadow.changes(req.sid, req.snapshot)
+        st = self.store(ws)
+        out: list[FileChange] = []
+        skipped: list[str] = []
+        for c in changed:
+            try:
+                rel = check_path(ws, c.path, self.settings.store_dir)
+            except CoxError as exc:
+                skipped.append(f"{c.path}: {exc.detail}")
+                continue
+            old_regular = c.old_mode in ("100644", "100755")
+            if c.status != "A" and not old_regular:
+                skipped.append(f"{rel}: was a link or a nested repository, not a file")
+                continue
+            try:
+                old = shadow.read(c.old_oid, MAX_OBJECT) if c.status != "A" else None
+                try:
+                    cur = safefs.read(ws, rel, max_bytes=textdiff.MAX_DIFF_INPUT + 1)
+                except CoxError:
+                    cur = None  # now a link or a folder: compared as gone
+                rec = st.keep(req.sid, rel, old, "command", req.turn_id, req.call_id, new_id("v"))
+            except CoxError as exc:
+                skipped.append(f"{rel}: {exc.detail}")
+                continue
+            added, removed = textdiff.counts(old, cur)
+            out.append(FileChange(path=rel, version_id=rec.version_id, store=rec.store, added=added,
+                                  removed=removed, created=old is None, deleted=cur is None))
+        return CommandChangesResult(changes=out, skipped=skipped)
 
     # ------------------------------------------------------------------ reads
     async def list(self, req: ListVersionsRequest) -> ListVersionsResult:
         ws = self.workspace(req.workspace)
         rel = check_path(ws, req.path, self.settings.store_dir)
-        recs, undone = await asyncio.to_thread(self.store(ws).records)
-        out = [VersionInfo(version_id=r.version_id, path=r.path, store=r.store, size=r.size,
-                           created=r.created, reason=r.reason, sid=r.sid, undone=r.version_id in undone)
+        recs, undone = await asyncio.to_thread(lambda: self.store(ws).records())
+        out = [VersionInfo(version_id=r.version_id, path=r.path, store=r.store, size=r.size, created=r.created,
+                           reason=r.reason, sid=r.sid, undone=r.version_id in undone, turn_id=r.turn_id,
+                           call_id=r.call_id)
                for r in reversed(recs) if r.path == rel]
         return ListVersionsResult(path=rel, versions=out)
 
@@ -144,26 +239,30 @@ class Versions(Service):
         def work() -> DiffResult:
             st = self.store(ws)
             rec = st.find(req.version_id)
-            old = st.content(rec)
             rel = check_path(ws, rec.path, self.settings.store_dir)
+            if rec.size > textdiff.MAX_DIFF_INPUT:
+                old: bytes | None = b""
+                oversized = True
+            else:
+                old, oversized = st.content(rec), False
             cur = safefs.read(ws, rel, max_bytes=textdiff.MAX_DIFF_INPUT + 1)
+            if oversized:
+                return DiffResult(path=rel, version_id=rec.version_id, diff="", added=0, removed=0,
+                                  deleted=cur is None, oversized=True, store=rec.store)
             d = textdiff.diff(old, cur, rel)
+            hunks = textdiff.hunks_json(d) if not d.oversized else []
             return DiffResult(path=rel, version_id=rec.version_id, diff=d.text, added=d.added, removed=d.removed,
-                              deleted=cur is None, empty=d.empty, oversized=d.oversized)
+                              deleted=cur is None, empty=d.empty, oversized=d.oversized, binary=d.binary,
+                              hunks=hunks or [], store=rec.store)
 
         return await asyncio.to_thread(work)
 
-    async def changes(self, req: ChangesRequest) -> dict[str, Any]:
-        """First cut: the latest kept version per file this session wrote, newest first."""
-        ws = self.workspace(req.workspace)
-        recs, _ = await asyncio.to_thread(self.store(ws).records)
-        latest: dict[str, Record] = {}
-        for r in recs:
-            if r.sid == req.sid:
-                latest[r.path] = r
-        files = sorted(latest.values(), key=lambda r: r.created, reverse=True)
-        return {"files": [{"path": r.path, "version_id": r.version_id, "created": r.created, "reason": r.reason}
-                          for r in files]}
+    async def changes(self, req: ChangesRequest) -> ChangesResult:
+        """The latest recorded approval preview per file, from the session's event log."""
+        self.workspace(req.workspace)
+        async with eventlog.EventFeed(self.js, req.sid) as feed:
+            events = await feed.drain(limit=1_000_000)
+        return changes_view.build(events)
 
 
 def main() -> None:

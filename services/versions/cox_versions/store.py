@@ -1,14 +1,26 @@
 """The versions store of one workspace: content-addressed objects and an append-only index.
 
-Layout, inside the workspace's store folder (``.coxswain/`` by default, ignored by git through
-its own ``.gitignore``)::
+Layout, inside the workspace's store folder (``.coxswain/`` by default, kept out of
+``git status`` by its own ``.gitignore``)::
 
     objects/ab/ab12...   the bytes of a kept version, named by their sha256
     index.jsonl          one JSON record per kept version, plus ``{"undone": version_id}`` marks
+    shadow/              the command snapshots (:mod:`cox_versions.shadow`)
 
-The index and the objects are written by processes that run the model's commands, so they are
-untrusted data: every record read back is checked (path resolved beneath the root and not on
-the denylist, object name a sha256, object bytes hashing to that name, sizes bounded).
+Where a version lives (``store``): ``versions`` (an object here), ``git`` (the file was committed
+and unchanged: the record names the ``HEAD`` blob, read back with ``git cat-file``), or
+``absent`` (the file did not exist: putting it back deletes the file).
+
+The index and the objects sit where the model's commands can write, so they are untrusted data:
+
+- membership: every line carries an HMAC (key held in Redis, never in the workspace) over the
+  workspace path and the record, so a line that was forged, edited or copied from another
+  workspace is not a record (it is skipped);
+- integrity: an object's bytes must hash to its name and to the record's ``sha256``; a git blob
+  must hash to its id; a mismatch refuses the read (it is never served);
+- paths: a record's path is resolved beneath the workspace, refused on the denylist or inside
+  the store folder, and every file is opened without following links (:mod:`coxswain.safefs`);
+- bounds: index size and line length, object size.
 """
 
 from __future__ import annotations
@@ -16,23 +28,28 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from coxswain import safefs
-from coxswain.errors import Invalid, NotFound, Refused
+from coxswain.errors import Invalid, NotFound, Refused, TooLarge
 from coxswain.ids import ID_RE
 
+from .gitrepo import Repo
+
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+OID = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 MAX_OBJECT = 64 * 1024 * 1024
 MAX_INDEX_LINE = 16_384
 MAX_INDEX_BYTES = 256 * 1024 * 1024
+GITIGNORE = b"# coxswain's versions store: kept out of git status\n*\n"
 
 
 @dataclass
@@ -47,19 +64,35 @@ class Record:
     reason: str
     turn_id: str | None = None
     call_id: str | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, ensure_ascii=False, separators=(",", ":"))
+    blob: str | None = None
+    """For ``store == "git"``: the HEAD blob id."""
 
 
 class Store:
-    def __init__(self, workspace: Path, store_dir: str) -> None:
+    def __init__(self, workspace: Path, store_dir: str, mac_key: bytes, repo: Repo | None = None) -> None:
         self.root = workspace
         self.dir_rel = store_dir
+        self.key = mac_key
+        self.repo = repo
+
+    # ------------------------------------------------------------------ membership
+    def _mac(self, body: dict[str, Any]) -> str:
+        canon = json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        msg = str(self.root).encode() + b"\0" + canon.encode()
+        return hmac.new(self.key, msg, hashlib.sha256).hexdigest()
+
+    def _line(self, body: dict[str, Any]) -> str:
+        return json.dumps({**body, "mac": self._mac(body)}, ensure_ascii=False, separators=(",", ":"))
+
+    def _verified(self, d: dict[str, Any]) -> dict[str, Any] | None:
+        mac = d.pop("mac", None)
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(d)):
+            return None
+        return d
 
     # ------------------------------------------------------------------ writing
     def _ensure(self) -> None:
-        safefs.write_if_missing(self.root, f"{self.dir_rel}/.gitignore", b"*\n")
+        safefs.write_if_missing(self.root, f"{self.dir_rel}/.gitignore", GITIGNORE)
 
     @contextlib.contextmanager
     def _locked(self, exclusive: bool) -> Iterator[int]:
@@ -76,7 +109,13 @@ class Store:
     def put_object(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         rel = f"{self.dir_rel}/objects/{digest[:2]}/{digest}"
-        if safefs.read(self.root, rel, max_bytes=0) is None:
+        existing = None
+        with contextlib.suppress(Refused, Invalid):
+            existing = safefs.read(self.root, rel, max_bytes=MAX_OBJECT + 1)
+        if existing is None or hashlib.sha256(existing).hexdigest() != digest:
+            # Missing, or there but not what its name says: (re)write it.
+            if existing is not None:
+                safefs.delete(self.root, rel)
             safefs.write(self.root, rel, data, mode=0o444)
         return digest
 
@@ -89,10 +128,12 @@ class Store:
         if len(data) > MAX_OBJECT:
             raise Refused("the kept object is larger than allowed")
         if hashlib.sha256(data).hexdigest() != digest:
-            raise Refused("the kept object does not match its hash (the store was tampered with)")
+            raise Refused("the kept object does not match its hash: the store was tampered with, "
+                          "so this version is not served")
         return data
 
-    def append(self, line: str) -> None:
+    def append(self, body: dict[str, Any]) -> None:
+        line = self._line(body)
         with self._locked(True) as dfd:
             fd = os.open("index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o644, dir_fd=dfd)
@@ -104,19 +145,30 @@ class Store:
 
     def keep(self, sid: str, rel: str, data: bytes | None, reason: str, turn_id: str | None,
              call_id: str | None, version_id: str) -> Record:
-        digest = self.put_object(data) if data is not None else None
-        rec = Record(version_id=version_id, sid=sid, path=rel, store="versions" if data is not None else "absent",
-                     sha256=digest, size=len(data) if data is not None else 0, created=time.time(),
-                     reason=reason, turn_id=turn_id, call_id=call_id)
-        self.append(rec.to_json())
+        """Record ``data`` as the content ``rel`` had before a write (None: it did not exist)."""
+        if data is not None and len(data) > MAX_OBJECT:
+            raise TooLarge(f"{rel} is larger than the versions store keeps ({MAX_OBJECT} bytes); not written")
+        store, digest, blob = "absent", None, None
+        if data is not None:
+            digest = hashlib.sha256(data).hexdigest()
+            blob = self.repo.committed_blob(self.root / rel, data) if self.repo is not None else None
+            if blob is not None:
+                store = "git"
+            else:
+                self.put_object(data)
+                store = "versions"
+        rec = Record(version_id=version_id, sid=sid, path=rel, store=store, sha256=digest,
+                     size=len(data) if data is not None else 0, created=time.time(), reason=reason,
+                     turn_id=turn_id, call_id=call_id, blob=blob)
+        self.append(asdict(rec))
         return rec
 
-    def mark_undone(self, version_id: str) -> None:
-        self.append(json.dumps({"undone": version_id}))
+    def mark_undone(self, version_id: str, sid: str) -> None:
+        self.append({"undone": version_id, "sid": sid})
 
     # ------------------------------------------------------------------ reading (untrusted)
     def records(self) -> tuple[list[Record], set[str]]:
-        """Every valid record, oldest first, and the ids marked undone. Bad lines are skipped."""
+        """Every record whose MAC holds, oldest first, and the ids marked undone."""
         path = f"{self.dir_rel}/index.jsonl"
         with self._locked(False):
             raw = safefs.read(self.root, path, max_bytes=MAX_INDEX_BYTES)
@@ -131,7 +183,7 @@ class Store:
                 d = json.loads(line)
             except ValueError:
                 continue
-            if not isinstance(d, dict):
+            if not isinstance(d, dict) or self._verified(d) is None:
                 continue
             if "undone" in d:
                 if isinstance(d["undone"], str):
@@ -151,7 +203,9 @@ class Store:
             return None
         if not isinstance(rec.path, str) or rec.store not in ("versions", "absent", "git"):
             return None
-        if rec.store == "versions" and not (isinstance(rec.sha256, str) and HEX64.fullmatch(rec.sha256)):
+        if rec.store != "absent" and not (isinstance(rec.sha256, str) and HEX64.fullmatch(rec.sha256)):
+            return None
+        if rec.store == "git" and not (isinstance(rec.blob, str) and OID.fullmatch(rec.blob)):
             return None
         try:
             check_path(self.root, rec.path, self.dir_rel)
@@ -169,12 +223,21 @@ class Store:
         raise NotFound("no such version")
 
     def content(self, rec: Record) -> bytes | None:
+        """The kept bytes, verified against the record; None for ``absent``."""
         if rec.store == "absent":
             return None
+        assert rec.sha256 is not None
         if rec.store == "versions":
-            assert rec.sha256 is not None
-            return self.get_object(rec.sha256)
-        raise NotFound(f"versions in store {rec.store!r} are read through git")
+            data = self.get_object(rec.sha256)
+        else:
+            if self.repo is None:
+                raise NotFound("this version was kept by git, and the workspace is no longer a git work tree")
+            assert rec.blob is not None
+            data = self.repo.read(rec.blob, MAX_OBJECT)
+        if hashlib.sha256(data).hexdigest() != rec.sha256 or len(data) != rec.size:
+            raise Refused("the kept content does not match its record: the store was tampered with, "
+                          "so this version is not served")
+        return data
 
 
 def check_path(root: Path, path: str, store_dir: str) -> str:

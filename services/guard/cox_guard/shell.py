@@ -1,0 +1,114 @@
+"""What guard needs to know about a shell command, read with real parsers (bashlex, shlex)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+import bashlex
+import bashlex.errors
+
+INPUT_REDIRECTS = frozenset({"<", "<<", "<<-", "<<<"})
+SAFE_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+
+
+@dataclass
+class Parsed:
+    """The simple commands of a command line, or why it is not a plain list of them."""
+
+    commands: list[list[str]] = field(default_factory=list)
+    redirect_targets: list[str] = field(default_factory=list)
+    """Files the command line writes through ``>``/``>>`` (``/dev/null`` and fd dups excluded)."""
+    complex: str | None = None
+    """Set when the line holds something beyond simple commands joined by ``|``, ``&&``, ``||``,
+    ``;``: substitutions, compound statements, functions, assignments, backgrounding."""
+
+
+def parse(command: str) -> Parsed:
+    out = Parsed()
+    try:
+        trees = bashlex.parse(command)
+    except (bashlex.errors.ParsingError, NotImplementedError, IndexError, AttributeError, TypeError) as exc:
+        out.complex = f"could not parse the command: {exc}"
+        return out
+    for tree in trees:
+        _walk(tree, out)
+    return out
+
+
+def _walk(node: Any, out: Parsed) -> None:
+    kind = node.kind
+    if kind in ("list", "pipeline"):
+        for part in node.parts:
+            _walk(part, out)
+    elif kind == "operator":
+        if node.op == "&":
+            out.complex = out.complex or "runs something in the background"
+    elif kind == "pipe":
+        return
+    elif kind == "command":
+        _command(node, out)
+    elif kind == "compound":
+        out.complex = out.complex or "compound statements (if, for, while, subshells)"
+    elif kind == "function":
+        out.complex = out.complex or "defines a function"
+    else:
+        out.complex = out.complex or f"shell construct {kind}"
+
+
+def _command(node: Any, out: Parsed) -> None:
+    words: list[str] = []
+    for part in node.parts:
+        if part.kind == "word":
+            for sub in getattr(part, "parts", []) or []:
+                if sub.kind in ("commandsubstitution", "processsubstitution"):
+                    out.complex = out.complex or "command or process substitution"
+            words.append(part.word)
+        elif part.kind == "redirect":
+            if part.type in INPUT_REDIRECTS:
+                continue
+            target = getattr(part, "output", None)
+            if isinstance(target, int):
+                continue
+            word = getattr(target, "word", None)
+            if isinstance(word, str) and word not in SAFE_TARGETS:
+                out.redirect_targets.append(word)
+        elif part.kind == "assignment":
+            out.complex = out.complex or "sets a variable"
+        else:
+            out.complex = out.complex or f"shell construct {part.kind}"
+    if words:
+        out.commands.append(words)
+
+
+def words(command: str) -> list[str]:
+    """The command's words as the shell would split them (quotes removed, operators apart)."""
+    try:
+        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        return list(lex)
+    except ValueError:
+        return command.split()
+
+
+def covered(command: str, prefixes: list[str]) -> str | None:
+    """The standing prefix that covers ``command``, or None.
+
+    A prefix covers a command only when the line is plain simple commands (no substitution,
+    no redirection to a file, no background job) and *every* one of them starts with a standing
+    prefix's words: ``git status; rm -rf x`` is not covered by ``git status``.
+    """
+    wanted = [p for p in (q.split() for q in prefixes) if p]
+    if not wanted:
+        return None
+    parsed = parse(command)
+    if parsed.complex or parsed.redirect_targets or not parsed.commands:
+        return None
+    used: list[str] = []
+    for cmd in parsed.commands:
+        match = next((p for p in wanted if cmd[:len(p)] == p), None)
+        if match is None:
+            return None
+        used.append(" ".join(match))
+    return used[0]

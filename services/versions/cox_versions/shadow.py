@@ -1,0 +1,161 @@
+"""Command snapshots: a shadow git repository that sees the workspace, as Cline's checkpoints do.
+
+Before a command runs, ``git add -A`` into a shadow index and ``write-tree`` give a tree id that
+names every file's content at that moment (git's stat cache makes this cheap after the first
+time: only files whose size or mtime changed are hashed again). After the command the same two
+steps give a second tree, and ``diff-tree`` between the two lists what the command created,
+changed or deleted. The content a changed file had before is then in the shadow's object
+database, from where the versions service copies it into its own store.
+
+Layout, inside the store folder: ``shadow/`` is a git directory (``HEAD``, ``objects/``,
+``refs/``, ``config``) whose work tree is the workspace; ``shadow/index-<sid>`` is each session's
+index, so sessions in one workspace do not disturb each other's stat cache.
+
+The shadow is written by a process the model's commands can reach, so its ``config`` is written
+again before every use (a planted ``core.fsmonitor`` or filter driver never runs), git runs with
+the scrubbed environment of :mod:`cox_versions.gitrepo`, and every blob read back is verified
+against its id. The store folder and the credential denylist are excluded by pathspec (which a
+workspace ``.gitignore`` cannot override); the workspace's own ``.gitignore`` files are honoured,
+so ignored trees such as ``node_modules/`` cost nothing (and are not versioned). Git never adds a
+``.git`` folder; a nested repository is seen as one entry (its files are not versioned).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from coxswain import safefs
+from coxswain.errors import CoxError, Invalid, Unavailable
+
+from . import gitrepo
+
+SNAPSHOT_TIMEOUT_S = 60.0
+CONFIG = b"""[core]
+\trepositoryformatversion = 0
+\tbare = false
+\tfilemode = true
+\tsymlinks = true
+\tautocrlf = false
+\tfsmonitor = false
+\thooksPath = /dev/null
+\tuntrackedCache = false
+\tbigFileThreshold = 16m
+[gc]
+\tauto = 0
+[advice]
+\taddEmbeddedRepo = false
+"""
+TREE_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    status: str
+    """``A`` created, ``M`` modified, ``D`` deleted, ``T`` type changed (file <-> link)."""
+    old_mode: str
+    old_oid: str
+    new_mode: str
+
+
+def excludes(store_dir: str) -> list[str]:
+    """Pathspecs that keep the store folder and every denylisted name out of the snapshot."""
+    out = [f":(exclude,top){store_dir}"]
+    for pat in safefs.CREDENTIAL_DENYLIST:
+        if "/" in pat:
+            out += [f":(exclude,top,glob){pat}", f":(exclude,top,glob){pat}/**"]
+        else:
+            out += [f":(exclude,top,glob)**/{pat}", f":(exclude,top,glob)**/{pat}/**"]
+    return out
+
+
+class Shadow:
+    def __init__(self, workspace: Path, store_dir: str) -> None:
+        self.ws = workspace
+        self.store_dir = store_dir
+        self.rel = f"{store_dir}/shadow"
+        self.git_dir = workspace / self.rel
+
+    def _prepare(self) -> None:
+        """Create the git directory (never through a link) and write its config afresh."""
+        for sub in ("objects", "refs/heads", "info"):
+            with safefs.open_dir(self.ws, f"{self.rel}/{sub}", create=True):
+                pass
+        for name, content in (("HEAD", b"ref: refs/heads/main\n"), ("config", CONFIG), ("info/exclude", b"")):
+            rel = f"{self.rel}/{name}"
+            try:
+                same = safefs.read(self.ws, rel, max_bytes=len(content) + 1) == content
+            except CoxError:  # a link or a folder planted there
+                same = False
+            if not same:
+                safefs.delete(self.ws, rel)  # removes a planted link itself, never its target
+                safefs.write(self.ws, rel, content)
+
+    def _env(self, sid: str) -> dict[str, str]:
+        safefs.check_text_path(sid)
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", sid):
+            raise Invalid("bad session id for a shadow index")
+        return {"GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.ws),
+                "GIT_INDEX_FILE": str(self.git_dir / f"index-{sid}"), "GIT_LITERAL_PATHSPECS": "0"}
+
+    def snapshot(self, sid: str) -> tuple[str, float]:
+        """The tree id of the workspace now, and how long it took (ms)."""
+        t0 = time.perf_counter()
+        self._prepare()
+        env = self._env(sid)
+        try:
+            gitrepo.run(["add", "-A", "--ignore-errors", "--", ".", *excludes(self.store_dir)], self.ws, env,
+                        timeout=SNAPSHOT_TIMEOUT_S, check=False)
+            tree = gitrepo.run(["write-tree"], self.ws, env, timeout=SNAPSHOT_TIMEOUT_S).stdout.decode().strip()
+        except gitrepo.GitError as exc:
+            raise Unavailable(f"the snapshot failed: {exc}") from exc
+        if not TREE_RE.fullmatch(tree):
+            raise Unavailable("the snapshot gave no tree id")
+        return tree, (time.perf_counter() - t0) * 1000
+
+    def changes(self, sid: str, before: str) -> tuple[str, list[Change]]:
+        """A new snapshot and what changed since the tree ``before``."""
+        if not TREE_RE.fullmatch(before):
+            raise Invalid("not a snapshot id")
+        after, _ = self.snapshot(sid)
+        if after == before:
+            return after, []
+        env = self._env(sid)
+        try:
+            raw = gitrepo.run(["diff-tree", "-r", "-z", "--no-renames", "--no-ext-diff", "--no-textconv",
+                               before, after], self.ws, env).stdout
+        except gitrepo.GitError as exc:
+            raise Invalid(f"the snapshot {before[:12]} is not in the shadow repository") from exc
+        return after, parse_raw(raw)
+
+    def read(self, oid: str, max_bytes: int) -> bytes:
+        algo = "sha256" if len(oid) == 64 else "sha1"
+        return gitrepo.read_blob(self.ws, oid, algo, max_bytes, {"GIT_DIR": str(self.git_dir)})
+
+    def forget(self, sid: str) -> None:
+        with contextlib.suppress(OSError, Invalid):
+            os.unlink(self._env(sid)["GIT_INDEX_FILE"])
+
+
+def parse_raw(raw: bytes) -> list[Change]:
+    """``diff-tree -z`` raw output: ``:oldmode newmode oldoid newoid status\\0path\\0`` ..."""
+    out: list[Change] = []
+    fields = raw.split(b"\0")
+    i = 0
+    while i + 1 < len(fields):
+        meta = fields[i].decode(errors="replace")
+        if not meta.startswith(":"):
+            i += 1
+            continue
+        parts = meta[1:].split()
+        path = fields[i + 1].decode("utf-8", errors="surrogateescape")
+        i += 2
+        if len(parts) != 5:
+            continue
+        out.append(Change(path=path, status=parts[4][:1], old_mode=parts[0], old_oid=parts[2], new_mode=parts[1]))
+    return out
