@@ -78,7 +78,7 @@ async def test_a_person_steers_a_turn_from_the_terminal(up: CoxUp) -> None:
             "text": "Planning the notes.",
             "tools": [tool("plan_write", steps=["write the notes", "check them"]), tool("plan_step", step=1),
                       tool("write_file", path="notes.txt", content="first draft\n"),
-                      tool("run_command", command="touch checked")],
+                      tool("run_command", command="touch checked"), tool("write_file", path="later.txt", content="x")],
         }, {"text": "Checked."})
         await paste(pilot, first)
         await pilot.press("enter")
@@ -125,6 +125,7 @@ async def test_a_person_steers_a_turn_from_the_terminal(up: CoxUp) -> None:
                     "the approval's message as a user message")
         await until(pilot, lambda: "[applied] Lead" in shown(app, "#outbox"), "the Lead applied")
         assert "Allowed by person — “augment: note the check”" in shown(app, "#transcript Static")
+        assert "later.txt (1 chars)  [skipped (lead)]" in shown(app, "#transcript Static")
         await until(pilot, lambda: "model: Lead applied." in shown(app, "#transcript Static"), "the Lead's answer")
 
         # The first queued message runs and waits for its approval; Ctrl+S steers past it.

@@ -138,7 +138,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
         "text": "Planning the notes.",
         "tools": [tool("plan_write", steps=["write the notes", "check them", "finish"]),
                   tool("plan_step", step=1), tool("write_file", path="notes.txt", content="first draft\n"),
-                  tool("run_command", command="touch checked")],
+                  tool("run_command", command="touch checked"), tool("write_file", path="later.txt", content="x")],
     }, {"text": "Checked."})
     page.fill("#draft", first)
     page.press("#draft", "Enter")
@@ -195,6 +195,8 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     expect(page.locator(".item.tool", has_text="touch checked")).to_contain_text(
         "Allowed by person — “augment: also note the check”")
     expect(outbox(page, "lead", "applied")).to_have_count(1)
+    # The call the old response had not started is skipped for the Lead, and says so.
+    expect(page.locator(".item.tool", has_text="later.txt").locator(".status")).to_have_text("skipped (lead)")
     expect(page.locator(".item.assistant", has_text="Lead applied: notes rewritten.")).to_have_count(1)
 
     # The first queued message runs and waits on its approval; steer past it (Ctrl+S).
@@ -212,6 +214,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     texts = user_texts(page)
     assert texts == [first, "augment: also note the check", lead, q1, "steer: go another way", "second queued"], texts
     expect(page.locator(".item.tool", has_text="touch second").locator(".status")).not_to_have_text("done")
+    assert not (Path(up.root / "web") / "later.txt").exists()
     shot(page, "after-steer")
 
     # Changes: the latest record per file, labelled as a preview.

@@ -119,7 +119,8 @@ export class View {
       h("li", { dataset: { id: o.id, fate: o.fate, kind: o.kind } },
         h("span", { class: `fate-badge fate-${o.fate}` }, o.fate),
         h("span", { class: "kind-badge" }, KIND[o.kind] || o.kind),
-        o.text ? short(o.text, 200) : h("span", { class: "muted" }, o.id))));
+        o.text ? h("span", { class: "text", title: o.text }, short(o.text.split("\n")[0], 200))
+          : h("span", { class: "muted" }, o.id))));
   }
 }
 
