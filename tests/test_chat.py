@@ -180,7 +180,9 @@ async def test_stop_security_confirm_and_a_refused_lead_in_the_terminal(up: CoxU
         assert "No turn is running" in shown(app, "#note")
         assert app.draft.value == "nothing to join"
 
-        await paste(pilot, script("Edit the Makefile", {"tools": [tool("write_file", path="Makefile", content="all:\n")]}))
+        await paste(pilot, script("Edit the Makefile", {"tools": [
+            tool("plan_write", steps=["edit the Makefile", "run make"]), tool("plan_step", step=1),
+            tool("write_file", path="Makefile", content="all:\n")]}))
         await pilot.press("enter")
         await until(pilot, lambda: "SECURITY CONFIRM" in shown(app, "#approvals"), "the security confirm")
         assert "/always" not in shown(app, "#approvals"), "no standing answer for a security confirm"
@@ -203,6 +205,8 @@ async def test_stop_security_confirm_and_a_refused_lead_in_the_terminal(up: CoxU
         await paste(pilot, script("Touch", {"tools": [tool("run_command", command="touch x")]}, {"text": "after"}))
         await pilot.press("enter")
         await until(pilot, lambda: "touch x" in shown(app, "#approvals"), "the approval")
+        # The stopped turn's plan was carried into this one, with its mark.
+        assert "Plan (carried from an unfinished turn): 1. ✓ edit the Makefile  2. run make" in shown(app, "#plan")
         await paste(pilot, "no: leave it")
         await pilot.press("ctrl+n")
         await until(pilot, lambda: "Denied by person — “no: leave it”" in shown(app, "#transcript Static"), "denied")

@@ -281,7 +281,9 @@ def test_stop_shows_every_fate_and_the_session_settings(page: Page, up: CoxUp) -
     expect(page.locator(".item.note", has_text='model = "script"')).to_have_count(1)
 
     # A security confirm is marked as such and offers no "always".
-    page.fill("#draft", script("Edit the Makefile", {"tools": [tool("write_file", path="Makefile", content="all:\n")]}))
+    page.fill("#draft", script("Edit the Makefile", {"tools": [
+        tool("plan_write", steps=["edit the Makefile", "run make"]), tool("plan_step", step=1),
+        tool("write_file", path="Makefile", content="all:\n")]}))
     page.press("#draft", "Enter")
     card = page.locator(".approval.security")
     expect(card).to_contain_text("Security confirm")
@@ -325,6 +327,9 @@ def test_stop_shows_every_fate_and_the_session_settings(page: Page, up: CoxUp) -
     page.press("#draft", "Enter")
     expect(page.locator(".item.assistant", has_text="Touched.")).to_have_count(1)
     expect(page.locator(".item.tool", has_text="touch done")).to_contain_text("the don't-ask switch is on")
+    # The stopped turn's plan was carried into this one, with its mark.
+    expect(page.locator("#tab-plan .carried")).to_contain_text("Carried from an unfinished turn (1 of 2 done)")
+    expect(page.locator("#tab-plan li.done")).to_have_text("✓ edit the Makefile")
     # After the reload the settled fates are in the transcript, not in the waiting list.
     expect(page.locator(".item.fate", has_text="Stop discarded 1 queued")).to_have_count(1)
     expect(page.locator("#outbox")).to_be_hidden()
