@@ -1,11 +1,11 @@
-"""The ``cox`` command: ``cox up`` runs the whole system; more subcommands join here."""
+"""The ``cox`` command: ``cox up`` runs the whole system; ``cox chat`` is the terminal client."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import up
+from . import chat, up
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -13,9 +13,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="run NATS, Redis and every service in the foreground")
     up.build_parser(p_up)
+    p_chat = sub.add_parser("chat", help="a full-screen terminal chat with a session (new, or SID)")
+    chat.build_parser(p_chat)
     args = parser.parse_args(argv)
     if args.command == "up":
         return up.run(args)
+    if args.command == "chat":
+        return chat.run(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -88,6 +88,11 @@ def create_app(gw: Gateway) -> FastAPI:
         views = await asyncio.gather(*(session_view.load(gw.redis, s, who) for s in sids))
         return [v for v in views if v is not None]
 
+    @app.get("/v1/models")
+    async def list_models(who: Principal) -> dict[str, Any]:
+        """The model names a session may choose (for a client's model picker) and the default."""
+        return {"default": gw.settings.model.default, "models": sorted(gw.settings.model.names())}
+
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: CreateSession, who: Principal) -> Session:
         return await runner("create", CreateCmd(principal=who, **body.model_dump()), Session)

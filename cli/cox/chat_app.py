@@ -1,0 +1,429 @@
+"""The terminal chat's Textual app: transcript, approvals, what waits, the composer and its keys."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, Input, Static
+
+from .chat_client import ApiError, ChatApi
+from .chat_state import ChatModel, Item, Waiting
+
+HINT_BUSY = "A turn is running: Enter is refused. Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead (join this turn)"
+REFUSALS = {
+    "busy": HINT_BUSY,
+    "no_turn": "No turn is running, so there is nothing to Lead: press Enter to send it. The text is kept.",
+    "lead_closed": "This turn is finishing and takes no more Leads: Ctrl+O to queue it. The text is kept.",
+}
+HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop · Ctrl+Y/Ctrl+N allow/deny · "
+        "/allow [msg] /deny [msg] /always [msg] · /undo · /versions PATH · /diff VID · /restore VID · "
+        "/title NEW · /model NAME · /dontask on|off · /clear · /quit")
+STATUS = {"proposed": "proposed", "running": "running", "waiting": "waiting for you", "ok": "done",
+          "fail": "failed", "denied": "denied", "refused": "refused", "skipped": "skipped", "closed": "closed"}
+VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval"}
+KIND = {"queue": "Queue", "steer": "Steer", "lead": "Lead"}
+
+
+def args_text(name: str | None, args: Any) -> str:
+    if isinstance(args, dict):
+        if name == "run_command" and "command" in args:
+            return str(args["command"])
+        if "path" in args:
+            extra = f" ({len(str(args['content']))} chars)" if "content" in args else ""
+            return f"{args['path']}{extra}"
+    return "" if args is None else str(args)
+
+
+def render_item(it: Item) -> Text:
+    t = Text()
+    if it.kind == "user":
+        label = f"you ({VIA[it.via]})" if it.via in VIA else "you"
+        t.append(f"{label}: ", style="bold cyan")
+        t.append(it.text)
+    elif it.kind == "assistant":
+        t.append("model: ", style="bold green")
+        t.append(it.text + ("▍" if it.streaming else ""))
+    elif it.kind == "agent":
+        t.append("model says: ", style="bold green")
+        t.append(it.text)
+    elif it.kind == "tool":
+        t.append(f"⚙ {it.name or 'tool'} ", style="bold")
+        t.append(args_text(it.name, it.args)[:200], style="dim")
+        status = STATUS.get(it.status, it.status) + (f" ({it.detail})" if it.detail else "")
+        t.append(f"  [{status}]", style="red" if it.status in ("fail", "denied", "refused") else "yellow"
+                 if it.status in ("waiting", "skipped", "closed") else "green")
+        for p in it.policy:
+            t.append(f"\n    {p}", style="dim")
+        if it.answer:
+            t.append(f"\n    {it.answer}", style="magenta")
+        if it.output:
+            lines = it.output.rstrip("\n").splitlines()
+            shown = "\n".join("    │ " + ln for ln in lines[:6]) + ("\n    │ …" if len(lines) > 6 else "")
+            t.append("\n" + shown, style="dim")
+    elif it.kind == "fate":
+        t.append(it.text, style="yellow")
+    elif it.kind == "system":
+        t.append(it.text, style="red" if it.cls == "error" else "magenta")
+    else:
+        t.append(it.text, style="red dim" if it.cls == "bad" else "dim")
+    return t
+
+
+class ChatApp(App[int]):
+    TITLE = "coxswain chat"
+    CSS = """
+    #head { height: 1; background: $boost; padding: 0 1; }
+    #plan { height: auto; max-height: 8; padding: 0 1; color: $text-muted; }
+    #transcript { height: 1fr; padding: 0 1; }
+    #transcript > Static { margin: 0 0 1 0; }
+    #approvals { height: auto; padding: 0 1; }
+    #outbox { height: auto; max-height: 10; padding: 0 1; }
+    #note { height: auto; padding: 0 1; color: $warning; }
+    """
+    BINDINGS = [
+        Binding("ctrl+o", "queue", "Queue", priority=True),
+        Binding("ctrl+s", "steer", "Steer", priority=True),
+        Binding("ctrl+l", "lead", "Lead", priority=True),
+        Binding("escape", "stop", "Stop", priority=True),
+        Binding("ctrl+y", "answer('allow')", "Allow", priority=True),
+        Binding("ctrl+n", "answer('deny')", "Deny", priority=True),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, api: ChatApi, sid: str | None = None, workspace: str = "demo", model: str | None = None) -> None:
+        super().__init__()
+        self.api = api
+        self.sid = sid
+        self.workspace = workspace
+        self.model_name = model
+        self.m: ChatModel | None = None
+        self.stream_status = "connecting"
+        self.widgets: dict[str, Static] = {}
+        self.ready = asyncio.Event()
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="head")
+        yield Static(id="plan")
+        yield VerticalScroll(id="transcript")
+        yield Static(id="approvals")
+        yield Static(id="outbox")
+        yield Input(id="draft", placeholder="Message: Enter sends · /help")
+        yield Static(id="note")
+        yield Footer()
+
+    # ------------------------------------------------------------------ startup and stream
+    async def on_mount(self) -> None:
+        self.query_one("#draft", Input).focus()
+        try:
+            if not self.sid:
+                self.sid = str((await self.api.create(self.workspace, self.model_name))["id"])
+            m = ChatModel(self.sid)
+            async for ev in self.api.backlog(self.sid, 0):
+                m.apply(ev)
+            m.apply_session(await self.api.session(self.sid))
+        except ApiError as exc:
+            self.say(f"Could not open the session: {exc.detail}", error=True)
+            self.stream_status = "down"
+            return
+        m.replaying = False
+        m.mark("head", "approvals", "outbox", "plan")
+        self.m = m
+        self.redraw()
+        self.run_worker(self.api.follow(self.sid, m.last_seq, self.on_api_event, self.on_stream_status), group="stream",
+                        exclusive=True, exit_on_error=False)
+        self.ready.set()
+
+    async def on_api_event(self, ev: dict[str, Any]) -> None:
+        assert self.m is not None
+        self.m.apply(ev)
+        self.redraw()
+        if "need-session" in self.m.changed:
+            self.m.changed.discard("need-session")
+            try:
+                self.m.apply_session(await self.api.session(self.m.sid))
+                self.redraw()
+            except ApiError:
+                pass
+
+    def on_stream_status(self, status: str) -> None:
+        self.stream_status = status
+        if self.m is not None:
+            self.m.mark("head")
+            self.redraw()
+
+    async def on_unmount(self) -> None:
+        await self.api.aclose()
+
+    # ------------------------------------------------------------------ drawing
+    def redraw(self) -> None:
+        m = self.m
+        if m is None:
+            return
+        box = self.query_one("#transcript", VerticalScroll)
+        at_end = box.scroll_y >= box.max_scroll_y - 1
+        new: list[Static] = []
+        for c in sorted(x for x in m.changed if x.startswith("item:")):
+            it = m.by_key.get(c[5:])
+            if it is None:
+                continue
+            w = self.widgets.get(it.key)
+            if w is None:
+                w = Static(render_item(it), classes=f"item {it.kind}")
+                w.item_key = it.key  # type: ignore[attr-defined]
+                self.widgets[it.key] = w
+                new.append(w)
+            else:
+                w.update(render_item(it))
+        if new:
+            order = {it.key: i for i, it in enumerate(m.items)}
+            new.sort(key=lambda w: order[w.item_key])  # type: ignore[attr-defined]
+            box.mount_all(new)
+        self.query_one("#head", Static).update(self.head_text())
+        self.query_one("#plan", Static).update(self.plan_text())
+        self.query_one("#approvals", Static).update(self.approvals_text())
+        self.query_one("#outbox", Static).update(self.outbox_text())
+        m.changed = {c for c in m.changed if c == "need-session"}
+        if at_end or new:
+            box.scroll_end(animate=False)
+
+    def head_text(self) -> Text:
+        assert self.m is not None
+        i = self.m.info
+        t = Text()
+        t.append(str(i.get("title") or "untitled"), style="bold")
+        if i.get("title_source") == "manual":
+            t.append(" (renamed)", style="dim")
+        t.append(f" · {i.get('model')}")
+        if i.get("next_model") and i.get("next_model") != i.get("model"):
+            t.append(f" (next: {i['next_model']})")
+        t.append(" · ")
+        t.append("working" if i.get("busy") else "idle", style="bold yellow" if i.get("busy") else "green")
+        t.append(f" · stream {self.stream_status} · don't ask {'on' if i.get('dont_ask') else 'off'}")
+        t.append(f" · {Path(str(i.get('workspace') or '')).name}", style="dim")
+        return t
+
+    def plan_text(self) -> Text:
+        assert self.m is not None
+        plan = self.m.plan
+        if not plan or not plan.get("steps"):
+            return Text("")
+        marks = set(plan.get("marks") or [])
+        t = Text("Plan" + (" (carried from an unfinished turn)" if plan.get("carried_from") else "") + ": ", style="bold")
+        for n, step in enumerate(plan["steps"], 1):
+            t.append(f"{n}. {'✓ ' if n in marks else ''}{step}  ", style="dim" if n in marks else "")
+        return t
+
+    def approvals_text(self) -> Text:
+        assert self.m is not None
+        t = Text()
+        for a in self.m.approvals.values():
+            if a.get("security"):
+                t.append("SECURITY CONFIRM ", style="bold white on red")
+            else:
+                t.append("APPROVAL NEEDED ", style="bold black on yellow")
+            t.append(f" {a.get('name')}: {args_text(a.get('name'), a.get('args'))}\n", style="bold")
+            if a.get("reason"):
+                t.append(f"  why: {a['reason']}\n")
+            j = a.get("judge")
+            if j:
+                score = f" (score {j.get('score')})" if j.get("score") is not None else ""
+                t.append(f"  judge ({j.get('kind')}) said {j.get('verdict')}{score}: {j.get('reason')}\n", style="yellow")
+            always = "" if a.get("security") else " · /always [msg]"
+            t.append(f"  answer: /allow [msg] · /deny [msg]{always} · Ctrl+Y allow · Ctrl+N deny (the typed text goes with it)\n",
+                     style="dim")
+        return t
+
+    def outbox_text(self) -> Text:
+        assert self.m is not None
+        items: list[Waiting] = self.m.waiting()
+        if not items:
+            return Text("")
+        t = Text("Waiting and settled:\n", style="bold")
+        for w in items:
+            style = {"queued": "yellow", "pending": "yellow", "applied": "green"}.get(w.fate, "red")
+            t.append(f"  [{w.fate}] ", style=style)
+            t.append(f"{KIND.get(w.kind, w.kind)}: {(w.text or w.id).splitlines()[0][:120]}\n")
+        return t
+
+    def say(self, text: str, error: bool = False) -> None:
+        note = self.query_one("#note", Static)
+        note.update(Text(text, style="bold red" if error else ""))
+
+    def tell(self, text: str, error: bool = False) -> None:
+        """A command's answer as a line in the transcript."""
+        if self.m is not None:
+            self.m.system(text, "error" if error else "")
+            self.redraw()
+
+    # ------------------------------------------------------------------ composer
+    @property
+    def draft(self) -> Input:
+        return self.query_one("#draft", Input)
+
+    def take(self) -> str | None:
+        text = self.draft.value
+        if not text.strip():
+            self.say("Type a message first.", error=True)
+            return None
+        return text
+
+    def done(self, text: str) -> None:
+        if self.draft.value == text:  # only after success: a refused message stays in the box
+            self.draft.value = ""
+
+    @on(Input.Submitted, "#draft")
+    async def submitted(self, event: Input.Submitted) -> None:
+        text = event.value
+        if text.startswith("/"):
+            await self.command(text)
+        else:
+            await self.act("send")
+
+    async def act(self, kind: str) -> None:
+        m = self.m
+        if m is None:
+            return
+        text = self.take()
+        if text is None:
+            return
+        if kind == "send" and m.info.get("busy"):
+            self.say(HINT_BUSY, error=True)
+            return
+        try:
+            if kind == "lead":
+                r = await self.api.lead(m.sid, text)
+                m.sent(r["lead_id"], "lead", text)
+                self.say(f"Lead saved: it joins this turn at its next safe boundary ({r['pending']} pending).")
+            else:
+                mode = None if kind == "send" else kind
+                r = await self.api.send(m.sid, text, mode)
+                if r["disposition"] == "started":
+                    m.local_texts[r["message_id"]] = text
+                    self.say("")
+                else:
+                    m.sent(r["message_id"], "steer" if mode == "steer" else "queue", text)
+                    self.say("Steering: the running turn stops and this runs next." if r["disposition"] == "steered"
+                             else f"Queued (position {r.get('position')}): it runs when this turn ends.")
+            self.done(text)
+            self.redraw()
+        except ApiError as exc:
+            what = "Lead not saved" if kind == "lead" else "Not sent"
+            self.say(REFUSALS.get(exc.code) or f"{what}: {exc.detail}. The text is kept.", error=True)
+
+    async def action_queue(self) -> None:
+        await self.act("queue")
+
+    async def action_steer(self) -> None:
+        await self.act("steer")
+
+    async def action_lead(self) -> None:
+        await self.act("lead")
+
+    async def action_stop(self) -> None:
+        m = self.m
+        if m is None:
+            return
+        try:
+            r = await self.api.stop(m.sid)
+        except ApiError as exc:
+            self.say(f"Stop failed: {exc.detail}", error=True)
+            return
+        if not r.get("turn_id"):
+            self.say("Nothing was running.")
+            return
+        parts = []
+        if r.get("discarded"):
+            parts.append(f"{len(r['discarded'])} queued discarded")
+        if r.get("unapplied_leads"):
+            parts.append(f"{len(r['unapplied_leads'])} Lead(s) saved but not applied")
+        self.say("Stopped." + (" " + "; ".join(parts) + "." if parts else ""))
+
+    async def action_answer(self, decision: str, scope: str = "once", message: str | None = None,
+                            from_draft: bool = True) -> None:
+        m = self.m
+        if m is None:
+            return
+        if not m.approvals:
+            self.say("No approval is waiting.", error=True)
+            return
+        aid = next(iter(m.approvals))
+        text = self.draft.value.strip() if from_draft and message is None else (message or "")
+        try:
+            await self.api.answer(m.sid, aid, decision, scope, text or None)
+        except ApiError as exc:
+            self.say(f"Answer not taken: {exc.detail}", error=True)
+            return
+        if from_draft and message is None and text:
+            self.draft.value = ""
+        self.say(f"{'Allowed' if decision == 'allow' else 'Denied'}" + (f" with “{text}”" if text else "") + ".")
+
+    # ------------------------------------------------------------------ slash commands
+    async def command(self, line: str) -> None:
+        m = self.m
+        if m is None:
+            return
+        name, _, rest = line[1:].partition(" ")
+        rest = rest.strip()
+        try:
+            if name in ("allow", "deny", "always"):
+                decision = "deny" if name == "deny" else "allow"
+                await self.action_answer(decision, "session" if name == "always" else "once", rest, from_draft=False)
+                self.draft.value = ""
+                return
+            if name == "undo":
+                r = await self.api.undo(m.sid)
+                self.tell(f"Undid the latest write: {r['path']} put back (+{r['added']} −{r['removed']}).")
+            elif name == "versions":
+                if not rest:
+                    raise ApiError(0, "usage", "/versions PATH")
+                r = await self.api.versions(m.sid, rest)
+                vs = r.get("versions") or []
+                lines = [f"Kept versions of {r.get('path', rest)} (newest first):" if vs else f"No kept versions of {rest}."]
+                for v in vs:
+                    when = time.strftime("%H:%M:%S", time.localtime(float(v.get("created", 0))))
+                    what = "did not exist" if v.get("store") == "absent" else f"{v.get('size')} bytes, {v.get('store')}"
+                    undone = " (undone)" if v.get("undone") else ""
+                    lines.append(f"  {v['version_id']}  {when}  {v.get('reason')}  {what}{undone}")
+                self.tell("\n".join(lines))
+            elif name == "diff":
+                r = await self.api.diff(m.sid, rest)
+                flag = ("too large to compare" if r.get("oversized") else "no difference" if r.get("empty")
+                        else "the current file is missing (a deletion)" if r.get("deleted") else "")
+                self.tell(f"{r['path']}: {rest} → current (+{r['added']} −{r['removed']})"
+                          + (f" — {flag}" if flag else "") + ("\n" + r["diff"].rstrip("\n") if r.get("diff") else ""))
+            elif name == "restore":
+                r = await self.api.restore(m.sid, rest)
+                self.tell(f"Restored {r['path']} from {r['restored_from']} (+{r['added']} −{r['removed']}); "
+                          f"the content it replaced is kept as {r['kept']['version_id']}.")
+            elif name == "title":
+                if not rest:
+                    raise ApiError(0, "usage", "/title NEW")
+                m.apply_session(await self.api.patch(m.sid, title=rest))
+            elif name == "model":
+                m.apply_session(await self.api.patch(m.sid, model=rest))
+            elif name == "dontask":
+                m.apply_session(await self.api.patch(m.sid, dont_ask=rest.lower() in ("on", "1", "true", "yes")))
+            elif name == "stop":
+                await self.action_stop()
+            elif name == "clear":
+                m.clear_settled()
+            elif name == "quit":
+                self.exit(0)
+                return
+            elif name == "help":
+                self.tell(HELP)
+            else:
+                raise ApiError(0, "usage", f"unknown command /{name}; /help lists them")
+        except ApiError as exc:
+            self.say(exc.detail, error=True)
+            return
+        self.draft.value = ""
+        self.redraw()

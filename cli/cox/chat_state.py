@@ -1,0 +1,389 @@
+"""One session as the terminal chat sees it, built from the event log in seq order.
+
+The same reading of the events as the web console's ``state.js``: the transcript, pending
+approvals, what waits (queued and steering messages, Leads) with its fate, and the plan. No UI
+here; the app redraws what :attr:`ChatModel.changed` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Event = dict[str, Any]
+FINAL = frozenset({"applied", "discarded", "unapplied"})
+
+
+@dataclass
+class Item:
+    key: str
+    kind: str  # user | assistant | agent | tool | note | fate | system
+    text: str = ""
+    via: str | None = None
+    name: str | None = None
+    args: Any = None
+    status: str = ""
+    detail: str | None = None
+    output: str | None = None
+    policy: list[str] = field(default_factory=list)
+    answer: str | None = None
+    streaming: bool = False
+    turn_id: str | None = None
+    approval: str | None = None
+    cls: str = ""
+
+
+@dataclass
+class Waiting:
+    id: str
+    kind: str  # queue | steer | lead
+    text: str
+    fate: str  # queued | pending | applied | discarded | unapplied
+    live: bool = True
+
+
+class ChatModel:
+    def __init__(self, sid: str) -> None:
+        self.sid = sid
+        self.info: dict[str, Any] = {"id": sid, "busy": False, "title": None, "model": None, "dont_ask": False}
+        self.items: list[Item] = []
+        self.by_key: dict[str, Item] = {}
+        self.tools: dict[str, Item] = {}
+        self.approvals: dict[str, Event] = {}
+        self.outbox: dict[str, Waiting] = {}
+        self.local_texts: dict[str, str] = {}
+        self.plan: dict[str, Any] | None = None
+        self.last_seq = 0
+        self.seen: list[int] = []
+        self.replaying = True
+        self.streaming: Item | None = None
+        self.changed: set[str] = set()
+        self._n = 0
+
+    # ------------------------------------------------------------------ building blocks
+    def mark(self, *what: str) -> None:
+        self.changed.update(what)
+
+    def add(self, item: Item) -> Item:
+        self.items.append(item)
+        self.by_key[item.key] = item
+        self.mark("item:" + item.key)
+        return item
+
+    def touch(self, item: Item) -> None:
+        self.mark("item:" + item.key)
+
+    def note(self, ev: Event, text: str, cls: str = "") -> Item:
+        return self.add(Item(key=f"n{ev['seq']}", kind="note", text=text, cls=cls))
+
+    def system(self, text: str, cls: str = "") -> Item:
+        """A line of the client's own (a command's answer), not an event."""
+        self._n += 1
+        return self.add(Item(key=f"x{self._n}", kind="system", text=text, cls=cls))
+
+    def tool(self, call_id: str, name: str | None = None, args: Any = None) -> Item:
+        t = self.tools.get(call_id)
+        if t is None:
+            t = self.add(Item(key=f"t{call_id}", kind="tool", name=name, args=args, status="proposed"))
+            self.tools[call_id] = t
+        if name and not t.name:
+            t.name = name
+        if args is not None and t.args is None:
+            t.args = args
+        return t
+
+    def end_streaming(self) -> None:
+        if self.streaming is not None:
+            self.streaming.streaming = False
+            self.touch(self.streaming)
+            self.streaming = None
+
+    # ------------------------------------------------------------------ waiting messages
+    def sent(self, id_: str, kind: str | None, text: str) -> None:
+        self.local_texts[id_] = text
+        w = self.outbox.get(id_)
+        if w is not None:
+            w.text = w.text or text
+        elif kind:
+            self.outbox[id_] = Waiting(id_, kind, text, "pending" if kind == "lead" else "queued")
+        self.mark("outbox")
+
+    def settle(self, id_: str, fate: str) -> Waiting | None:
+        w = self.outbox.get(id_)
+        if w is None:
+            return None
+        w.fate = fate
+        if self.replaying:
+            w.live = False
+        self.mark("outbox")
+        return w
+
+    def waiting(self) -> list[Waiting]:
+        return [w for w in self.outbox.values() if w.live]
+
+    def clear_settled(self) -> None:
+        for k in [k for k, w in self.outbox.items() if w.fate in FINAL]:
+            del self.outbox[k]
+        self.mark("outbox")
+
+    def queued_count(self) -> int:
+        return sum(1 for w in self.outbox.values() if w.fate == "queued")
+
+    # ------------------------------------------------------------------ input
+    def apply_session(self, s: Event) -> None:
+        """The session object: the authoritative state of what is pending now."""
+        self.info.update(s)
+        for q in s.get("queue") or []:
+            w = self.outbox.get(q["message_id"])
+            if w is None:
+                self.outbox[q["message_id"]] = Waiting(q["message_id"], q.get("mode", "queue"), q.get("text", ""), "queued")
+            elif not w.text:
+                w.text = q.get("text", "")
+        for lead in s.get("leads") or []:
+            w = self.outbox.get(lead["lead_id"])
+            if w is None and lead.get("state") == "pending":
+                self.outbox[lead["lead_id"]] = Waiting(lead["lead_id"], "lead", lead.get("text", ""), "pending")
+            elif w is not None and not w.text:
+                w.text = lead.get("text", "")
+        pending = {a["approval_id"]: a for a in s.get("approvals") or []}
+        for aid in list(self.approvals):
+            if aid not in pending:
+                del self.approvals[aid]
+        for aid, a in pending.items():
+            self.approvals[aid] = {**self.approvals.get(aid, {}), **a}
+        if s.get("plan") and self.plan is None:
+            self.plan = dict(s["plan"])
+        self.mark("head", "approvals", "outbox", "plan")
+
+    def apply(self, ev: Event) -> bool:
+        seq = int(ev.get("seq", 0))
+        if seq <= self.last_seq:
+            return False
+        self.last_seq = seq
+        self.seen.append(seq)
+        handler = HANDLERS.get(str(ev.get("type")))
+        if handler is None:
+            self.note(ev, str(ev.get("type")))
+        else:
+            handler(self, ev)
+        return True
+
+
+# ---------------------------------------------------------------------- event handlers
+def _created(m: ChatModel, ev: Event) -> None:
+    m.info.update(workspace=ev.get("workspace"), model=ev.get("model"), title=ev.get("title") or m.info.get("title"))
+    m.note(ev, f"Session created in {ev.get('workspace')} (model {ev.get('model')})")
+    m.mark("head")
+
+
+def _title(m: ChatModel, ev: Event) -> None:
+    m.info.update(title=ev["title"], title_source=ev.get("source"))
+    m.note(ev, f"Renamed “{ev['title']}”" if ev.get("source") == "manual" else f"Titled “{ev['title']}”")
+    m.mark("head")
+
+
+def _updated(m: ChatModel, ev: Event) -> None:
+    changes = ev.get("changes") or {}
+    m.info.update(changes)
+    m.note(ev, "Settings: " + ", ".join(f"{k} = {v!r}" for k, v in changes.items()))
+    m.mark("head")
+
+
+def _user(m: ChatModel, ev: Event) -> None:
+    m.end_streaming()
+    m.add(Item(key=f"u{ev['seq']}", kind="user", text=ev["text"], via=ev.get("via")))
+    w = m.settle(ev["message_id"], "applied")
+    if w is not None and not w.text:
+        w.text = ev["text"]
+
+
+def _queue_added(m: ChatModel, ev: Event) -> None:
+    mid = ev["message_id"]
+    w = m.outbox.get(mid)
+    if w is None:
+        m.outbox[mid] = Waiting(mid, ev.get("mode") or "queue", m.local_texts.get(mid, ""), "queued")
+    else:
+        w.kind = ev.get("mode") or w.kind
+    if not m.outbox[mid].text:
+        m.mark("need-session")
+    m.mark("outbox", "head")
+
+
+def _discarded(m: ChatModel, ev: Event) -> None:
+    texts = []
+    for mid in ev.get("message_ids") or []:
+        w = m.settle(mid, "discarded")
+        texts.append(w.text if w and w.text else mid)
+    if texts:
+        m.add(Item(key=f"f{ev['seq']}", kind="fate",
+                   text=f"Stop discarded {len(texts)} queued: " + ", ".join(f"“{t}”" for t in texts)))
+
+
+def _turn_start(m: ChatModel, ev: Event) -> None:
+    m.info.update(busy=True, turn_id=ev.get("turn_id"), model=ev.get("model") or m.info.get("model"))
+    m.plan = None
+    m.note(ev, f"Turn started ({ev.get('model')})")
+    m.mark("head", "plan")
+
+
+def _turn_end(m: ChatModel, ev: Event) -> None:
+    m.end_streaming()
+    for t in m.tools.values():
+        if t.turn_id == ev.get("turn_id") and t.status in ("proposed", "running", "waiting"):
+            t.status, t.detail = "closed", ev.get("outcome")
+            m.touch(t)
+    # A queued message starts in the same transition: the session stays busy while one waits.
+    busy = m.queued_count() > 0
+    m.info.update(busy=busy, turn_id=m.info.get("turn_id") if busy else None)
+    detail = f" — {ev['detail']}" if ev.get("detail") else ""
+    m.note(ev, f"Turn ended: {ev.get('outcome')}{detail}", "bad" if ev.get("outcome") != "completed" else "")
+    m.mark("head")
+
+
+def _delta(m: ChatModel, ev: Event) -> None:
+    if m.streaming is None:
+        m.streaming = m.add(Item(key=f"a{ev['seq']}", kind="assistant", streaming=True))
+    m.streaming.text += ev.get("text", "")
+    m.touch(m.streaming)
+
+
+def _assistant(m: ChatModel, ev: Event) -> None:
+    item, m.streaming = m.streaming, None
+    if item is not None:
+        item.text, item.streaming = ev.get("text", ""), False
+        m.touch(item)
+    elif ev.get("text"):
+        m.add(Item(key=f"a{ev['seq']}", kind="assistant", text=ev["text"]))
+    if ev.get("finish_reason") == "length":
+        m.note(ev, "The model hit its output limit: its tool calls were not run.", "bad")
+    for c in ev.get("tool_calls") or []:
+        m.tool(c["call_id"], c.get("name"), c.get("args")).turn_id = ev.get("turn_id")
+
+
+def _tool_call(m: ChatModel, ev: Event) -> None:
+    t = m.tool(ev["call_id"], ev.get("name"), ev.get("args"))
+    t.turn_id, t.status = ev.get("turn_id"), "running"
+    m.touch(t)
+
+
+def _policy(m: ChatModel, ev: Event) -> None:
+    t = m.tool(ev["call_id"])
+    sec = " (security)" if ev.get("security") else ""
+    t.policy.append(f"{ev.get('verdict')} by {ev.get('actor')}{sec}: {ev.get('reason')}")
+    if ev.get("verdict") == "refuse":
+        t.status = "refused"
+    m.touch(t)
+
+
+def _approval_pending(m: ChatModel, ev: Event) -> None:
+    m.approvals[ev["approval_id"]] = dict(ev)
+    t = m.tool(ev["call_id"], ev.get("name"), ev.get("args"))
+    t.status, t.approval = "waiting", ev["approval_id"]
+    m.touch(t)
+    m.mark("approvals")
+
+
+def _approval_resolved(m: ChatModel, ev: Event) -> None:
+    m.approvals.pop(ev["approval_id"], None)
+    for t in m.tools.values():
+        if t.approval == ev["approval_id"]:
+            scope = f" ({ev['scope']})" if ev.get("scope") and ev.get("scope") != "once" else ""
+            msg = f" — “{ev['message']}”" if ev.get("message") else ""
+            why = f": {ev['reason']}" if ev.get("actor") != "person" and ev.get("reason") else ""
+            t.answer = f"{'Allowed' if ev.get('decision') == 'allow' else 'Denied'} by {ev.get('actor')}{scope}{msg}{why}"
+            t.status = "running" if ev.get("decision") == "allow" else "denied"
+            m.touch(t)
+    m.mark("approvals")
+
+
+def _tool_result(m: ChatModel, ev: Event) -> None:
+    t = m.tool(ev["call_id"])
+    if t.status != "denied":
+        t.status = "ok" if ev.get("ok") else "fail"
+    t.output = ev.get("output")
+    m.touch(t)
+
+
+def _tool_skipped(m: ChatModel, ev: Event) -> None:
+    t = m.tool(ev["call_id"])
+    t.status, t.detail = "skipped", ev.get("reason")
+    m.touch(t)
+
+
+def _kept(m: ChatModel, ev: Event) -> None:
+    how = "it did not exist" if ev.get("store") == "absent" else ev.get("store")
+    m.note(ev, f"Kept the previous {ev.get('path')} ({how})")
+
+
+def _written(m: ChatModel, ev: Event) -> None:
+    via = f" by {ev['via']}" if ev.get("via") and ev.get("via") != "tool" else ""
+    m.note(ev, f"Wrote {ev.get('path')}{via} +{ev.get('added')} −{ev.get('removed')}")
+
+
+def _lead_saved(m: ChatModel, ev: Event) -> None:
+    lid = ev["lead_id"]
+    text = ev.get("text") or m.local_texts.get(lid, "")
+    w = m.outbox.get(lid)
+    if w is None:
+        m.outbox[lid] = Waiting(lid, "lead", text, "pending")
+    elif not w.text:
+        w.text = text
+    m.mark("outbox")
+
+
+def _lead_applied(m: ChatModel, ev: Event) -> None:
+    for lid in ev.get("lead_ids") or []:
+        m.settle(lid, "applied")
+
+
+def _lead_unapplied(m: ChatModel, ev: Event) -> None:
+    texts = []
+    for lid in ev.get("lead_ids") or []:
+        w = m.settle(lid, "unapplied")
+        texts.append(w.text if w and w.text else lid)
+    m.add(Item(key=f"f{ev['seq']}", kind="fate",
+               text="Saved but not applied (the turn stopped): " + ", ".join(f"“{t}”" for t in texts)))
+
+
+def _agent(m: ChatModel, ev: Event) -> None:
+    m.end_streaming()
+    m.add(Item(key=f"g{ev['seq']}", kind="agent", text=ev.get("text", "")))
+
+
+def _observed(m: ChatModel, ev: Event) -> None:
+    m.add(Item(key=f"o{ev['seq']}", kind="tool", name="!" + str(ev.get("command")), status="ok", output=ev.get("output")))
+
+
+def _plan_write(m: ChatModel, ev: Event) -> None:
+    m.plan = {"steps": list(ev.get("steps") or []), "marks": []}
+    m.mark("plan")
+
+
+def _plan_step(m: ChatModel, ev: Event) -> None:
+    if m.plan is not None and ev.get("step") not in m.plan["marks"]:
+        m.plan["marks"].append(ev.get("step"))
+    m.mark("plan")
+
+
+def _plan_carried(m: ChatModel, ev: Event) -> None:
+    m.plan = {"steps": list(ev.get("steps") or []), "marks": list(ev.get("marks") or []), "carried_from": ev.get("from_turn")}
+    m.note(ev, f"Plan carried from the unfinished turn ({len(m.plan['marks'])}/{len(m.plan['steps'])} done)")
+    m.mark("plan")
+
+
+def _limit(m: ChatModel, ev: Event) -> None:
+    kind = "Soft" if ev.get("type") == "limit.soft" else "Hard"
+    m.note(ev, f"{kind} limit reached: {ev.get('limit')} = {ev.get('value')}", "bad")
+
+
+HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
+    "session.created": _created, "title.set": _title, "session.updated": _updated, "user.msg": _user,
+    "queue.added": _queue_added, "queue.discarded": _discarded, "turn.start": _turn_start,
+    "turn.end": _turn_end, "assistant.delta": _delta, "assistant.msg": _assistant, "tool.call": _tool_call,
+    "policy.decision": _policy, "approval.pending": _approval_pending, "approval.resolved": _approval_resolved,
+    "tool.result": _tool_result, "tool.skipped": _tool_skipped, "version.kept": _kept, "file.written": _written,
+    "lead.saved": _lead_saved, "lead.applied": _lead_applied, "lead.unapplied": _lead_unapplied,
+    "agent.message": _agent, "observed": _observed, "plan.write": _plan_write, "plan.step": _plan_step,
+    "plan.carried": _plan_carried, "limit.soft": _limit, "limit.hard": _limit,
+}

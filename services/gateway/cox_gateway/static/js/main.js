@@ -1,0 +1,302 @@
+// The console's controller: token, session list, opening a session (its backlog, then the live
+// stream), the composer and its keys. Everything goes through the v1 API.
+
+import { Api } from "./api.js";
+import { $, clear, h } from "./dom.js";
+import { Inspector } from "./inspector.js";
+import { EventStream } from "./sse.js";
+import { SessionModel } from "./state.js";
+import { View } from "./view.js";
+
+const TOKEN_KEY = "cox.token";
+const HINT_BUSY = "A turn is running: Send is refused. Choose Queue (Ctrl+O) or Steer (Ctrl+S), or Lead (Ctrl+L) to join this turn.";
+
+const app = {
+  api: null, model: null, stream: null, view: null, inspector: null, models: [],
+  drawTimer: null, sessionTimer: null,
+};
+window.cox = app; // for a person's console and the browser tests
+
+// ---------------------------------------------------------------- token
+function showLogin(message = "") {
+  app.stream?.stop();
+  $("#app").hidden = true;
+  $("#login").hidden = false;
+  $("#login-error").textContent = message;
+  $("#login-token").focus();
+}
+
+function forget(message) {
+  localStorage.removeItem(TOKEN_KEY);
+  showLogin(message);
+}
+
+$("#login-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const token = $("#login-token").value.trim();
+  if (!token) return;
+  const api = new Api(token);
+  try {
+    await api.sessions();
+  } catch (err) {
+    $("#login-error").textContent = err.status === 401 ? "That token is not known to this server." : (err.detail || err.message);
+    return;
+  }
+  localStorage.setItem(TOKEN_KEY, token);
+  $("#login-token").value = "";
+  start(token);
+});
+
+$("#logout").addEventListener("click", () => forget(""));
+
+// ---------------------------------------------------------------- sessions
+async function loadModels() {
+  try {
+    const m = await app.api.models();
+    app.models = m.models || [];
+    const opts = (sel) => clear(sel, app.models.map((n) => h("option", { value: n }, n)));
+    opts($("#new-model")); opts($("#model"));
+    if (m.default) $("#new-model").value = m.default;
+  } catch (err) {
+    $("#new-error").textContent = `models: ${err.detail || err.message}`;
+  }
+}
+
+async function loadSessions() {
+  let list;
+  try { list = await app.api.sessions(); } catch { return; }
+  const cur = app.model?.sid;
+  clear($("#sessions"), list.map((s) => h("a", {
+    href: `#/s/${s.id}`, class: s.id === cur ? "current" : "", dataset: { sid: s.id },
+  }, h("div", {}, s.title || "untitled", s.busy ? h("span", { class: "dot", title: "working" }) : null),
+  h("div", { class: "ws" }, s.workspace.split("/").pop()))));
+}
+
+$("#new-session").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  $("#new-error").textContent = "";
+  const workspace = $("#new-workspace").value.trim();
+  const model = $("#new-model").value || undefined;
+  try {
+    const s = await app.api.create({ workspace, ...(model ? { model } : {}) });
+    $("#new-workspace").value = "";
+    location.hash = `#/s/${s.id}`;
+    await loadSessions();
+  } catch (err) {
+    $("#new-error").textContent = err.detail || err.message;
+  }
+});
+
+function route() {
+  const m = /^#\/s\/([A-Za-z0-9_-]+)$/.exec(location.hash);
+  if (m) openSession(m[1]);
+  else { $("#session").hidden = true; $("#inspector").hidden = true; $("#empty").hidden = false; }
+}
+window.addEventListener("hashchange", route);
+
+async function openSession(sid) {
+  if (app.model?.sid === sid) return;
+  app.stream?.stop();
+  const model = new SessionModel(sid);
+  app.model = model;
+  app.view.reset();
+  app.inspector.reset();
+  $("#empty").hidden = true; $("#session").hidden = false; $("#inspector").hidden = false;
+  setStream("loading");
+  note("");
+  try {
+    // The backlog first, as JSON pages: what settled before this page opened goes to the
+    // transcript only. Then the session object (what is pending now), then the live stream.
+    for (;;) {
+      const batch = await app.api.events(sid, model.lastSeq);
+      if (app.model !== model) return;
+      if (!batch.length) break;
+      for (const ev of batch) model.apply(ev);
+    }
+    model.applySession(await app.api.session(sid));
+  } catch (err) {
+    if (app.model !== model) return;
+    clear($("#transcript"), h("p", { class: "error" }, err.status === 404 ? "No such session." : (err.detail || err.message)));
+    setStream("down");
+    return;
+  }
+  if (app.model !== model) return;
+  model.replaying = false;
+  model.mark("head", "approvals", "outbox", "plan");
+  flush();
+  loadSessions();
+  app.stream = new EventStream({
+    url: app.api.eventsUrl(sid), token: app.api.token, after: model.lastSeq,
+    onEvent: (ev) => { if (app.model === model) { model.apply(ev); scheduleDraw(); } },
+    onStatus: (status) => { if (app.model === model) setStream(status); },
+    onUnauthorized: () => forget("The token was refused."),
+  }).start();
+}
+
+function setStream(status) {
+  const el = $("#stream");
+  el.textContent = status;
+  el.className = "badge " + (status === "live" ? "live" : status === "reconnecting" || status === "down" ? "down" : "muted");
+}
+
+function scheduleDraw() {
+  if (app.drawTimer) return;
+  app.drawTimer = setTimeout(() => { app.drawTimer = null; flush(); }, 16);
+}
+
+function flush() {
+  const model = app.model;
+  if (!model) return;
+  const changed = model.changed;
+  app.view.draw(model, { answer: (aid, body) => app.api.answer(model.sid, aid, body) });
+  if (changed.has("plan")) app.inspector.drawPlan(model.plan);
+  app.inspector.refresh(changed);
+  if (changed.has("sessions")) loadSessions();
+  if (changed.has("need-session")) refreshSession();
+  model.changed = new Set();
+}
+
+function refreshSession() {
+  clearTimeout(app.sessionTimer);
+  const model = app.model;
+  app.sessionTimer = setTimeout(async () => {
+    try { const s = await app.api.session(model.sid); if (app.model === model) { model.applySession(s); flush(); } } catch { /* the stream goes on */ }
+  }, 100);
+}
+
+// ---------------------------------------------------------------- composer
+function note(text, error = false) {
+  const el = $("#composer-note");
+  el.textContent = text;
+  el.className = "note" + (error ? " error" : "");
+}
+
+const REFUSALS = {
+  busy: HINT_BUSY,
+  no_turn: "No turn is running, so there is nothing to Lead: Send it instead. Your text is still in the box.",
+  lead_closed: "This turn is finishing and no longer takes a Lead: Queue it instead. Your text is still in the box.",
+};
+
+function draftText() {
+  const text = $("#draft").value;
+  if (!text.trim()) { note("Type a message first.", true); return null; }
+  return text;
+}
+
+async function act(kind) {
+  const model = app.model;
+  if (!model) return;
+  if (kind === "stop") return stop();
+  const text = draftText();
+  if (text === null) return;
+  if (kind === "send" && model.info.busy) { note(HINT_BUSY, true); return; }
+  const box = $("#draft");
+  try {
+    if (kind === "lead") {
+      const r = await app.api.lead(model.sid, text);
+      model.sent(r.lead_id, "lead", text);
+      note(`Lead saved: it joins this turn at its next safe boundary (${r.pending} pending).`);
+    } else {
+      const mode = kind === "send" ? undefined : kind;
+      const r = await app.api.send(model.sid, text, mode);
+      if (r.disposition === "started") { model.localTexts.set(r.message_id, text); note(""); }
+      else {
+        model.sent(r.message_id, mode === "steer" ? "steer" : "queue", text);
+        note(r.disposition === "steered" ? "Steering: the running turn stops and this runs next."
+          : `Queued (position ${r.position}): it runs when this turn ends.`);
+      }
+    }
+    if (box.value === text) box.value = ""; // only now: a refused message stays in the box
+    flush();
+  } catch (err) {
+    note(REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true);
+  }
+}
+
+async function stop() {
+  const model = app.model;
+  try {
+    const r = await app.api.stop(model.sid);
+    if (!r.turn_id) { note("Nothing was running."); return; }
+    const parts = [];
+    if (r.discarded?.length) parts.push(`${r.discarded.length} queued discarded`);
+    if (r.unapplied_leads?.length) parts.push(`${r.unapplied_leads.length} Lead(s) saved but not applied`);
+    note(`Stopped.${parts.length ? " " + parts.join("; ") + "." : ""}`);
+  } catch (err) {
+    note(`Stop failed: ${err.detail || err.message}`, true);
+  }
+}
+
+for (const [id, kind] of [["#btn-send", "send"], ["#btn-queue", "queue"], ["#btn-steer", "steer"], ["#btn-lead", "lead"], ["#btn-stop", "stop"]]) {
+  $(id).addEventListener("click", () => act(kind));
+}
+
+// Enter sends; Ctrl+O queue, Ctrl+S steer, Ctrl+L Lead, Esc stop (the terminal chat's keys).
+const KEYS = { o: "queue", s: "steer", l: "lead" };
+document.addEventListener("keydown", (e) => {
+  if ($("#session").hidden || !app.model) return;
+  const inDraft = e.target === $("#draft");
+  if (inDraft && e.key === "Enter" && !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey && !e.isComposing) {
+    e.preventDefault(); act("send"); return;
+  }
+  if (e.ctrlKey && !e.altKey && !e.metaKey && KEYS[e.key.toLowerCase()] && (inDraft || e.target === document.body)) {
+    e.preventDefault(); act(KEYS[e.key.toLowerCase()]); return;
+  }
+  if (e.key === "Escape" && (inDraft || e.target === document.body) && app.model.info.busy) {
+    e.preventDefault(); act("stop");
+  }
+});
+
+$("#outbox-clear").addEventListener("click", () => { app.model?.clearSettled(); flush(); });
+
+// ---------------------------------------------------------------- title, model, don't ask
+function startRename() {
+  $("#rename-form").hidden = false;
+  $("#title").hidden = true;
+  const input = $("#rename-input");
+  input.value = app.model?.info.title || "";
+  input.focus(); input.select();
+}
+function endRename() { $("#rename-form").hidden = true; $("#title").hidden = false; }
+$("#title").addEventListener("click", startRename);
+$("#rename").addEventListener("click", startRename);
+$("#rename-input").addEventListener("keydown", (e) => { if (e.key === "Escape") { e.preventDefault(); endRename(); } });
+$("#rename-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const title = $("#rename-input").value.trim();
+  if (!title) { endRename(); return; }
+  try { await patch({ title }); endRename(); } catch { /* patch showed it; the form stays open */ }
+});
+$("#model").addEventListener("change", () => patch({ model: $("#model").value }).catch(() => {}));
+$("#dont-ask").addEventListener("change", () => patch({ dont_ask: $("#dont-ask").checked }).catch(() => {}));
+
+async function patch(body) {
+  const model = app.model;
+  try {
+    const s = await app.api.patch(model.sid, body);
+    model.applySession(s);
+    flush();
+    loadSessions();
+  } catch (err) {
+    note(err.detail || err.message, true);
+    model.mark("head"); flush(); // show the state as it is, not as it was asked for
+    throw err;
+  }
+}
+
+// ---------------------------------------------------------------- start
+async function start(token) {
+  app.api = new Api(token, () => forget("The token was refused."));
+  app.view = new View(document);
+  app.inspector = app.inspector || new Inspector(app.api, () => app.model?.sid, (m) => note(m, true));
+  app.inspector.api = app.api;
+  $("#login").hidden = true;
+  $("#app").hidden = false;
+  await loadModels();
+  await loadSessions();
+  app.model = null;
+  route();
+}
+
+const saved = localStorage.getItem(TOKEN_KEY);
+if (saved) start(saved); else showLogin();

@@ -1,0 +1,260 @@
+// One session as the console sees it: the transcript, the pending approvals, what waits (queued
+// messages, Leads) with its fate, and the plan — all built from the event log, in seq order.
+// No DOM here: the view reads this model and redraws what `changed` names.
+
+const FINAL = new Set(["applied", "discarded", "unapplied", "skipped"]);
+
+export class SessionModel {
+  constructor(sid) {
+    this.sid = sid;
+    this.info = { id: sid, busy: false, title: null, model: null, dont_ask: false };
+    this.items = [];            // transcript, in order
+    this.byKey = new Map();
+    this.tools = new Map();     // call_id -> tool item
+    this.approvals = new Map(); // approval_id -> pending approval
+    this.outbox = new Map();    // message_id | lead_id -> {id, kind, text, fate, live}
+    this.localTexts = new Map();// what this console sent itself, by message/lead id
+    this.plan = null;
+    this.lastSeq = 0;
+    this.replaying = true;
+    this.streaming = null;      // the assistant item receiving deltas
+    this.seen = [];             // every seq applied, for the no-duplicate/no-gap check
+    this.changed = new Set();
+  }
+
+  mark(...what) { for (const w of what) this.changed.add(w); }
+
+  add(item) {
+    item.key = item.key || `i${this.items.length}`;
+    this.items.push(item);
+    this.byKey.set(item.key, item);
+    this.mark("item:" + item.key);
+    return item;
+  }
+
+  touch(item) { this.mark("item:" + item.key); }
+
+  note(ev, text, cls = "") { return this.add({ kind: "note", text, cls, seq: ev.seq, key: `n${ev.seq}` }); }
+
+  /** Apply the session object (GET): the authoritative state of what is pending now. */
+  applySession(s) {
+    this.info = { ...this.info, ...s };
+    for (const q of s.queue || []) {
+      const o = this.outbox.get(q.message_id);
+      if (o) { if (!o.text) o.text = q.text; }
+      else this.outbox.set(q.message_id, { id: q.message_id, kind: q.mode, text: q.text, fate: "queued", live: true });
+    }
+    for (const l of s.leads || []) {
+      const o = this.outbox.get(l.lead_id);
+      if (o) { if (!o.text) o.text = l.text; }
+      else if (l.state === "pending") this.outbox.set(l.lead_id, { id: l.lead_id, kind: "lead", text: l.text, fate: "pending", live: true });
+    }
+    const pending = new Set((s.approvals || []).map((a) => a.approval_id));
+    for (const a of s.approvals || []) this.approvals.set(a.approval_id, { ...this.approvals.get(a.approval_id), ...a });
+    for (const id of [...this.approvals.keys()]) if (!pending.has(id)) this.approvals.delete(id);
+    if (s.plan && !this.plan) this.plan = { ...s.plan };
+    this.mark("head", "approvals", "outbox", "plan");
+  }
+
+  /** What the person sent from here: shown as waiting until the server's events settle it. */
+  sent(id, kind, text) {
+    this.localTexts.set(id, text);
+    const o = this.outbox.get(id);
+    if (o) { o.text = o.text || text; }
+    else if (kind) this.outbox.set(id, { id, kind, text, fate: kind === "lead" ? "pending" : "queued", live: true });
+    this.mark("outbox");
+  }
+
+  settle(id, fate) {
+    const o = this.outbox.get(id);
+    if (!o) return null;
+    o.fate = fate;
+    if (this.replaying) o.live = false; // settled before this page opened: the transcript tells it
+    this.mark("outbox");
+    return o;
+  }
+
+  clearSettled() {
+    for (const [id, o] of this.outbox) if (FINAL.has(o.fate)) this.outbox.delete(id);
+    this.mark("outbox");
+  }
+
+  waiting() { return [...this.outbox.values()].filter((o) => o.live); }
+
+  queuedCount() { return [...this.outbox.values()].filter((o) => o.fate === "queued").length; }
+
+  apply(ev) {
+    if (ev.seq <= this.lastSeq) return false;
+    this.lastSeq = ev.seq;
+    this.seen.push(ev.seq);
+    const fn = HANDLERS[ev.type];
+    if (fn) fn(this, ev);
+    else this.note(ev, `${ev.type}`);
+    return true;
+  }
+
+  endStreaming() {
+    if (this.streaming) { this.streaming.streaming = false; this.touch(this.streaming); this.streaming = null; }
+  }
+
+  tool(call_id, name, args) {
+    let t = this.tools.get(call_id);
+    if (!t) {
+      t = this.add({ kind: "tool", key: `t${call_id}`, call_id, name, args, status: "proposed" });
+      this.tools.set(call_id, t);
+    }
+    if (name && !t.name) t.name = name;
+    if (args !== undefined && t.args === undefined) t.args = args;
+    return t;
+  }
+}
+
+const HANDLERS = {
+  "session.created"(m, ev) {
+    m.info = { ...m.info, workspace: ev.workspace, model: ev.model, title: ev.title ?? m.info.title };
+    m.note(ev, `Session created in ${ev.workspace} (model ${ev.model ?? "none"})`);
+    m.mark("head");
+  },
+  "title.set"(m, ev) {
+    m.info.title = ev.title; m.info.title_source = ev.source;
+    m.note(ev, ev.source === "manual" ? `Renamed “${ev.title}”` : `Titled “${ev.title}”`);
+    m.mark("head", "sessions");
+  },
+  "session.updated"(m, ev) {
+    Object.assign(m.info, ev.changes || {});
+    const parts = Object.entries(ev.changes || {}).map(([k, v]) => `${k} = ${JSON.stringify(v)}`);
+    m.note(ev, `Settings: ${parts.join(", ")}`);
+    m.mark("head");
+  },
+  "user.msg"(m, ev) {
+    m.endStreaming();
+    m.add({ kind: "user", key: `u${ev.seq}`, text: ev.text, via: ev.via, id: ev.message_id });
+    const o = m.settle(ev.message_id, "applied");
+    if (o && !o.text) o.text = ev.text;
+  },
+  "queue.added"(m, ev) {
+    const text = m.localTexts.get(ev.message_id) || "";
+    const o = m.outbox.get(ev.message_id);
+    if (o) { o.kind = ev.mode || o.kind; }
+    else m.outbox.set(ev.message_id, { id: ev.message_id, kind: ev.mode || "queue", text, fate: "queued", live: true });
+    m.mark("outbox", "head");
+    if (!text && !o?.text) m.mark("need-session");
+  },
+  "queue.discarded"(m, ev) {
+    const texts = [];
+    for (const id of ev.message_ids || []) {
+      const o = m.settle(id, "discarded");
+      texts.push(o?.text || id);
+    }
+    if (texts.length) m.add({ kind: "fate", key: `f${ev.seq}`, text: `Stop discarded ${texts.length} queued: ${texts.map((t) => `“${t}”`).join(", ")}` });
+    m.mark("head");
+  },
+  "turn.start"(m, ev) {
+    m.info.busy = true; m.info.turn_id = ev.turn_id; m.info.model = ev.model || m.info.model;
+    m.plan = null;
+    m.note(ev, `Turn started (${ev.model})`, "turn-start");
+    m.mark("head", "plan");
+  },
+  "turn.end"(m, ev) {
+    m.endStreaming();
+    for (const t of m.tools.values()) {
+      if (t.turn_id === ev.turn_id && (t.status === "proposed" || t.status === "running" || t.status === "waiting")) {
+        t.status = "closed"; t.detail = ev.outcome; m.touch(t);
+      }
+    }
+    // A queued message starts in the same transition, so the session stays busy while one waits.
+    m.info.busy = m.queuedCount() > 0;
+    m.info.turn_id = m.info.busy ? m.info.turn_id : null;
+    const bad = ev.outcome !== "completed";
+    m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? " bad" : ""));
+    m.mark("head", "sessions", "changes");
+  },
+  "assistant.delta"(m, ev) {
+    if (!m.streaming) m.streaming = m.add({ kind: "assistant", key: `a${ev.seq}`, text: "", streaming: true });
+    m.streaming.text += ev.text; m.touch(m.streaming);
+  },
+  "assistant.msg"(m, ev) {
+    const item = m.streaming;
+    m.streaming = null;
+    if (item) {
+      item.text = ev.text; item.streaming = false; item.finish = ev.finish_reason; m.touch(item);
+    } else if (ev.text) {
+      m.add({ kind: "assistant", key: `a${ev.seq}`, text: ev.text, finish: ev.finish_reason });
+    }
+    if (ev.finish_reason === "length") m.note(ev, "The model hit its output limit: its tool calls were not run.", "bad");
+    for (const c of ev.tool_calls || []) { const t = m.tool(c.call_id, c.name, c.args); t.turn_id = ev.turn_id; }
+  },
+  "tool.call"(m, ev) {
+    const t = m.tool(ev.call_id, ev.name, ev.args);
+    t.turn_id = ev.turn_id; t.status = "running"; m.touch(t);
+  },
+  "policy.decision"(m, ev) {
+    const t = m.tool(ev.call_id);
+    t.policy = t.policy || [];
+    t.policy.push(`${ev.verdict} by ${ev.actor}${ev.security ? " (security)" : ""}: ${ev.reason}`);
+    if (ev.verdict === "refuse") t.status = "refused";
+    m.touch(t);
+  },
+  "approval.pending"(m, ev) {
+    m.approvals.set(ev.approval_id, { ...ev });
+    const t = m.tool(ev.call_id, ev.name, ev.args);
+    t.status = "waiting"; t.approval = ev.approval_id; m.touch(t);
+    m.mark("approvals");
+  },
+  "approval.resolved"(m, ev) {
+    m.approvals.delete(ev.approval_id);
+    for (const t of m.tools.values()) {
+      if (t.approval === ev.approval_id) {
+        t.answer = `${ev.decision === "allow" ? "Allowed" : "Denied"} by ${ev.actor}` +
+          (ev.scope && ev.scope !== "once" ? ` (${ev.scope})` : "") + (ev.message ? ` — “${ev.message}”` : "") +
+          (ev.actor !== "person" && ev.reason ? `: ${ev.reason}` : "");
+        t.status = ev.decision === "allow" ? "running" : "denied";
+        m.touch(t);
+      }
+    }
+    m.mark("approvals");
+  },
+  "tool.result"(m, ev) {
+    const t = m.tool(ev.call_id);
+    if (t.status !== "denied") t.status = ev.ok ? "ok" : "fail";
+    t.output = ev.output; m.touch(t);
+  },
+  "tool.skipped"(m, ev) {
+    const t = m.tool(ev.call_id);
+    t.status = "skipped"; t.detail = ev.reason; m.touch(t);
+  },
+  "version.kept"(m, ev) {
+    m.note(ev, `Kept the previous ${ev.path} (${ev.store === "absent" ? "it did not exist" : ev.store})`, "small");
+  },
+  "file.written"(m, ev) {
+    const how = ev.via && ev.via !== "tool" ? ` by ${ev.via}` : "";
+    m.note(ev, `Wrote ${ev.path}${how} +${ev.added} −${ev.removed}`, "written");
+    m.mark("changes", "history");
+  },
+  "lead.saved"(m, ev) {
+    const text = ev.text || m.localTexts.get(ev.lead_id) || "";
+    const o = m.outbox.get(ev.lead_id);
+    if (o) { o.text = o.text || text; }
+    else m.outbox.set(ev.lead_id, { id: ev.lead_id, kind: "lead", text, fate: "pending", live: true });
+    m.mark("outbox");
+  },
+  "lead.applied"(m, ev) { for (const id of ev.lead_ids || []) m.settle(id, "applied"); },
+  "lead.unapplied"(m, ev) {
+    const texts = (ev.lead_ids || []).map((id) => m.settle(id, "unapplied")?.text || id);
+    m.add({ kind: "fate", key: `f${ev.seq}`, text: `Saved but not applied (the turn stopped): ${texts.map((t) => `“${t}”`).join(", ")}` });
+  },
+  "agent.message"(m, ev) { m.endStreaming(); m.add({ kind: "agent", key: `g${ev.seq}`, text: ev.text }); },
+  "observed"(m, ev) { m.add({ kind: "tool", key: `o${ev.seq}`, name: "!" + ev.command, status: "ok", output: ev.output, observed: true }); },
+  "plan.write"(m, ev) { m.plan = { steps: ev.steps, marks: [], turn_id: ev.turn_id }; m.mark("plan"); },
+  "plan.step"(m, ev) {
+    if (m.plan && !m.plan.marks.includes(ev.step)) m.plan.marks.push(ev.step);
+    m.mark("plan");
+  },
+  "plan.carried"(m, ev) {
+    m.plan = { steps: ev.steps, marks: [...(ev.marks || [])], carried_from: ev.from_turn, turn_id: ev.turn_id };
+    m.note(ev, `Plan carried from the unfinished turn (${(ev.marks || []).length}/${ev.steps.length} done)`);
+    m.mark("plan");
+  },
+  "limit.soft"(m, ev) { m.note(ev, `Soft limit reached: ${ev.limit} = ${ev.value}`, "bad"); },
+  "limit.hard"(m, ev) { m.note(ev, `Hard limit reached: ${ev.limit} = ${ev.value}`, "bad"); },
+};

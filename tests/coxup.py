@@ -1,0 +1,114 @@
+"""A real ``cox up`` for the client tests: the command a person runs, in its own folder.
+
+The console and the terminal chat are tested against exactly what ``./dev up`` starts (its own
+NATS and Redis, every service as a supervised process), not a hand-assembled stack, so a test
+can also kill the gateway and watch ``cox up`` restart it while a client is connected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+
+from cox.servers import free_port
+
+from .stack import Api
+
+TOKEN = "client-test-token"
+
+
+class CoxUp:
+    def __init__(self, tmp: Path, config: str = "", runners: int = 2) -> None:
+        self.tmp = tmp
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.root = tmp / "workspaces"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = TOKEN
+        self.config = tmp / "coxswain.toml"
+        self.config.write_text(config)
+        self.runners = runners
+        self.lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 90.0) -> CoxUp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_URL", "REDIS_URL"))}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cox", "up", "--port", str(self.port), "--token", self.token,
+             "--root", str(self.root), "--config", str(self.config), "--runners", str(self.runners), "--no-demo"],
+            cwd=self.tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(line.startswith("ready:") for line in self.lines):
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        logs = "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-1500:]}"
+                         for p in sorted((self.tmp / ".cox" / "logs").glob("*.log")))
+        self.stop()
+        raise RuntimeError(f"cox up was not ready within {timeout}s: {self.lines}\n{logs}")
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def client(self) -> Api:
+        return Api(self.url, self.token)
+
+    def child(self, module: str) -> psutil.Process:
+        assert self.proc is not None
+        for p in psutil.Process(self.proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if module in " ".join(p.cmdline()):
+                    return p
+        raise LookupError(f"no {module} child")
+
+    def kill_gateway(self) -> int:
+        """SIGKILL the gateway; ``cox up`` restarts it. Returns the killed pid."""
+        p = self.child("cox_gateway")
+        p.kill()
+        p.wait(10)
+        return p.pid
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/healthz", timeout=3).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"cox up not healthy again within {timeout}s")
+
+
+@contextlib.contextmanager
+def cox_up(tmp: Path, config: str = "", runners: int = 2) -> Iterator[CoxUp]:
+    up = CoxUp(tmp, config, runners)
+    up.start()
+    try:
+        yield up
+    finally:
+        up.stop()
