@@ -280,3 +280,22 @@ def test_lead_latency_at_a_due_boundary(stack: Stack, api: Api) -> None:
           f"max {max(client_ms):.0f} ms; lead.saved -> lead.applied (Redis clock): median "
           f"{statistics.median(server_ms)} ms, max {max(server_ms)} ms")
     assert statistics.median(server_ms) < 1000
+
+
+def test_steer_marks_pending_leads_unapplied_and_runs_the_steered_message(stack: Stack, api: Api) -> None:
+    s = api.create("lead-steer")
+    sid = s["id"]
+    api.send(sid, sleeping(10, {"text": "not reached"}))
+    first = api.wait_type(sid, "tool.call")
+    lid = lead(api, sid, "a Lead for the old turn").json()["lead_id"]
+    r = api.send(sid, script({"text": "Steered."}), mode="steer")
+    assert r.status_code == 202 and r.json()["disposition"] == "steered"
+    assert lead(api, sid, "too late for the old turn").status_code == 409
+    end = api.wait_type(sid, "turn.end", turn_id=first["turn_id"])
+    assert end["outcome"] == "stopped"
+    end2, evs = finished(api, sid, after=end["seq"])
+    assert end2["outcome"] == "completed"
+    assert one(evs, "lead.unapplied")["lead_ids"] == [lid]
+    assert not of_type(evs, "lead.applied")
+    assert of_type(evs, "assistant.msg")[-1]["text"] == "Steered."
+    assert {x["lead_id"]: x["state"] for x in api.session(sid)["leads"]} == {lid: "unapplied"}

@@ -157,7 +157,7 @@ def test_hard_time_limit_while_the_model_answers_and_while_a_command_runs(stack:
     api.send(sid, script({"tools": [tool("run_command", command="sleep 30")]}, {"text": "not reached"}))
     end, evs = finished(api, sid, after=after)
     assert end["outcome"] == "hard_budget"
-    result = [e for e in of_type(evs, "tool.result") if e["seq"] > after][0]
+    result = next(e for e in of_type(evs, "tool.result") if e["seq"] > after)
     assert "timed out" in result["output"], "the command was bounded by the time left"
 
 

@@ -190,6 +190,7 @@ class TurnLoop:
         await self.runner.store.flush(t.sid)
         evs = await self.runner.read_events(t.sid)
         self.history = transcript.build(evs)
+        await self.runner.models.load(t.model)
         info = await self.runner.redis.hgetall(keys.session(t.sid))
         t.info = info
         plan_raw = info.get("plan")
@@ -385,7 +386,7 @@ class TurnLoop:
                 if self.turn.stopping:
                     raise StopRequested(self.turn.stop_reason or "stop")
                 if await self._boundary(calls[i + 1:]):
-                    return
+                    break
         if malformed:
             self.malformed_in_row += 1
             if self.malformed_in_row >= 2:
@@ -419,7 +420,7 @@ class TurnLoop:
             outcome = await self.guarded(gate.decide(self, spec))
         except StopRequested:
             await gate.dismiss(self, self.open_approval, "the turn was stopped")
-            await self._result(call, False, f"Cancelled: the person {_verb(t.stop_reason)} the turn "
+            await self._result(call, False, f"Cancelled: {_stopped_by(t.stop_reason)} the turn "
                                             "while this call waited for a decision.")
             raise
         except CoxError as exc:
@@ -464,7 +465,7 @@ class TurnLoop:
                 try:
                     res = await self.guarded(tools.run_command(root, args["command"], timeout, limit))
                 except StopRequested:
-                    await self._result(call, False, f"Cancelled: the person {_verb(t.stop_reason)} the turn; "
+                    await self._result(call, False, f"Cancelled: {_stopped_by(t.stop_reason)} the turn; "
                                                     "the command was killed.")
                     raise
                 self._taint(res.output)
@@ -690,5 +691,9 @@ def _clean_title(text: str) -> str:
     return line.strip().strip("\"'`#*").strip()[:80]
 
 
-def _verb(reason: str | None) -> str:
-    return "steered" if reason == "steer" else "stopped" if reason != "shutdown" else "shut down"
+def _stopped_by(reason: str | None) -> str:
+    if reason == "steer":
+        return "the person steered"
+    if reason == "shutdown":
+        return "the runner shut down and cancelled"
+    return "the person stopped"

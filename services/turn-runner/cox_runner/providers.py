@@ -30,6 +30,7 @@ themselves (openai/anthropic ``max_retries``, 2 by default); a failure after tha
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -47,6 +48,7 @@ class Models:
         self.cfg = cfg
         self._by_name: dict[str, ProviderConfig] = {p.name: p for p in cfg.providers}
         self._cache: dict[str, Model] = {}
+        self._lock = asyncio.Lock()
 
     def names(self) -> set[str]:
         return {"script", *self._by_name}
@@ -59,11 +61,22 @@ class Models:
         return (p.input_price or 0.0, p.output_price or 0.0)
 
     def get(self, name: str) -> Model:
+        """The model, built once. Building may import a provider SDK and load price data (seconds):
+        call :meth:`load` first from async code so that happens off the event loop."""
         if name in self._cache:
             return self._cache[name]
         model = self._build(name)
         self._cache[name] = model
         return model
+
+    async def load(self, name: str) -> Model:
+        """:meth:`get` without blocking the event loop (a blocked loop misses lease renewals)."""
+        if name in self._cache:
+            return self._cache[name]
+        async with self._lock:
+            if name not in self._cache:
+                self._cache[name] = await asyncio.to_thread(self._build, name)
+        return self._cache[name]
 
     def settings(self, name: str) -> ModelSettings | None:
         p = self._by_name.get(name)
