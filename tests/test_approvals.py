@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .checks import finished, last_seq, of_type, one
+from .checks import finished, holder, last_seq, of_type, one
 from .stack import OTHER_TOKEN, Api, Stack, script
 
 
@@ -178,3 +178,27 @@ def test_a_turn_scope_allow_covers_the_rest_of_the_turn(stack: Stack, api: Api) 
     pending = api.wait_type(sid, "approval.pending", after=after)
     answer(api, sid, pending["approval_id"], "deny")
     finished(api, sid, after=after)
+
+
+def test_a_crash_dismisses_the_pending_approval_and_leaves_the_lead_unapplied(stack: Stack, api: Api) -> None:
+    s = api.create("appr-crash")
+    sid = s["id"]
+    api.send(sid, gated("c.txt", {"text": "not reached"}))
+    pending = api.wait_type(sid, "approval.pending")
+    lid = api.http.post(f"/v1/sessions/{sid}/lead", json={"text": "kept through a crash"}).json()["lead_id"]
+    victim = holder(stack, sid)
+    stack.kill(victim)
+    try:
+        end, evs = finished(api, sid, timeout=40)
+        assert end["outcome"] == "crashed"
+        resolved = one(evs, "approval.resolved")
+        assert resolved["actor"] == "policy" and resolved["approval_id"] == pending["approval_id"]
+        assert one(evs, "lead.unapplied")["lead_ids"] == [lid]
+        sess = api.session(sid)
+        assert sess["approvals"] == [] and sess["leads"][0]["state"] == "unapplied"
+        late = answer(api, sid, pending["approval_id"], "allow")
+        assert late.status_code == 409 and late.json()["error"] == "resolved"
+        assert not (Path(s["workspace"]) / "c.txt").exists()
+    finally:
+        stack.spawn(victim, "cox_runner")
+        stack.wait_healthy()

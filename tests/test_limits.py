@@ -190,3 +190,20 @@ def test_spend_limit_and_soft_spend_checkpoint(stack: Stack, api: Api) -> None:
     assert of_type(evs, "assistant.msg")[0]["usage"]["cost"] == pytest.approx(0.03)
     assert one(evs, "tool.skipped")["reason"] == "limit"
     assert carried_next(api, sid)["steps"] == ["one", "two"]
+
+
+def test_a_checkpoint_answered_with_a_message_delivers_it_before_the_next_call(stack: Stack, api: Api) -> None:
+    s = api.create("soft-message")
+    sid = s["id"]
+    api.send(sid, script({"tools": ticks(4)}, {"text": "not reached"}))
+    pending = api.wait_type(sid, "approval.pending")
+    msg = script({"text": "Changed course."}, text="enough ticks")
+    r = api.http.post(f"/v1/sessions/{sid}/approvals/{pending['approval_id']}",
+                      json={"decision": "allow", "message": msg})
+    assert r.status_code == 200
+    end, evs = finished(api, sid)
+    assert end["outcome"] == "completed"
+    assert [e["reason"] for e in of_type(evs, "tool.skipped")] == ["approval", "approval"]
+    user = one(evs, "user.msg", via="approval")
+    assert user["text"] == msg and user["seq"] < of_type(evs, "tool.skipped")[0]["seq"]
+    assert of_type(evs, "assistant.msg")[-1]["text"] == "Changed course."
