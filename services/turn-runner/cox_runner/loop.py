@@ -4,10 +4,25 @@ One :class:`TurnLoop` runs one turn to its end and returns an :class:`Ending`; t
 (``drive.py``) records it and starts whatever waits next. There is no response-round cap: the
 loop runs until the model answers, an error stops progress, a limit ends it, or Stop/steer.
 
-Safe boundaries are after each model response and after each tool call. At a boundary with
-Leads pending, the in-flight action has finished; the unstarted calls of the response are
-skipped (each still gets a result), the Leads become user messages and the next request goes
-out. An approval that is pending stays open while Leads wait (ADR-0067).
+Safe boundaries are after each model response and after each tool call. At a boundary with a
+Lead saved (read from Redis, so a late doorbell never makes a Lead miss one), the in-flight action
+has finished; the unstarted calls of the response are skipped (each still gets a result), the
+Leads become user messages and the next request goes out. An approval that is pending stays
+open while Leads wait (ADR-0067). An approval answered with a message is a newer instruction too:
+the message is recorded right after the call's result and the rest of that response is skipped
+(reason ``approval``). Before the turn's final work Lead admission closes atomically with the
+check for pending Leads: a Lead saved before is applied and the turn goes on.
+
+Whatever ends a turn, every call it opened is closed with a result first (``_close``), and an
+approval it left open is dismissed: the transcript never holds a call without its result.
+
+Limits: the hard ones end the turn ``hard_budget`` (``limit.hard``); ``[limits] spend`` ends it
+``spend_limit``. A soft limit set lower than its hard one (or a soft spend limit) is a checkpoint:
+``limit.soft``, then an approval named ``continue`` that the person answers once per limit and
+turn: allow goes on, deny ends the turn ``canceled``, a message is delivered like any approval
+message; the don't-ask switch answers it yes. Time waiting for the person does not count
+against the time limit. The progress guard ends a turn ``stuck`` when the same call returns the
+same result ``stuck_repeats`` times in a row.
 """
 
 from __future__ import annotations
