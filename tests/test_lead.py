@@ -299,3 +299,19 @@ def test_steer_marks_pending_leads_unapplied_and_runs_the_steered_message(stack:
     assert not of_type(evs, "lead.applied")
     assert of_type(evs, "assistant.msg")[-1]["text"] == "Steered."
     assert {x["lead_id"]: x["state"] for x in api.session(sid)["leads"]} == {lid: "unapplied"}
+
+
+def test_a_lead_during_the_final_answer_continues_the_turn(stack: Stack, api: Api) -> None:
+    s = api.create("lead-final")
+    sid = s["id"]
+    api.send(sid, script({"text": "This is my final answer, streaming slowly.", "delay_ms": 1500}))
+    api.wait_type(sid, "assistant.delta")
+    r = lead(api, sid, script({"tools": [{"name": "respond", "args": {"text": "One more thing."}}]},
+                              {"text": "Now really done."}))
+    assert r.status_code == 202
+    end, evs = finished(api, sid)
+    assert end["outcome"] == "completed"
+    texts = [e["text"] for e in of_type(evs, "assistant.msg")]
+    assert texts[0] == "This is my final answer, streaming slowly." and texts[-1] == "Now really done."
+    assert one(evs, "agent.message")["text"] == "One more thing."
+    assert len(of_type(evs, "turn.start")) == 1, "the same turn went on"

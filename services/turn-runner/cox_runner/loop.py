@@ -202,7 +202,10 @@ class TurnLoop:
     async def _load(self) -> None:
         """The transcript so far, from the event log (any runner may have written it)."""
         t = self.turn
-        await self.runner.store.flush(t.sid)
+        if not await self.runner.store.flush(t.sid):
+            # The log may lack the newest events; the transcript builder still closes any call
+            # left without a result, so the model is never shown one.
+            self.log.warning("transcript.outbox_not_flushed")
         evs = await self.runner.read_events(t.sid)
         self.history = transcript.build(evs)
         await self.runner.models.load(t.model)
