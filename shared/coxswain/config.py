@@ -46,6 +46,7 @@ class SoftLimits(_Section):
     tokens: int | None = Field(None, ge=1)
     actions: int | None = Field(None, ge=1)
     seconds: float | None = Field(None, gt=0)
+    spend: float | None = Field(None, gt=0)
 
 
 class LimitsConfig(_Section):
@@ -53,15 +54,24 @@ class LimitsConfig(_Section):
     tokens: int = Field(10_000_000, ge=1)
     actions: int = Field(200, ge=1)
     seconds: float = Field(14_400, gt=0)
+    """Seconds of work; time spent waiting for the person to answer an approval does not count."""
+    spend: float | None = Field(None, gt=0)
+    """Cost of one turn's model requests in USD (none: no spend limit). See ``ProviderConfig``."""
     soft: SoftLimits = Field(default_factory=SoftLimits)
     stuck_repeats: int = Field(3, ge=2)
     """How many times the same call with the same result counts as stuck (progress guard)."""
 
-    def soft_value(self, name: str) -> float:
-        """A soft limit follows its hard one unless set lower (ADR 0035 §4)."""
-        hard = float(getattr(self, name))
+    def hard_value(self, name: str) -> float | None:
+        value = getattr(self, name)
+        return None if value is None else float(value)
+
+    def soft_value(self, name: str) -> float | None:
+        """A soft limit follows its hard one unless set lower (ADR 0035 §4); a spend limit may be soft only."""
+        hard = self.hard_value(name)
         soft = getattr(self.soft, name)
-        return hard if soft is None else min(hard, float(soft))
+        if soft is None:
+            return hard
+        return float(soft) if hard is None else min(hard, float(soft))
 
 
 class LeadConfig(_Section):
@@ -70,16 +80,23 @@ class LeadConfig(_Section):
 
 
 class ProviderConfig(_Section):
-    """A real model reached through pydantic-ai. ``name`` is what sessions choose."""
+    """A real model reached through pydantic-ai. ``name`` is what sessions choose.
+
+    ``kind = "script"`` names the built-in script model under another name (with its own prices,
+    for spend tests and demos). Prices are USD per million tokens; when unset the cost comes from
+    pydantic-ai's price data (genai-prices) for models it knows, else it counts as zero.
+    """
 
     name: str
-    kind: Literal["openai", "anthropic"] = "openai"
-    model: str
+    kind: Literal["openai", "anthropic", "script"] = "openai"
+    model: str = ""
     base_url: str | None = None
     api_key: str | None = None
     api_key_env: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
+    input_price: float | None = Field(None, ge=0)
+    output_price: float | None = Field(None, ge=0)
 
 
 class ModelConfig(_Section):

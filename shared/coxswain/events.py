@@ -18,7 +18,9 @@ Outcome = Literal[
 ]
 UNFINISHED: frozenset[str] = frozenset({"error", "stopped", "hard_budget", "spend_limit", "canceled", "crashed"})
 """Outcomes whose plan is carried into the next turn (DESIGN: A turn, step 9)."""
-SkipReason = Literal["lead", "steer", "stop", "truncated", "limit"]
+SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", "canceled", "error"]
+"""Why a tool call never started. ``approval``: an approval answer carried a message (a newer
+instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``: the turn ended so."""
 Verdict = Literal["allow", "ask", "refuse"]
 Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask"]
 
@@ -83,6 +85,8 @@ class TurnEnd(_Event):
     outcome: Outcome
     finish_reason: str | None = None
     detail: str | None = None
+    provider_finish_reason: str | None = None
+    """The finish reason exactly as the provider sent it (``finish_reason`` is normalised)."""
 
 
 class AssistantDelta(_Event):
@@ -104,6 +108,7 @@ class AssistantMsg(_Event):
     finish_reason: str | None = None
     usage: dict[str, Any] = Field(default_factory=dict)
     tool_calls: list[ToolCallRef] = Field(default_factory=list)
+    provider_finish_reason: str | None = None
 
 
 class ToolCall(_Event):
@@ -118,6 +123,8 @@ class ToolResult(_Event):
     call_id: str
     ok: bool
     output: str
+    observed: list[dict[str, Any]] | None = None
+    """Operator ``!command`` results ({command, output}) folded into this result for the model."""
 
 
 class ToolSkipped(_Event):
@@ -158,6 +165,7 @@ class ApprovalResolved(_Event):
     actor: Actor
     message: str | None = None
     scope: Literal["once", "turn", "session"] | None = None
+    reason: str | None = None
 
 
 class VersionKept(_Event):

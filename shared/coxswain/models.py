@@ -63,6 +63,8 @@ class SendMessage(_Body):
 class LeadMessage(_Body):
     text: Annotated[Text, Field(min_length=1)]
     client_id: Id | None = None
+    turn_id: Id | None = None
+    """The turn the person is leading; a Lead for a turn that is no longer running is 409 ``no_turn``."""
 
 
 class ApprovalAnswer(_Body):
@@ -134,6 +136,8 @@ class SendResult(_Out):
 class LeadResult(_Out):
     lead_id: str
     pending: int
+    turn_id: str | None = None
+    """The turn the Lead joined."""
 
 
 class StopResult(_Out):

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .service import Runner
 
 STOP_SETTLE_S = 10.0
+OBSERVE_TIMEOUT_S = 60.0
 
 
 class Admission:
@@ -125,17 +126,18 @@ class Admission:
                           position=res.get("position"))
 
     async def lead(self, cmd: LeadCmd) -> LeadResult:
+        """Save a Lead for the running turn; its runner applies it at the next safe boundary."""
         r = self.r
         size = len(cmd.text.encode("utf-8"))
         if size > r.settings.lead.max_bytes:
             raise TooLarge(f"a Lead may hold {r.settings.lead.max_bytes} bytes of UTF-8; this one has {size}")
         res = await r.store.call("cox_lead", cmd.sid, [
             cmd.sid, cmd.principal, new_id("l"), cmd.text, cmd.client_id or "", str(r.settings.lead.max_pending),
-            r.owner,
+            r.owner, cmd.turn_id or "",
         ])
         if not res.get("replay"):
             await r.ring(res.get("runner"), cmd.sid, "lead")
-        return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]))
+        return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]), turn_id=res.get("turn_id"))
 
     async def stop(self, cmd: StopCmd) -> StopResult:
         r = self.r
@@ -167,22 +169,27 @@ class Admission:
         return Accepted()
 
     async def observe(self, cmd: ObserveCmd) -> Accepted:
-        """The operator's ``!command``: run it now, record it, fold it into the next tool result."""
+        """The operator's ``!command``: run it now, record it, fold it into the next tool result.
+
+        The ``observed`` event and the entry the turn loop folds are written in one call, so the
+        loop (which takes the entries atomically with the tool result it records) and a rebuild
+        from the log agree on which result carried it.
+        """
         r = self.r
-        ws = await r.redis.hget(keys.session(cmd.sid), "workspace")
-        owner = await r.redis.hget(keys.session(cmd.sid), "principal")
+        base = keys.session(cmd.sid)
+        ws, owner = await r.redis.hmget(base, ["workspace", "principal"])
         if ws is None or owner != cmd.principal:
             raise NotFound("no such session")
-        res = await tools.run_command(Path(ws), cmd.command, 60.0, r.settings.runner.output_limit)
+        res = await tools.run_command(Path(ws), cmd.command, OBSERVE_TIMEOUT_S, r.settings.runner.output_limit)
         output = (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
-        turn_id = (await r.redis.hget(keys.session(cmd.sid), "turn_id")) or None
+        turn_id = (await r.redis.hget(base, "turn_id")) or None
         record = json.dumps({"command": cmd.command, "output": output}, ensure_ascii=False)
         await r.store.call("cox_emit", cmd.sid, [
-            cmd.sid, "", r.owner, "1", "rpush", ":observed", "", record,
+            cmd.sid, "", r.owner, "1", "rpush", keys.OBSERVED, "", record,
             ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command, output=output,
                                 exit_code=res.exit_code)),
         ])
-        runner_id = await r.redis.hget(keys.session(cmd.sid), "runner")
+        runner_id = await r.redis.hget(base, "runner")
         await r.ring(runner_id, cmd.sid, "observe")
         return Accepted()
 

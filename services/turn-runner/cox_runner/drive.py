@@ -104,7 +104,8 @@ async def _end_turn(runner: Runner, d: Drive, ending: Ending, plan: dict[str, An
     body = ""
     if turn is not None:
         body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,
-                                  finish_reason=ending.finish_reason, detail=ending.detail))
+                                  finish_reason=ending.finish_reason, detail=ending.detail,
+                                  provider_finish_reason=ending.provider_finish_reason))
     runner.log.info("turn.end", sid=d.sid, turn_id=turn.turn_id if turn else None, outcome=ending.outcome)
     return await _turn_end_call(runner, d, body, _plan_action(ending, plan))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from pydantic_ai.messages import ModelRequest, UserPromptPart
 
 from coxswain import events as ev
 from coxswain import keys
-from coxswain.errors import CoxError
+from coxswain.errors import CoxError, Resolved
 from coxswain.ids import new_id
 from coxswain.models import CallSpec, GuardRequest, GuardResult, JudgeRequest, JudgeResult, Plan
 
@@ -141,7 +142,12 @@ async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
 async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
                      judge_info: dict[str, Any] | None, *, reason: str | None = None,
                      security: bool | None = None) -> GateOutcome:
-    """Open an approval and wait for the person's answer (or Stop). Leads wait meanwhile."""
+    """Open an approval and wait for its answer (or Stop/steer, which dismisses it).
+
+    Leads saved meanwhile wait: the approval stays open (ADR-0067) and the loop applies them at
+    the boundary after this call. Turning the don't-ask switch on answers a pending approval that
+    is not a security confirm. Time spent here does not count against the turn's time limit.
+    """
     t = loop.turn
     aid = new_id("a")
     sec = bool(g is not None and g.security) if security is None else security
@@ -156,32 +162,62 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
         ev.ApprovalPending(sid=t.sid, turn_id=t.turn_id, approval_id=aid, call_id=call.call_id, security=sec,
                            judge=judge_info, name=call.name, args=call.args, reason=why,
                            preview=g.preview if g else None),
-        ops=[("hset", ":appr", aid, json.dumps(record, ensure_ascii=False))],
+        ops=[("hset", keys.APPROVALS, aid, json.dumps(record, ensure_ascii=False))],
     )
+    loop.open_approval = aid
     base = keys.session(t.sid)
-    while True:
-        raw = await loop.runner.redis.hget(base + ":appr", aid)
-        a = json.loads(raw) if raw else {}
-        if a.get("state") == "resolved":
-            break
-        if t.stopping:
-            a["state"] = "dismissed"
-            await loop.emit(
-                ev.ApprovalResolved(sid=t.sid, turn_id=t.turn_id, approval_id=aid, decision="deny",
-                                    actor="policy", reason="the turn was stopped"),
-                ops=[("hset", ":appr", aid, json.dumps(a, ensure_ascii=False))],
-            )
-            raise StopRequested(t.stop_reason or "stop")
-        t.bell.clear()
-        try:
-            await asyncio.wait_for(t.bell.wait(), APPROVAL_POLL_S)
-        except TimeoutError:
-            pass
+    redis = loop.runner.redis
+    started = time.monotonic()
+    try:
+        while True:
+            t.bell.clear()
+            raw = await redis.hget(base + keys.APPROVALS, aid)
+            a = json.loads(raw) if raw else {}
+            state = a.get("state")
+            if state == "resolved":
+                break
+            if t.stopping or state == "dismissed":
+                await dismiss(loop, aid, "the turn was stopped")
+                raise StopRequested(t.stop_reason or "stop")
+            if not sec and (await redis.hget(base, "dont_ask")) == "1":
+                await answer(loop, aid, "allow", actor="dont_ask", reason="the don't-ask switch is on")
+                continue
+            try:
+                await asyncio.wait_for(t.bell.wait(), APPROVAL_POLL_S)
+            except TimeoutError:
+                pass
+    finally:
+        loop.waited += time.monotonic() - started
+    loop.open_approval = None
     decision = a.get("decision", "deny")
+    actor = a.get("actor") or "person"
     message = a.get("message")
     if decision == "allow" and a.get("scope") == "turn" and key and not sec:
         t.turn_standing.add(key)
-    await _decided(loop, call, "allow" if decision == "allow" else "refuse", "person",
-                   "allowed by the person" if decision == "allow" else "denied by the person", g)
-    return GateOutcome(decision == "allow", "allowed by the person" if decision == "allow" else
-                       "denied by the person", "person", g.path if g else None, message=message, guard=g)
+    said = f"allowed by {_who(actor)}" if decision == "allow" else f"denied by {_who(actor)}"
+    await _decided(loop, call, "allow" if decision == "allow" else "refuse", actor, said, g)
+    return GateOutcome(decision == "allow", said, actor, g.path if g else None, message=message, guard=g)
+
+
+def _who(actor: str) -> str:
+    return "the don't-ask switch" if actor == "dont_ask" else "the person"
+
+
+async def answer(loop: TurnLoop, aid: str, decision: str, *, actor: str, reason: str) -> bool:
+    """Answer an approval on the runner's side (don't-ask, dismissal); False if it was answered already."""
+    t = loop.turn
+    try:
+        await loop.runner.store.call("cox_answer", t.sid, [
+            t.sid, "", aid, decision, "once", "", loop.runner.owner, actor, reason,
+        ])
+    except Resolved:
+        return False
+    return True
+
+
+async def dismiss(loop: TurnLoop, aid: str | None, reason: str) -> None:
+    """Close a pending approval of a turn that is ending (Stop, steer, shutdown): never left open."""
+    if aid is None:
+        return
+    loop.open_approval = None
+    await answer(loop, aid, "deny", actor="policy", reason=reason)

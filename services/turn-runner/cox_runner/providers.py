@@ -14,10 +14,23 @@ A provider is a ``[[model.providers]]`` entry in the TOML config, for example::
     kind = "anthropic"
     model = "claude-sonnet-4-5"
     api_key_env = "ANTHROPIC_API_KEY"
+    input_price = 3.0            # optional: USD per million tokens, for the spend limit
+    output_price = 15.0
+
+    [[model.providers]]
+    name = "script-priced"       # the built-in script model under another name, with prices
+    kind = "script"
+    input_price = 1.0
+    output_price = 1.0
+
+pydantic-ai's provider SDKs retry rate limits (429), server errors and dropped connections
+themselves (openai/anthropic ``max_retries``, 2 by default); a failure after that ends the turn
+``error``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -35,16 +48,35 @@ class Models:
         self.cfg = cfg
         self._by_name: dict[str, ProviderConfig] = {p.name: p for p in cfg.providers}
         self._cache: dict[str, Model] = {}
+        self._lock = asyncio.Lock()
 
     def names(self) -> set[str]:
         return {"script", *self._by_name}
 
+    def prices(self, name: str) -> tuple[float, float] | None:
+        """Configured (input, output) USD per million tokens, or None to ask genai-prices."""
+        p = self._by_name.get(name)
+        if p is None or (p.input_price is None and p.output_price is None):
+            return None
+        return (p.input_price or 0.0, p.output_price or 0.0)
+
     def get(self, name: str) -> Model:
+        """The model, built once. Building may import a provider SDK and load price data (seconds):
+        call :meth:`load` first from async code so that happens off the event loop."""
         if name in self._cache:
             return self._cache[name]
         model = self._build(name)
         self._cache[name] = model
         return model
+
+    async def load(self, name: str) -> Model:
+        """:meth:`get` without blocking the event loop (a blocked loop misses lease renewals)."""
+        if name in self._cache:
+            return self._cache[name]
+        async with self._lock:
+            if name not in self._cache:
+                self._cache[name] = await asyncio.to_thread(self._build, name)
+        return self._cache[name]
 
     def settings(self, name: str) -> ModelSettings | None:
         p = self._by_name.get(name)
@@ -63,6 +95,8 @@ class Models:
         p = self._by_name.get(name)
         if p is None:
             raise NotAccepting(f"model {name!r} is not configured")
+        if p.kind == "script":
+            return ScriptModel()
         key = p.api_key or (os.environ.get(p.api_key_env) if p.api_key_env else None)
         if p.kind == "openai":
             from pydantic_ai.models.openai import OpenAIChatModel

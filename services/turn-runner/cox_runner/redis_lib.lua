@@ -128,6 +128,23 @@ local function unapply_leads(base, sid, turn_id, now)
   return ids
 end
 
+-- Dismiss the approvals a turn left pending (it crashed, or ended some other way while one was
+-- open): a pending approval never outlives its turn.
+local function dismiss_approvals(base, sid, turn_id, now)
+  local all = redis.call('HGETALL', base .. ':appr')
+  for i = 1, #all, 2 do
+    local a = cjson.decode(all[i + 1])
+    if a.state == 'pending' and a.turn_id == turn_id then
+      a.state = 'dismissed'
+      a.decision = 'deny'
+      a.actor = 'policy'
+      redis.call('HSET', base .. ':appr', all[i], cjson.encode(a))
+      emit_t(base, sid, { type = 'approval.resolved', turn_id = turn_id, approval_id = all[i], decision = 'deny',
+                          actor = 'policy', reason = 'the turn ended' }, now)
+    end
+  end
+end
+
 -- ------------------------------------------------------------------ session lifecycle
 
 -- KEYS: base, principal index. ARGV: sid, principal, workspace, model, title, created_body, owner
@@ -240,21 +257,29 @@ local function cox_send(keys, args)
   return with_pub(base, owner, reply(res))
 end
 
--- ARGV: sid, principal, lead_id, text, client_id, max_pending, owner
+-- Save a Lead for the running turn (serialized per session: one atomic call).
+-- ARGV: sid, principal, lead_id, text, client_id, max_pending, owner, turn_id ('' = whichever runs)
+-- Refusals, in order: no_turn (idle, between turns, or not the turn the client named),
+-- lead_closed (Stop/steer asked, or the turn closed admission for its final work),
+-- too_many_pending. A client_id already used for a Lead answers the same reply again.
 local function cox_lead(keys, args)
   local base = keys[1]
-  local sid, principal, lead_id, text, client_id, max_pending, owner = unpack(args)
+  local sid, principal, lead_id, text, client_id, max_pending, owner, want_turn = unpack(args)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   if client_id ~= '' then
-    local prev = redis.call('HGET', base .. ':cid', client_id)
+    local prev = redis.call('HGET', base .. ':cid', 'lead:' .. client_id)
     if prev then
       local p = cjson.decode(prev)
       p.replay = true
       return { cjson.encode(p) }
     end
   end
-  if not busy(base) or redis.call('HGET', base, 'turn_id') == '' then
+  local turn_id = redis.call('HGET', base, 'turn_id')
+  if not busy(base) or turn_id == false or turn_id == '' then
     return refuse('no_turn', 'no turn is running: send a message instead')
+  end
+  if want_turn ~= nil and want_turn ~= '' and want_turn ~= turn_id then
+    return refuse('no_turn', 'turn ' .. want_turn .. ' is not running (the running turn is ' .. turn_id .. ')')
   end
   if redis.call('HGET', base, 'lead_closed') == '1' or redis.call('HGET', base, 'stop') ~= '' then
     return refuse('lead_closed', 'the running turn is finishing and takes no more Leads')
@@ -263,13 +288,12 @@ local function cox_lead(keys, args)
     return refuse('too_many_pending', 'at most ' .. max_pending .. ' Leads may wait')
   end
   local now = now_ms()
-  local turn_id = redis.call('HGET', base, 'turn_id')
   redis.call('HSET', base .. ':leads', lead_id,
-    cjson.encode({ lead_id = lead_id, text = text, state = 'pending', turn_id = turn_id }))
+    cjson.encode({ lead_id = lead_id, text = text, state = 'pending', turn_id = turn_id, saved = now }))
   redis.call('RPUSH', base .. ':leadq', lead_id)
   emit_t(base, sid, { type = 'lead.saved', turn_id = turn_id, lead_id = lead_id, text = text }, now)
-  local res = { lead_id = lead_id, pending = redis.call('LLEN', base .. ':leadq') }
-  if client_id ~= '' then redis.call('HSET', base .. ':cid', client_id, cjson.encode(res)) end
+  local res = { lead_id = lead_id, pending = redis.call('LLEN', base .. ':leadq'), turn_id = turn_id }
+  if client_id ~= '' then redis.call('HSET', base .. ':cid', 'lead:' .. client_id, cjson.encode(res)) end
   res.runner = redis.call('HGET', base, 'runner')
   return with_pub(base, owner, reply(res))
 end
@@ -303,20 +327,25 @@ local function cox_stop(keys, args)
   return with_pub(base, owner, reply(res))
 end
 
--- ARGV: sid, principal, approval_id, decision, scope, message, owner
+-- Answer an approval. ARGV: sid, principal, approval_id, decision, scope, message, owner,
+-- actor ('' = person), reason. A person answers through the API (principal checked); the runner
+-- answers for the don't-ask switch (actor dont_ask) and dismisses an approval whose turn is
+-- ending (actor policy: state "dismissed"). Answering twice is refused: resolved.
 -- "Always this session" makes the approval's standing_key standing (never for a security confirm).
 local function cox_answer(keys, args)
   local base = keys[1]
-  local sid, principal, aid, decision, scope, message, owner = unpack(args)
+  local sid, principal, aid, decision, scope, message, owner, actor, why = unpack(args)
+  if actor == nil or actor == '' then actor = 'person' end
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local raw = redis.call('HGET', base .. ':appr', aid)
   if not raw then return refuse('not_found', 'no such approval') end
   local a = cjson.decode(raw)
   if a.state ~= 'pending' then return refuse('resolved', 'this approval was already answered') end
   local now = now_ms()
-  a.state = 'resolved'
+  if actor == 'policy' then a.state = 'dismissed' else a.state = 'resolved' end
   a.decision = decision
   a.scope = scope
+  a.actor = actor
   if message ~= '' then a.message = message end
   redis.call('HSET', base .. ':appr', aid, cjson.encode(a))
   local prefix = a.standing_key
@@ -324,8 +353,9 @@ local function cox_answer(keys, args)
     redis.call('SADD', base .. ':standing', prefix)
   end
   local ev = { type = 'approval.resolved', turn_id = a.turn_id, approval_id = aid, decision = decision,
-               actor = 'person', scope = scope }
+               actor = actor, scope = scope }
   if message ~= '' then ev.message = message end
+  if why ~= nil and why ~= '' then ev.reason = why end
   emit_t(base, sid, ev, now)
   return with_pub(base, owner, reply({ ok = true, runner = redis.call('HGET', base, 'runner'),
                                        turn_id = a.turn_id }))
@@ -346,7 +376,7 @@ end
 
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
 -- then nops*4 op fields (op, suffix, field, value), then event bodies.
--- ops: hset | hdel | del | sadd | rpush ; suffix in the allowed set.
+-- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop); suffix in the allowed set.
 local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true }
 local function cox_emit(keys, args)
   local base = keys[1]
@@ -370,6 +400,7 @@ local function cox_emit(keys, args)
     elseif op == 'del' then redis.call('DEL', key)
     elseif op == 'sadd' then redis.call('SADD', key, value)
     elseif op == 'rpush' then redis.call('RPUSH', key, value)
+    elseif op == 'ltrim' then redis.call('LTRIM', key, tonumber(field), tonumber(value))
     end
     i = i + 4
   end
@@ -446,6 +477,7 @@ local function cox_turn_end(keys, args)
   elseif plan ~= '' then redis.call('HSET', base, 'plan', plan) end
   if end_body ~= '' and turn_id ~= '' then
     unapply_leads(base, sid, turn_id, now)
+    dismiss_approvals(base, sid, turn_id, now)
     emit(base, sid, end_body, now)
   end
   redis.call('DEL', base .. ':open')

@@ -2,8 +2,17 @@
 
 The log is the only record of a conversation, so any runner can pick a session up: user
 messages become user prompts (their ``via`` kept in request metadata), ``assistant.msg`` a model
-response with its tool calls, ``tool.result``/``tool.skipped`` the tool returns, and an
-``observed`` operator command is folded into the next tool result the model reads.
+response with its tool calls, ``tool.result``/``tool.skipped`` the tool returns. An operator
+``!command`` is folded into the tool result that was recorded with it (``tool.result.observed``),
+so the live loop and a rebuild show the model the same text.
+
+Two invariants every request keeps, whatever the log holds:
+
+- every tool call of a response has exactly one tool return, placed before any user prompt of
+  the request that follows it (providers require tool returns right after the call); a call the
+  log never closed (a crash the takeover could not record) gets a return saying so;
+- user messages that arrive while tool returns are pending (a Lead, an approval's message, or the
+  next turn's message after a turn that ended mid-round) join the same request, after the returns.
 """
 
 from __future__ import annotations
@@ -22,16 +31,19 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-TURN_STARTS = frozenset({"send", "queue", "steer"})
-
 SKIP_TEXT = {
     "lead": "Skipped: the person sent a newer instruction (a Lead) before this call started. "
             "Read it and decide what to do next.",
+    "approval": "Skipped: the person answered an approval with a message (a newer instruction) before "
+                "this call started. Read it and decide what to do next.",
     "steer": "Cancelled: the person steered the conversation before this call started.",
     "stop": "Cancelled: the person stopped the turn before this call started.",
     "truncated": "Not run: the response was cut off by the output limit, so its tool calls were not executed.",
     "limit": "Not run: the turn ended at a limit before this call started.",
+    "canceled": "Not run: the turn was cancelled before this call started.",
+    "error": "Not run: the turn ended with an error before this call started.",
 }
+UNANSWERED_TEXT = "No result was recorded for this call: the turn ended before it finished."
 
 
 def skip_text(reason: str) -> str:
@@ -42,50 +54,59 @@ def observed_text(command: str, output: str) -> str:
     return f"\n\n[The operator ran `{command}` in the workspace; its output:]\n{output}"
 
 
+def fold(observed: list[dict[str, Any]] | None) -> str:
+    """The text of operator observations appended to a tool result."""
+    return "".join(observed_text(str(o.get("command", "")), str(o.get("output", ""))) for o in observed or [])
+
+
 class Builder:
     """Accumulates messages; the turn loop uses the same builder for what it adds live."""
 
     def __init__(self) -> None:
         self.messages: list[ModelMessage] = []
-        self._parts: list[ModelRequestPart] = []
+        self._returns: list[ToolReturnPart] = []
+        self._users: list[UserPromptPart] = []
         self._vias: list[str] = []
-        self._calls: dict[str, str] = {}
-        self._observed: list[str] = []
+        self._open: dict[str, str] = {}
+        """Calls of the latest response that have no return yet: call_id -> tool name."""
+        self.synthesized = 0
+        """How many calls got a made-up "no result" return (should stay 0)."""
 
     # -- requests
     def user(self, text: str, via: str) -> None:
-        if via in TURN_STARTS:
-            self.flush()
-        self._parts.append(UserPromptPart(content=text))
+        self._users.append(UserPromptPart(content=text))
         self._vias.append(via)
 
     def tool_return(self, call_id: str, content: str, name: str | None = None) -> None:
-        if self._observed:
-            content += "".join(self._observed)
-            self._observed.clear()
-        self._parts.append(ToolReturnPart(tool_name=name or self._calls.get(call_id, "tool"),
-                                          content=content, tool_call_id=call_id))
+        """The return of an open call; a second return, or one for an unknown call, is dropped."""
+        tool = self._open.pop(call_id, None)
+        if tool is None:
+            return
+        self._returns.append(ToolReturnPart(tool_name=name or tool, content=content, tool_call_id=call_id))
 
-    def observed(self, command: str, output: str) -> None:
-        self._observed.append(observed_text(command, output))
+    def _close_unanswered(self) -> None:
+        for call_id in list(self._open):
+            self.synthesized += 1
+            self.tool_return(call_id, UNANSWERED_TEXT)
 
     def flush(self) -> None:
-        if self._parts:
-            self.messages.append(ModelRequest(parts=list(self._parts), metadata={"cox_vias": list(self._vias)}))
-            self._parts.clear()
-            self._vias.clear()
+        self._close_unanswered()
+        parts: list[ModelRequestPart] = [*self._returns, *self._users]
+        if parts:
+            self.messages.append(ModelRequest(parts=parts, metadata={"cox_vias": list(self._vias)}))
+        self._returns.clear()
+        self._users.clear()
+        self._vias.clear()
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._parts)
+        return bool(self._returns or self._users)
 
     # -- responses
     def response(self, resp: ModelResponse) -> None:
         self.flush()
-        for p in resp.parts:
-            if isinstance(p, ToolCallPart):
-                self._calls[p.tool_call_id] = p.tool_name
         self.messages.append(resp)
+        self._open = {p.tool_call_id: p.tool_name for p in resp.parts if isinstance(p, ToolCallPart)}
 
     def assistant(self, text: str, tool_calls: list[dict[str, Any]], finish_reason: str | None) -> None:
         parts: list[ModelResponsePart] = []
@@ -115,9 +136,7 @@ def build(events: list[dict[str, Any]]) -> Builder:
         elif t == "assistant.msg":
             b.assistant(ev.get("text", ""), ev.get("tool_calls") or [], ev.get("finish_reason"))
         elif t == "tool.result":
-            b.tool_return(ev["call_id"], ev.get("output", ""))
+            b.tool_return(ev["call_id"], ev.get("output", "") + fold(ev.get("observed")))
         elif t == "tool.skipped":
             b.tool_return(ev["call_id"], skip_text(ev.get("reason", "")))
-        elif t == "observed":
-            b.observed(ev.get("command", ""), ev.get("output", ""))
     return b
