@@ -1,7 +1,14 @@
-"""The one place where errors become HTTP responses: ``{"error": code, "detail": text}``."""
+"""The one place where errors become HTTP responses: ``{"error": code, "detail": text}``.
+
+Besides the domain errors (:mod:`coxswain.errors`), the gateway's own reads of Redis (a session,
+its owner) and of JetStream (the event log) may find their server down or restarting: those are
+503 ``unavailable``, never a 500, so a client knows to retry.
+"""
 
 from __future__ import annotations
 
+import nats.errors
+import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -42,6 +49,17 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 413:
             detail = "the request body is too large"
         return JSONResponse(body(code, detail), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
+    async def redis_down(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(body("unavailable", f"the session store (Redis) is unavailable: {exc}"),
+                            status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(nats.errors.Error)
+    async def nats_down(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(body("unavailable", f"the message bus or event log (NATS) is unavailable: {exc!r}"),
+                            status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(UnicodeDecodeError)
     async def bad_unicode(request: Request, exc: UnicodeDecodeError) -> JSONResponse:

@@ -432,6 +432,7 @@ class TurnLoop:
             safefs.write(t.workspace, rel, data)
             return textdiff.counts(old, data)
 
+        await self.runner.ensure_lease(t.sid, t.token)  # a stale runner must not write the file
         added, removed = await asyncio.shield(asyncio.to_thread(do_write))
         await self._result(
             call, True, f"Wrote {rel} ({len(data)} bytes, +{added} -{removed}).",
@@ -464,7 +465,11 @@ class TurnLoop:
         t = self.turn
         if t.observed_waiting:
             t.observed_waiting = False
-            for raw in await self.runner.redis.lpop(keys.session(t.sid) + ":observed", 50) or []:
+            try:
+                taken = await self.runner.store.call("cox_take_observed", t.sid, [t.sid, t.token, "50"])
+            except Fenced as exc:
+                raise LeaseLost(str(exc)) from exc
+            for raw in taken.get("observed") or []:
                 with contextlib.suppress(ValueError):
                     o = json.loads(raw)
                     self.history.observed(o.get("command", ""), o.get("output", ""))

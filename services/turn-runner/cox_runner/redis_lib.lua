@@ -102,11 +102,34 @@ local function take_lease(base, sid, runner, lease_ms, now)
   return token
 end
 
-local function release(base, sid)
+local function release(base, sid, now)
   redis.call('DEL', base .. ':lease')
   redis.call('ZREM', LEASES, sid)
   redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'runner', '', 'token', '',
     'lead_closed', '0', 'op', '', 'busy', '0')
+  -- A model chosen while the session was busy applies now, not at some later send.
+  local nm = redis.call('HGET', base, 'next_model')
+  if nm and nm ~= '' then
+    redis.call('HSET', base, 'model', nm)
+    redis.call('HDEL', base, 'next_model')
+    emit_t(base, sid, { type = 'session.updated', changes = { model = nm } }, now)
+  end
+end
+
+-- Approvals the ending turn left pending (its runner died, or it ended another way while one
+-- waited) are closed, so nobody answers a question no turn is asking any more.
+local function dismiss_approvals(base, sid, turn_id, now)
+  if turn_id == '' then return end
+  local all = redis.call('HGETALL', base .. ':appr')
+  for i = 1, #all, 2 do
+    local a = cjson.decode(all[i + 1])
+    if a.state == 'pending' and a.turn_id == turn_id then
+      a.state = 'dismissed'
+      redis.call('HSET', base .. ':appr', all[i], cjson.encode(a))
+      emit_t(base, sid, { type = 'approval.resolved', turn_id = turn_id, approval_id = all[i], decision = 'deny',
+                          actor = 'policy', reason = 'the turn ended before it was answered' }, now)
+    end
+  end
 end
 
 -- Mark every pending lead unapplied (Stop, steer, crash): they stay saved, start nothing.
@@ -382,6 +405,24 @@ local function cox_emit(keys, args)
   return with_pub(base, owner, reply({ first = first, last = last }))
 end
 
+-- Take the operator's observed outputs to fold into the next tool result: a pop is a write, so
+-- only the turn's holder may do it (a stale runner must not swallow them). ARGV: sid, token, max
+local function cox_take_observed(keys, args)
+  local base = keys[1]
+  local sid, token, max = args[1], args[2], tonumber(args[3])
+  if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  local out = redis.call('LPOP', base .. ':observed', max)
+  if not out then out = {} end
+  return { reply({ observed = out }) }
+end
+
+-- Is token still the lease? For a side effect outside Redis (a file write), checked just before
+-- it. ARGV: sid, token
+local function cox_fence(keys, args)
+  if not hold(keys[1], args[2]) then return refuse('fenced', 'lease lost') end
+  return { reply({ ok = true }) }
+end
+
 -- Automatic title: never over a manual rename, never when auto_title is off.
 -- ARGV: sid, token, owner, title, turn_id
 local function cox_auto_title(keys, args)
@@ -445,6 +486,7 @@ local function cox_turn_end(keys, args)
   if plan == '-' then redis.call('HDEL', base, 'plan')
   elseif plan ~= '' then redis.call('HSET', base, 'plan', plan) end
   if end_body ~= '' and turn_id ~= '' then
+    dismiss_approvals(base, sid, turn_id, now)
     unapply_leads(base, sid, turn_id, now)
     emit(base, sid, end_body, now)
   end
@@ -465,7 +507,7 @@ local function cox_turn_end(keys, args)
     begin_turn(base, sid, msg, next_turn_id, now)
     return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id }))
   end
-  release(base, sid)
+  release(base, sid, now)
   return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id }))
 end
 
@@ -555,6 +597,8 @@ redis.register_function('cox_answer', cox_answer)
 redis.register_function('cox_renew', cox_renew)
 redis.register_function('cox_emit', cox_emit)
 redis.register_function('cox_auto_title', cox_auto_title)
+redis.register_function('cox_take_observed', cox_take_observed)
+redis.register_function('cox_fence', cox_fence)
 redis.register_function('cox_take_leads', cox_take_leads)
 redis.register_function('cox_close_leads', cox_close_leads)
 redis.register_function('cox_turn_end', cox_turn_end)
