@@ -58,6 +58,7 @@ class Drive:
     """When the lease was (at the latest) set or last renewed, on this process's monotonic clock."""
     deadline: float = 0.0
     shutting_down: bool = False
+    self_fence: bool = True
     _timer: asyncio.TimerHandle | None = None
     _on_expire: Any = None
 
@@ -68,6 +69,9 @@ class Drive:
         self.deadline = sent + lease_ms / 1000 * DEADLINE_SHARE
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+        if not self.self_fence:
+            return
         loop = asyncio.get_running_loop()
         # time.monotonic and the loop clock are the same clock in CPython's default loops;
         # translate anyway so a custom loop clock cannot skew the deadline.
@@ -98,6 +102,7 @@ def _expired(runner: Runner) -> Any:
 
 async def run_drive(runner: Runner, d: Drive) -> None:
     log = runner.log.bind(sid=d.sid)
+    d.self_fence = runner.settings.runner.self_fence
     d.arm(runner.settings.runner.lease_ms, d.acquired, _expired(runner))
     try:
         nxt = d.first
@@ -298,7 +303,7 @@ async def ensure_lease(runner: Runner, sid: str, token: str) -> None:
     local deadline and against Redis.
     """
     d = runner.drives.get(sid)
-    if d is None or d.token != token or time.monotonic() >= d.deadline:
+    if d is None or d.token != token or (d.self_fence and time.monotonic() >= d.deadline):
         raise LeaseLost("the lease is past its deadline or no longer held")
     try:
         await runner.store.call("cox_fence", sid, [sid, token])
