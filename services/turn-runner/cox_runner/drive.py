@@ -113,11 +113,13 @@ async def run_drive(runner: Runner, d: Drive) -> None:
             nxt = await _end_turn(runner, d, ending, plan)
     except StoreDown as exc:
         log.warning("drive.store_down", error=str(exc))
+        await runner.redis_failed()
     except (LeaseLost, Fenced) as exc:
         log.warning("drive.lease_lost", detail=str(exc))
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         # Redis failed under a read: write nothing more; the lease lapses and a takeover ends the turn.
         log.warning("drive.store_down", error=repr(exc))
+        await runner.redis_failed()
     except asyncio.CancelledError:
         log.info("drive.cancelled")
         raise
@@ -267,6 +269,7 @@ async def renew_all(runner: Runner) -> None:
             results = await asyncio.wait_for(pipe.execute(raise_on_error=False), timeout=rc.renew_every_ms / 1000)
     except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
         runner.log.warning("lease.renew_failed", error=repr(exc), drives=len(drives))
+        await runner.redis_failed()
         return
     for d, res in zip(drives, results, strict=True):
         if isinstance(res, Exception):

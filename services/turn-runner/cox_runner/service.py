@@ -107,6 +107,13 @@ class Runner(Service):
         if nxt is not None:
             self.start_drive(Drive(sid=d.sid, token=d.token, first=nxt))
 
+    async def redis_failed(self) -> None:
+        """Redis failed a call: drop the idle pooled connections, so that once it is back (a
+        restart) no call goes out on a socket the old server closed. Calls are not retried
+        (see store.py), so a stale socket would fail one more call for nothing."""
+        with contextlib.suppress(Exception):
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
+
     async def ensure_lease(self, sid: str, token: str) -> None:
         """Raise LeaseLost unless this runner still holds ``sid`` (before a file write)."""
         await drives_mod.ensure_lease(self, sid, token)
@@ -175,6 +182,8 @@ class Runner(Service):
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis/NATS hiccups must not kill the loop
                 self.log.warning("loop.error", loop=fn.__name__, error=repr(exc))
+                if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+                    await self.redis_failed()
             await asyncio.sleep(period)
 
     async def _renew(self) -> None:
