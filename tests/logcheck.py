@@ -147,7 +147,8 @@ def replay(events: list[dict[str, Any]], *, settled: bool = True) -> Replay:
 
 def check_accepted(r: Replay, replies: list[dict[str, Any]]) -> None:
     """Every message answered 202 is in the log once, in the order it was answered, and either
-    ran or was named by a discard; the log holds no message nobody sent.
+    ran or was named by a discard (or still waits, when the replay was not ``settled``); the log
+    holds no message nobody sent.
 
     ``replies``: the 202 bodies in the order the client got them (for one client sending one
     request at a time to this session), each with the request's ``mode`` added.
@@ -157,11 +158,12 @@ def check_accepted(r: Replay, replies: list[dict[str, Any]]) -> None:
         raise LogError("a message id was answered twice")
     if r.accepted != ids:
         raise LogError(f"acceptance order in the log {r.accepted} differs from the replies {ids}")
-    ran, gone = set(r.starts), set(r.discarded_ids())
+    ran, gone, waiting = set(r.starts), set(r.discarded_ids()), set(r.waiting)
     for x in replies:
         mid = x["message_id"]
-        if mid not in ran and mid not in gone:
-            raise LogError(f"{mid} ({x['disposition']}) was answered 202 but neither ran nor was discarded")
+        if mid not in ran and mid not in gone and mid not in waiting:
+            raise LogError(f"{mid} ({x['disposition']}) was answered 202 but neither ran nor was discarded"
+                           " nor waits")
         if x["disposition"] in ("queued", "steered"):
             mode = "steer" if x["disposition"] == "steered" else "queue"
             entry = next((e for e in r.queued if e[0] == mid), None)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from .logcheck import check_accepted, replay
@@ -39,9 +40,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 class Sender(threading.Thread):
     """Queues messages to one session until told to stop; keeps every 202 and counts 503s."""
 
-    def __init__(self, stack: Stack, sid: str, tag: str) -> None:
+    def __init__(self, stack: Stack, sid: str, tag: str, refused_ok: bool = False) -> None:
         super().__init__(daemon=True)
         self.stack, self.sid, self.tag = stack, sid, tag
+        self.refused_ok = refused_ok
+        """The gateway itself dies: a refused or dropped connection is what a client meets; it
+        retries with the same client_id (the dropped request may have been accepted)."""
+        self.refused = 0
         self.replies: list[dict[str, Any]] = []
         self.unavailable = 0
         self.other: list[str] = []
@@ -56,6 +61,12 @@ class Sender(threading.Thread):
                 while True:
                     try:
                         r = api.send(self.sid, text, mode="queue", client_id=f"{self.tag}-{i}")
+                    except (httpx.ConnectError, httpx.RemoteProtocolError):
+                        if not self.refused_ok:
+                            raise
+                        self.refused += 1
+                        time.sleep(0.1)
+                        continue
                     except Exception as exc:  # noqa: BLE001 - a transport error is recorded, then fails the test
                         self.other.append(repr(exc))
                         time.sleep(0.2)
@@ -75,9 +86,9 @@ class Sender(threading.Thread):
                 time.sleep(0.3 if (self.replies[-1].get("position") or 0) >= 5 else 0.03)
 
 
-def run_senders(stack: Stack, api: Api, tag: str, outage: Any, n: int = 3) -> list[Sender]:
+def run_senders(stack: Stack, api: Api, tag: str, outage: Any, n: int = 3, refused_ok: bool = False) -> list[Sender]:
     sids = [api.create(f"{tag}-{i}")["id"] for i in range(n)]
-    senders = [Sender(stack, sid, f"{tag}{i}") for i, sid in enumerate(sids)]
+    senders = [Sender(stack, sid, f"{tag}{i}", refused_ok) for i, sid in enumerate(sids)]
     for s in senders:
         s.start()
     for s in senders:
@@ -166,6 +177,19 @@ def test_nats_killed_and_restarted_during_sends(stack: Stack, api: Api) -> None:
     print(f"nats outage: {sum(len(s.replies) for s in senders)} messages answered 202, "
           f"{sum(s.unavailable for s in senders)} sends answered 503, outcomes {outcomes}")
     assert set(outcomes) <= {"completed", "crashed"}, outcomes
+
+
+def test_the_gateway_killed_and_restarted_during_sends(stack: Stack, api: Api) -> None:
+    def outage(sids: list[str]) -> None:
+        stack.kill("gateway")
+        time.sleep(0.5)
+        stack.spawn("gateway", "cox_gateway")
+        stack.wait_healthy(60)
+
+    senders = run_senders(stack, api, "gw", outage, refused_ok=True)
+    assert sum(s.refused for s in senders) > 0, "the senders met the gateway down"
+    outcomes = check_all_ran(api, senders)
+    assert set(outcomes) == {"completed"}, outcomes
 
 
 def test_a_runner_that_cannot_renew_stops_itself_before_its_lease_lapses(stack: Stack, api: Api) -> None:

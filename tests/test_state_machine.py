@@ -7,10 +7,15 @@ that a stopped or steered turn leaves no tool call without its result, whatever 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from .logcheck import check_accepted, replay
 from .stack import Api, Stack, script
@@ -220,3 +225,176 @@ def test_client_id_makes_a_send_idempotent(api: Api) -> None:
     api.http.post(f"/v1/sessions/{sid}/stop")
     r = replay(api.all_events(sid))
     assert r.starts == [a["message_id"]] and r.discarded == [[q1["message_id"]]]
+
+
+# ---------------------------------------------------------------- property test
+
+KINDS_LONG = ("long-model", "long-command", "long-approval")
+KINDS_SHORT = ("short-text", "short-tools")
+OPS = {"count": 0, "examples": 0}
+
+
+def message_text(kind: str, label: str) -> str:
+    if kind == "long-model":
+        return script({"text": f"{label} " * 10, "delay_ms": LONG}, text=label)
+    if kind == "long-command":
+        return script({"tools": [{"name": "run_command", "args": {"command": "sleep 60"}},
+                                 {"name": "run_command", "args": {"command": "echo never"}}]}, text=label)
+    if kind == "long-approval":
+        return script({"tools": [{"name": "write_file", "args": {"path": "Makefile", "content": "x:\n"}}]}, text=label)
+    if kind == "short-tools":
+        return script({"tools": [{"name": "run_command", "args": {"command": f"echo {label}"}}]},
+                      {"text": f"{label} done"}, text=label)
+    return f"{label}: hello"
+
+
+@dataclass
+class Msg:
+    message_id: str
+    kind: str
+
+    @property
+    def long(self) -> bool:
+        return self.kind.startswith("long")
+
+
+def test_the_http_api_follows_a_reference_model_of_the_table(stack: Stack) -> None:
+    """Random send / queue / steer / Stop / client_id retries against one session per example,
+    compared after every step with a small model of the table, and at the end with the log.
+
+    Long turns run until stopped (model streaming, a command, an approval wait); short ones
+    complete. After each step the test waits until the session has settled where the model says
+    (short turns done, the next long one running), so every answer the model predicts is exact.
+    """
+    api = stack.client(timeout=60)
+
+    class Table(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            OPS["examples"] += 1
+            self.sid = api.create("prop")["id"]
+            self.running: Msg | None = None
+            self.running_turn: str | None = None
+            self.waiting: list[Msg] = []
+            self.expected_starts: list[str] = []
+            self.outcomes: dict[str, str] = {}
+            self.replies: list[dict[str, Any]] = []
+            self.by_cid: dict[str, dict[str, Any]] = {}
+            self.seen = 0
+            self.n = 0
+
+        # -- the model
+        def _start(self, m: Msg) -> None:
+            self.running = m
+            self.expected_starts.append(m.message_id)
+
+        def _settle_model(self) -> None:
+            while self.running is not None and not self.running.long:
+                self.outcomes[self.running.message_id] = "completed"
+                self.running = None
+                if self.waiting:
+                    self._start(self.waiting.pop(0))
+
+        # -- the system, waited on until it matches the model
+        def _settle(self) -> None:
+            self._settle_model()
+            if self.running is None:
+                view = api.wait_idle(self.sid, timeout=30)
+                self.running_turn = None
+            else:
+                st = api.wait_type(self.sid, "turn.start", message_id=self.running.message_id, timeout=30)
+                self.running_turn = st["turn_id"]
+                view = api.session(self.sid)
+                assert view["busy"] and view["turn_id"] == self.running_turn
+            assert [q["message_id"] for q in view["queue"]] == [m.message_id for m in self.waiting]
+
+        def _send(self, kind: str, mode: str | None, cid: bool) -> None:
+            OPS["count"] += 1
+            self.n += 1
+            client_id = f"c{self.n}" if cid else None
+            r = api.send(self.sid, message_text(kind, f"m{self.n}"), mode=mode,
+                         **({"client_id": client_id} if client_id else {}))
+            if self.running is None:
+                assert r.status_code == 202, r.text
+                rep = r.json()
+                assert rep["disposition"] == "started" and rep.get("position") is None
+                self._start(Msg(rep["message_id"], kind))
+            elif mode is None:
+                assert r.status_code == 409 and r.json()["error"] == "busy", r.text
+                return
+            elif mode == "queue":
+                assert r.status_code == 202, r.text
+                rep = r.json()
+                assert rep["disposition"] == "queued" and rep["position"] == len(self.waiting) + 1, rep
+                self.waiting.append(Msg(rep["message_id"], kind))
+            else:
+                assert r.status_code == 202, r.text
+                rep = r.json()
+                assert rep["disposition"] == "steered" and rep["position"] == 1, rep
+                self.outcomes[self.running.message_id] = "stopped"
+                self.running = None
+                self._start(Msg(rep["message_id"], kind))
+            self.replies.append({**rep, "mode": mode})
+            if client_id:
+                self.by_cid[client_id] = {"reply": rep, "kind": kind, "mode": mode}
+            self._settle()
+
+        @rule(kind=st.sampled_from(KINDS_LONG + KINDS_SHORT), cid=st.booleans())
+        def send(self, kind: str, cid: bool) -> None:
+            self._send(kind, None, cid)
+
+        @rule(kind=st.sampled_from(KINDS_LONG + KINDS_SHORT), cid=st.booleans())
+        def queue(self, kind: str, cid: bool) -> None:
+            self._send(kind, "queue", cid)
+
+        @rule(kind=st.sampled_from(KINDS_LONG + KINDS_SHORT), cid=st.booleans())
+        def steer(self, kind: str, cid: bool) -> None:
+            self._send(kind, "steer", cid)
+
+        @rule()
+        def stop(self) -> None:
+            OPS["count"] += 1
+            r = api.http.post(f"/v1/sessions/{self.sid}/stop")
+            assert r.status_code == 200, r.text
+            res = r.json()
+            if self.running is None:
+                assert res == {"turn_id": None, "discarded": [], "unapplied_leads": []}
+            else:
+                assert res["turn_id"] == self.running_turn
+                assert res["discarded"] == [m.message_id for m in self.waiting]
+                self.outcomes[self.running.message_id] = "stopped"
+                self.running = None
+                self.waiting = []
+            self._settle()
+
+        @precondition(lambda self: bool(self.by_cid))
+        @rule(data=st.data())
+        def retry_with_the_same_client_id(self, data: st.DataObject) -> None:
+            OPS["count"] += 1
+            cid = data.draw(st.sampled_from(sorted(self.by_cid)))
+            first = self.by_cid[cid]
+            r = api.send(self.sid, message_text(first["kind"], "retry"), mode=first["mode"], client_id=cid)
+            assert r.status_code == 202, r.text
+            assert r.json() == first["reply"], "a retry answers what the first send was answered"
+            self._settle()
+
+        def teardown(self) -> None:
+            try:
+                self._settle()
+                evs = api.all_events(self.sid)
+                r = replay(evs, settled=self.running is None)
+                assert r.starts == self.expected_starts
+                for mid, outcome in self.outcomes.items():
+                    assert r.outcome_of(mid) == outcome, (mid, outcome, r.outcome_of(mid))
+                check_accepted(r, self.replies)
+            finally:
+                api.http.post(f"/v1/sessions/{self.sid}/stop")
+
+    try:
+        run_state_machine_as_test(Table, settings=settings(
+            max_examples=int(os.environ.get("COX_PROPERTY_EXAMPLES", "40")), stateful_step_count=15,
+            deadline=None, suppress_health_check=list(HealthCheck), database=None,
+        ))
+    finally:
+        api.close()
+        print(f"property test: {OPS['count']} random operations in {OPS['examples']} examples")

@@ -232,3 +232,26 @@ def test_at_the_default_lease_takeover_time_and_the_redis_fence_alone(stack: Sta
     finally:
         for name in stack.runner_names():
             respawn(stack, name, env={"COX_RUNNER__LEASE_MS": str(LEASE_MS), "COX_RUNNER__SELF_FENCE": "true"})
+
+
+def test_a_runner_stopped_with_sigterm_hands_its_queue_to_another(stack: Stack, api: Api) -> None:
+    """A graceful restart: the running turn ends ``canceled`` (its open call closed) and the
+    queue goes on, in order, on the other runner."""
+    sid = api.create("sigterm")["id"]
+    first, victim = turn_in_command(stack, api, sid)
+    queued = [ok(api.send(sid, quick(f"h{i}"), mode="queue")) for i in range(3)]
+    stack.signal(victim, signal.SIGTERM)
+    try:
+        stack.procs[victim].wait(30)
+        assert stack.procs[victim].returncode == 0, stack.log(victim)[-3000:]
+        api.wait_type(sid, "turn.start", message_id=queued[-1]["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        evs = api.all_events(sid)
+        r = replay(evs)
+        assert r.starts == [first["message_id"], *(q["message_id"] for q in queued)]
+        assert [r.outcome_of(m) for m in r.starts] == ["canceled", "completed", "completed", "completed"]
+        survivor = the_other(stack, victim)
+        for q in queued:
+            assert holder(stack, r.turn_of[q["message_id"]])[0] == survivor
+    finally:
+        respawn(stack, victim)

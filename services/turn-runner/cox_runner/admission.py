@@ -109,6 +109,10 @@ class Admission:
     # ------------------------------------------------------------------ messages
     async def send(self, cmd: SendCmd) -> SendResult:
         r = self.r
+        if r.stopping:
+            # A turn started here now would be cancelled by the shutdown at once: let the person's
+            # retry reach a runner that stays (nothing was recorded).
+            raise Unavailable("this turn-runner is shutting down; send again")
         message_id = new_id("m")
         turn_id = new_id("t")
         sent = time.monotonic()
