@@ -7,8 +7,12 @@ the table does not allow. Pure functions, no I/O.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .stack import Api
 
 TURN_VIAS = frozenset({"send", "queue", "steer"})
 # Events a turn's runner writes under its fencing token: each must belong to the running turn.
@@ -172,6 +176,22 @@ def check_accepted(r: Replay, replies: list[dict[str, Any]]) -> None:
         elif x["disposition"] == "started":
             if r.starts and mid not in ran:
                 raise LogError(f"{mid} was answered started but has no turn.start")
+
+
+def log_of(api: Api, sid: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The session's whole log, at least up to what was recorded when this was called.
+
+    Events are recorded in Redis with the state change and published to the log just after, so
+    a reader that saw a state (idle, say) waits for the events up to the session's ``last_seq``.
+    """
+    want = int(api.session(sid)["last_seq"])
+    deadline = time.monotonic() + timeout
+    out = api.all_events(sid)
+    while (out[-1]["seq"] if out else 0) < want:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the log of {sid} reached seq {out[-1]['seq'] if out else 0}, not {want}")
+        out.extend(api.events(sid, after=out[-1]["seq"] if out else 0, wait=1.0))
+    return out
 
 
 def _context(events: list[dict[str, Any]], ev: dict[str, Any], width: int = 6) -> str:

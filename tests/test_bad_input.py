@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from .logcheck import replay
+from .logcheck import log_of, replay
 from .runners import respawn
 from .stack import Api, Stack
 
@@ -107,7 +107,7 @@ def test_bad_shapes_are_422(api: Api, sid: str) -> None:
 
 
 def test_nothing_was_recorded_by_the_bad_requests(api: Api, sid: str) -> None:
-    evs = api.all_events(sid)
+    evs = log_of(api, sid)
     assert [e["type"] for e in evs] == ["session.created"]
     view = api.session(sid)
     assert view["busy"] is False and view["queue"] == [] and view["leads"] == []
@@ -119,13 +119,13 @@ def test_no_model_chosen_is_not_accepting_for_send_queue_and_steer(api: Api) -> 
     for mode in (None, "queue", "steer"):
         detail = error(api.send(s["id"], "hello", mode=mode), 409, "not_accepting")
         assert "no model" in detail
-    assert [e["type"] for e in api.all_events(s["id"])] == ["session.created"]
+    assert [e["type"] for e in log_of(api, s["id"])] == ["session.created"]
     # choosing one makes it accept
     assert api.http.patch(f"/v1/sessions/{s['id']}", json={"model": "script"}).status_code == 200
     r = api.send(s["id"], "hello")
     assert r.status_code == 202 and r.json()["disposition"] == "started", r.text
     api.wait_idle(s["id"])
-    replay(api.all_events(s["id"]))
+    replay(log_of(api, s["id"]))
 
 
 def test_a_model_that_is_no_longer_configured_is_not_accepting(stack: Stack, api: Api, tmp_path: Any) -> None:
@@ -139,7 +139,7 @@ def test_a_model_that_is_no_longer_configured_is_not_accepting(stack: Stack, api
         for mode in (None, "queue", "steer"):
             detail = error(api.send(s["id"], "hello", mode=mode), 409, "not_accepting")
             assert "gone" in detail and "not configured" in detail
-        assert [e["type"] for e in api.all_events(s["id"])] == ["session.created"]
+        assert [e["type"] for e in log_of(api, s["id"])] == ["session.created"]
         assert api.session(s["id"])["busy"] is False
     finally:
         for name in stack.runner_names():

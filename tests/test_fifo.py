@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .logcheck import check_accepted, replay
+from .logcheck import check_accepted, log_of, replay
 from .stack import Api, Stack, script
 
 SESSIONS = 20
@@ -103,7 +103,7 @@ def test_fifo_and_no_overlap_across_sessions_and_runners(stack: Stack) -> None:
         totals = {"turns": 0, "discarded": 0, "steered": 0, "stopped": 0, "closed_calls": 0}
         runners_seen: set[str] = set()
         for sid in sids:
-            evs = api.all_events(sid)
+            evs = log_of(api, sid)
             try:
                 r = replay(evs)
                 check_accepted(r, results[sid]["replies"])

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from .logcheck import check_accepted, replay
+from .logcheck import check_accepted, log_of, replay
 from .stack import Api, Stack, script
 
 # A second model whose server never answers in time: a turn on it runs until it is stopped.
@@ -78,7 +78,7 @@ def test_send_while_busy_is_refused_and_queued_messages_run_in_order(api: Api) -
     last = replies[3]["message_id"]
     api.wait_type(sid, "turn.start", message_id=last, timeout=30)
     api.wait_idle(sid, timeout=30)
-    r = replay(api.all_events(sid))
+    r = replay(log_of(api, sid))
     # steered runs right after the turn it stopped, ahead of the queue; the queue is kept
     assert r.starts == [first["message_id"], steer["message_id"], *(x["message_id"] for x in replies[1:4])]
     assert r.outcome_of(first["message_id"]) == "stopped"
@@ -93,7 +93,7 @@ def test_queue_or_steer_on_an_idle_session_starts_a_turn(api: Api) -> None:
         assert rep["disposition"] == "started" and rep.get("position") is None
         api.wait_type(sid, "turn.start", message_id=rep["message_id"])
         api.wait_idle(sid)
-    evs = api.all_events(sid)
+    evs = log_of(api, sid)
     assert [e["via"] for e in evs if e["type"] == "user.msg"] == ["queue", "steer"]
     replay(evs)
 
@@ -108,7 +108,7 @@ def test_stop_discards_the_queue_records_it_and_starts_nothing(api: Api) -> None
     assert res["discarded"] == q
     view = api.session(sid)
     assert view["busy"] is False and view["queue"] == [], "Stop answers once the turn has ended"
-    evs = api.all_events(sid)
+    evs = log_of(api, sid)
     r = replay(evs)
     assert r.starts == [first["message_id"]]
     assert res["turn_id"] == r.turn_of[first["message_id"]]
@@ -161,7 +161,7 @@ def test_a_stopped_or_steered_turn_closes_every_call_it_opened(api: Api, stack: 
     else:
         res = ok(api.http.post(f"/v1/sessions/{sid}/stop"), 200)
         assert res["discarded"] == [queued["message_id"]]
-    evs = api.all_events(sid)
+    evs = log_of(api, sid)
     r = replay(evs)
     assert r.outcome_of(first["message_id"]) == "stopped"
     tid = r.turn_of[first["message_id"]]
@@ -210,7 +210,7 @@ def test_a_model_chosen_while_a_turn_runs_applies_before_the_next_queued_message
     assert res["discarded"] == [q["message_id"]]
     back = api.http.patch(f"/v1/sessions/{sid}", json={"model": "script"})
     assert back.status_code == 200 and back.json()["model"] == "script"
-    replay(api.all_events(sid))
+    replay(log_of(api, sid))
 
 
 def test_client_id_makes_a_send_idempotent(api: Api) -> None:
@@ -223,7 +223,7 @@ def test_client_id_makes_a_send_idempotent(api: Api) -> None:
     assert q1 == q2 and q1["disposition"] == "queued"
     assert len(api.session(sid)["queue"]) == 1
     api.http.post(f"/v1/sessions/{sid}/stop")
-    r = replay(api.all_events(sid))
+    r = replay(log_of(api, sid))
     assert r.starts == [a["message_id"]] and r.discarded == [[q1["message_id"]]]
 
 
@@ -381,7 +381,7 @@ def test_the_http_api_follows_a_reference_model_of_the_table(stack: Stack) -> No
         def teardown(self) -> None:
             try:
                 self._settle()
-                evs = api.all_events(self.sid)
+                evs = log_of(api, self.sid)
                 r = replay(evs, settled=self.running is None)
                 assert r.starts == self.expected_starts
                 for mid, outcome in self.outcomes.items():

@@ -19,7 +19,7 @@ import redis
 from coxswain import keys, subjects
 from coxswain.models import KeepRequest
 
-from .logcheck import replay
+from .logcheck import log_of, replay
 from .runners import holder, records, respawn, wait_log
 from .stack import Api, Stack, script
 
@@ -82,7 +82,7 @@ def test_kill_9_mid_turn_the_queue_runs_in_order_and_the_dead_turn_ends_crashed(
         assert took < LEASE_MS + 3000, f"takeover took {took:.0f} ms"
         api.wait_type(sid, "turn.start", message_id=queued[-1]["message_id"], timeout=30)
         api.wait_idle(sid, timeout=30)
-        evs = api.all_events(sid)
+        evs = log_of(api, sid)
         r = replay(evs)
         assert r.starts == [first["message_id"], *(q["message_id"] for q in queued)]
         assert [r.outcome_of(m) for m in r.starts] == ["crashed", "completed", "completed", "completed"]
@@ -125,7 +125,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
         api.wait_idle(sid, timeout=30)
         # let the paused runner's command finish while it sleeps: on waking it has a result to write
         time.sleep(max(0.0, 3.0 - (time.monotonic() - paused_at)))
-        seq_before = api.all_events(sid)[-1]["seq"]
+        seq_before = log_of(api, sid)[-1]["seq"]
     finally:
         stack.signal(victim, signal.SIGCONT)
     # On waking it finds its deadline passed (self-fence) or Redis refuses its token.
@@ -149,7 +149,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     assert asyncio.run(_keep_with(stack, sid, api.session(sid)["workspace"], int(stale_token))) == "fenced"
 
     api.wait_idle(sid)
-    evs = api.all_events(sid)
+    evs = log_of(api, sid)
     assert evs[-1]["seq"] == seq_before, f"events after the stale runner woke: {evs[seq_before:]}"
     rep = replay(evs)  # no event of the crashed turn after its turn.end
     assert rep.starts == [first["message_id"], after["message_id"]]
@@ -193,7 +193,7 @@ def test_stop_on_a_session_whose_runner_died_ends_it_crashed_and_starts_nothing(
         assert view["approvals"] == [], "the dead turn's approval is closed"
         answer = api.http.post(f"/v1/sessions/{sid}/approvals/{pending['approval_id']}", json={"decision": "allow"})
         assert answer.status_code == 409 and answer.json()["error"] == "resolved"
-        evs = api.all_events(sid)
+        evs = log_of(api, sid)
         r = replay(evs)
         assert r.starts == [first["message_id"]], "no discarded message started"
         assert r.outcome_of(first["message_id"]) == "crashed"
@@ -225,7 +225,7 @@ def test_at_the_default_lease_takeover_time_and_the_redis_fence_alone(stack: Sta
             assert took < DEFAULT_LEASE_MS + 3000, f"takeover took {took:.0f} ms"
             api.wait_type(sid, "turn.start", message_id=nxt["message_id"], timeout=30)
             api.wait_idle(sid, timeout=30)
-            replay(api.all_events(sid))
+            replay(log_of(api, sid))
             respawn(stack, victim)
         paused_past_lease(stack, api, DEFAULT_LEASE_MS, woke=("lease.lost", "drive.lease_lost"),
                           never=("lease.deadline_passed",))
@@ -246,7 +246,7 @@ def test_a_runner_stopped_with_sigterm_hands_its_queue_to_another(stack: Stack, 
         assert stack.procs[victim].returncode == 0, stack.log(victim)[-3000:]
         api.wait_type(sid, "turn.start", message_id=queued[-1]["message_id"], timeout=30)
         api.wait_idle(sid, timeout=30)
-        evs = api.all_events(sid)
+        evs = log_of(api, sid)
         r = replay(evs)
         assert r.starts == [first["message_id"], *(q["message_id"] for q in queued)]
         assert [r.outcome_of(m) for m in r.starts] == ["canceled", "completed", "completed", "completed"]

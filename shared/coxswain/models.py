@@ -123,6 +123,9 @@ class Session(_Out):
     dont_ask: bool
     created: int = 0
     next_model: str | None = None
+    last_seq: int = 0
+    """The seq of the session's latest recorded event: the log holds it once published (a
+    reader that saw this session can wait for ``after=last_seq - 1`` to see it)."""
 
 
 class SendResult(_Out):

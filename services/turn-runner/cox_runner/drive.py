@@ -84,9 +84,9 @@ class Drive:
             self._timer = None
 
     def _expire(self) -> None:
+        # Only the current timer fires (arm cancels the one before), so this is the deadline:
+        # no comparison with time.monotonic(), which uvloop's cached clock may trail by a few ms.
         self._timer = None
-        if time.monotonic() < self.deadline:  # renewed meanwhile
-            return
         if self._on_expire is not None:
             self._on_expire(self)
         cancel(self)
