@@ -194,6 +194,26 @@ def test_a_stopped_or_steered_turn_closes_every_call_it_opened(api: Api, stack: 
         assert r.starts == [first["message_id"]]
 
 
+@pytest.mark.parametrize("how", ["steer", "stop"])
+def test_a_steered_or_stopped_turn_keeps_its_plan_for_the_next_message(api: Api, how: str) -> None:
+    sid = api.create(f"sm-plan-{how}")["id"]
+    first = started(api, sid, script({"tools": [{"name": "plan_write", "args": {"steps": ["read", "fix", "test"]}}]},
+                                     {"tools": [{"name": "plan_step", "args": {"step": 1}}]},
+                                     {"text": "working", "delay_ms": LONG}))
+    api.wait_type(sid, "plan.step", timeout=30)
+    if how == "steer":
+        nxt = ok(api.send(sid, "correction", mode="steer"))
+    else:
+        ok(api.http.post(f"/v1/sessions/{sid}/stop"), 200)
+        nxt = ok(api.send(sid, "correction"))
+    st = api.wait_type(sid, "turn.start", message_id=nxt["message_id"], timeout=30)
+    carried = api.wait_type(sid, "plan.carried", turn_id=st["turn_id"], timeout=30)
+    assert carried["steps"] == ["read", "fix", "test"] and carried["marks"] == [1]
+    api.wait_idle(sid, timeout=30)
+    r = replay(log_of(api, sid))
+    assert r.outcome_of(first["message_id"]) == "stopped"
+
+
 def test_a_model_chosen_while_a_turn_runs_applies_before_the_next_queued_message(api: Api) -> None:
     sid = api.create("sm-model")["id"]
     first = started(api, sid, long_turn())
@@ -210,6 +230,12 @@ def test_a_model_chosen_while_a_turn_runs_applies_before_the_next_queued_message
     assert res["discarded"] == [q["message_id"]]
     back = api.http.patch(f"/v1/sessions/{sid}", json={"model": "script"})
     assert back.status_code == 200 and back.json()["model"] == "script"
+    # chosen while busy with nothing queued: applied when the session goes idle
+    started(api, sid, long_turn())
+    assert api.http.patch(f"/v1/sessions/{sid}", json={"model": "elsewhere"}).json()["next_model"] == "elsewhere"
+    ok(api.http.post(f"/v1/sessions/{sid}/stop"), 200)
+    view = api.session(sid)
+    assert view["busy"] is False and view["model"] == "elsewhere" and view["next_model"] is None
     replay(log_of(api, sid))
 
 

@@ -71,6 +71,7 @@ class Runner(Service):
         await eventlog.ensure_stream(self.js)
         self.store = Store(self.redis, self.js, self.owner, self.log)
         await self.store.load()
+        await self._check_durability()
         self.clients = Clients(self.nc, judge_timeout=self.settings.judge.timeout_s + 5)
         self.admission = Admission(self)
         a = self.admission
@@ -85,6 +86,17 @@ class Runner(Service):
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
         self.spawn(self._every(rc.claim_interval_ms / 1000, self._claim), "claimer", critical=True)
         self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
+
+    async def _check_durability(self) -> None:
+        """The queue is only as durable as Redis: say so when it does not fsync every write."""
+        try:
+            cfg = await self.redis.config_get("append*")
+        except redis.exceptions.ResponseError:  # CONFIG renamed or refused (a managed Redis)
+            return
+        if cfg.get("appendonly") != "yes" or cfg.get("appendfsync") != "always":
+            self.log.warning("redis.not_durable", appendonly=cfg.get("appendonly"), appendfsync=cfg.get("appendfsync"),
+                             detail="a message answered 202 may be lost if Redis dies; run it with "
+                                    "--appendonly yes --appendfsync always")
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
