@@ -51,7 +51,7 @@ def drive_session(api: Api, sid: str, rng: random.Random, out: dict[str, Any]) -
     stops: list[list[str]] = []
     sent = 0
     while sent < MESSAGES:
-        time.sleep(rng.random() * 0.25)  # spacing between a person's actions, not a synchronisation
+        time.sleep(rng.random() * float(os.environ.get("COX_TEST_SPACING", "0.25")))  # spacing between a person's actions, not a synchronisation
         roll = rng.random()
         if roll < 0.1 and sent:
             r = api.http.post(f"/v1/sessions/{sid}/stop")

@@ -124,8 +124,9 @@ class Session(_Out):
     created: int = 0
     next_model: str | None = None
     last_seq: int = 0
-    """The seq of the session's latest recorded event: the log holds it once published (a
-    reader that saw this session can wait for ``after=last_seq - 1`` to see it)."""
+    """The seq of the session's latest recorded event. Events are published to the log just
+    after they are recorded, so a reader that saw this state reads the log until it reaches
+    this seq to see the events that led to it."""
 
 
 class SendResult(_Out):
