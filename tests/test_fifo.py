@@ -124,3 +124,40 @@ def test_fifo_and_no_overlap_across_sessions_and_runners(stack: Stack) -> None:
     assert totals["turns"] + totals["discarded"] == SESSIONS * MESSAGES
     assert totals["steered"] > 0 and totals["stopped"] > 0 and totals["discarded"] > 0
     assert runners_seen == set(stack.runner_names()), "both runners ran turns"
+
+
+def test_concurrent_sends_to_one_idle_session_start_exactly_one_turn(stack: Stack) -> None:
+    """Many clients send at the same moment, through both runners: one send starts the turn,
+    the rest are refused (no mode), queued in one order with distinct positions, or steered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with stack.client(timeout=60) as api:
+        for mode in (None, "queue", "steer"):
+            sid = api.create(f"race-{mode}")["id"]
+            barrier = threading.Barrier(8)
+
+            def one(i: int, sid: str = sid, mode: str | None = mode, barrier: threading.Barrier = barrier) -> Any:
+                with stack.client(timeout=60) as c:
+                    barrier.wait()
+                    return c.send(sid, script({"text": f"r{i}", "delay_ms": 3000}, text=f"r{i}"), mode=mode)
+
+            with ThreadPoolExecutor(8) as pool:
+                rs = list(pool.map(one, range(8)))
+            assert all(r.status_code in (202, 409) for r in rs), [r.text for r in rs]
+            ok = [r.json() for r in rs if r.status_code == 202]
+            started = [x for x in ok if x["disposition"] == "started"]
+            assert len(started) == 1, ok
+            if mode is None:
+                assert len(ok) == 1 and all(r.json()["error"] == "busy" for r in rs if r.status_code == 409)
+            elif mode == "queue":
+                queued = sorted((x for x in ok if x["disposition"] == "queued"), key=lambda x: x["position"])
+                assert [x["position"] for x in queued] == list(range(1, 8)), ok
+            else:
+                assert len(ok) == 8 and all(x["disposition"] == "steered" for x in ok if x is not started[0])
+            res = api.http.post(f"/v1/sessions/{sid}/stop").json()
+            if mode == "queue":
+                assert res["discarded"] == [x["message_id"] for x in queued], "discarded in FIFO order"
+            api.wait_idle(sid, timeout=60)
+            r = replay(log_of(api, sid))
+            assert set(r.starts) | set(r.discarded_ids()) == {x["message_id"] for x in ok}
+            assert started[0]["message_id"] == r.starts[0]
