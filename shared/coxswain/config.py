@@ -112,6 +112,9 @@ class RunnerConfig(_Section):
     """Busy lease TTL. A killed runner's turn is taken over after about this long."""
     renew_ms: int | None = Field(None, ge=50)
     """How often the holder renews (default lease/3)."""
+    self_fence: bool = True
+    """A drive whose lease could not be renewed stops itself before the lease can lapse (kills
+    its command, writes no file). Redis refuses a stale token either way; off only to test that."""
     claim_interval_ms: int = Field(250, ge=20)
     """How often every runner looks for expired leases and stuck outboxes."""
     command_timeout_s: float = Field(120.0, gt=0)

@@ -86,7 +86,7 @@ class EventFeed:
         cfg = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.ALL,
             ack_policy=api.AckPolicy.NONE,
-            inactive_threshold=30.0,
+            inactive_threshold=10.0,
             mem_storage=True,
             max_ack_pending=-1,
         )
@@ -99,9 +99,13 @@ class EventFeed:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._sub is not None:
+            sub, self._sub = self._sub, None
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+                await sub.unsubscribe()
+            # Delete the consumer now: an idle one would live for inactive_threshold, and a
+            # stream holds at most 1000, so busy readers would soon be refused (a 503 for all).
+            with contextlib.suppress(Exception):
+                await self.js.delete_consumer(subjects.EVENTS_STREAM, sub._consumer)
 
     async def next(self, timeout: float, limit: int = 256) -> list[dict[str, Any]]:
         """Events with seq above the last given, waiting up to ``timeout`` s for the first."""

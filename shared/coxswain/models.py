@@ -125,6 +125,10 @@ class Session(_Out):
     dont_ask: bool
     created: int = 0
     next_model: str | None = None
+    last_seq: int = 0
+    """The seq of the session's latest recorded event. Events are published to the log just
+    after they are recorded, so a reader that saw this state reads the log until it reaches
+    this seq to see the events that led to it."""
 
 
 class SendResult(_Out):

@@ -138,8 +138,9 @@ class Service:
                 self._nc, name=self.name, version=__version__, description=f"coxswain {self.name}",
                 metadata={"instance": self.instance},
             )
-            await self.add_endpoint("health", None, self._health)
             await self.start()
+            # Health last: a service that answers health answers every endpoint it has.
+            await self.add_endpoint("health", None, self._health)
             await self._nc.flush()
         except BaseException:
             await self.stop()

@@ -55,6 +55,7 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
         dont_ask=h.get("dont_ask") == "1",
         created=int(h.get("created", 0) or 0),
         next_model=h.get("next_model") or None,
+        last_seq=int(h.get("seq", 0) or 0),
     )
 
 

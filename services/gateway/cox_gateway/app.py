@@ -67,9 +67,9 @@ MAX_WAIT_S = 60.0
 
 
 def create_app(gw: Gateway) -> FastAPI:
-    app = FastAPI(title="coxswain", version=__version__, max_body_size=gw.settings.max_body)
+    app = FastAPI(title="coxswain", version=__version__)
     app.state.gw = gw
-    errors.install(app)
+    errors.install(app, max_body=gw.settings.max_body)
     app.middleware("http")(metrics.middleware)
 
     async def runner(op: str, cmd: BaseModel, result: type[R], timeout: float = 30.0) -> R:

@@ -1,11 +1,20 @@
-"""The one place where errors become HTTP responses: ``{"error": code, "detail": text}``."""
+"""The one place where errors become HTTP responses: ``{"error": code, "detail": text}``.
+
+Besides the domain errors (:mod:`coxswain.errors`), the gateway's own reads of Redis (a session,
+its owner) and of JetStream (the event log) may find their server down or restarting: those are
+503 ``unavailable``, never a 500, so a client knows to retry.
+"""
 
 from __future__ import annotations
 
+import nats.errors
+import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coxswain.errors import CoxError
 
@@ -18,7 +27,51 @@ def body(code: str, detail: str) -> dict[str, str]:
     return {"error": code, "detail": detail}
 
 
-def install(app: FastAPI) -> None:
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(status_code=413, detail=f"the request body is larger than {limit} bytes")
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with a JSON 413.
+
+    Starlette's own limiter answers in plain text when a Content-Length is over the limit (even
+    replacing the app's response), so the gateway limits bodies here: at once from the header,
+    or, for a streamed body, when the bytes read pass the limit (raised as an HTTPException,
+    which the handler below turns into the usual JSON error).
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            too_large = BodyTooLarge(self.limit)
+            await JSONResponse(body("too_large", str(too_large.detail)), status_code=413)(scope, receive, send)
+            return
+        total = 0
+
+        async def limited() -> Message:
+            nonlocal total
+            message = await receive()
+            if message["type"] == "http.request":
+                total += len(message.get("body", b""))
+                if total > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def install(app: FastAPI, max_body: int | None = None) -> None:
+    if max_body is not None:
+        app.add_middleware(BodyLimit, limit=max_body)
+
     @app.exception_handler(CoxError)
     async def cox_error(request: Request, exc: CoxError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
@@ -39,9 +92,23 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = STATUS_CODES.get(exc.status_code, "error")
         detail = exc.detail if isinstance(exc.detail, str) else code
-        if exc.status_code == 413:
+        if exc.status_code == 413 and not isinstance(exc, BodyTooLarge):
             detail = "the request body is too large"
+        if exc.status_code == 400:
+            # FastAPI's only 400: a body it could not parse (invalid UTF-8, a broken encoding).
+            code, detail = "bad_json", f"the body is not valid UTF-8 JSON ({detail})"
         return JSONResponse(body(code, detail), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(redis.exceptions.ConnectionError)
+    @app.exception_handler(redis.exceptions.TimeoutError)
+    async def redis_down(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(body("unavailable", f"the session store (Redis) is unavailable: {exc}"),
+                            status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(nats.errors.Error)
+    async def nats_down(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(body("unavailable", f"the message bus or event log (NATS) is unavailable: {exc!r}"),
+                            status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(UnicodeDecodeError)
     async def bad_unicode(request: Request, exc: UnicodeDecodeError) -> JSONResponse:

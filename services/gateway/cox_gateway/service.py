@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from coxswain import subjects
 from coxswain.config import Settings
@@ -39,6 +41,9 @@ class Gateway(Service):
         self.auth = Auth(settings.principals())
 
     async def start(self) -> None:
+        # The gateway only reads Redis, so a read may be retried: a pooled connection that a Redis
+        # restart closed fails once and is replaced; Redis down is a 503 after the last retry.
+        self.redis.set_retry(Retry(ExponentialBackoff(cap=0.5, base=0.05), 3))
         self.js = self.nc.jetstream()
         self.app = create_app(self)
 

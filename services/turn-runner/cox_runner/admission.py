@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coxswain import events as ev
 from coxswain import keys, safefs, session_view
-from coxswain.errors import Invalid, NotFound, TooLarge
+from coxswain.errors import Invalid, NotFound, TooLarge, Unavailable
 from coxswain.ids import new_id
 from coxswain.models import (
     Accepted,
@@ -41,6 +42,7 @@ from coxswain.models import (
 
 from . import tools
 from .drive import Drive
+from .errors import LeaseLost, StoreDown
 from .store import as_list
 
 if TYPE_CHECKING:
@@ -109,15 +111,20 @@ class Admission:
     # ------------------------------------------------------------------ messages
     async def send(self, cmd: SendCmd) -> SendResult:
         r = self.r
+        if r.stopping:
+            # A turn started here now would be cancelled by the shutdown at once: let the person's
+            # retry reach a runner that stays (nothing was recorded).
+            raise Unavailable("this turn-runner is shutting down; send again")
         message_id = new_id("m")
         turn_id = new_id("t")
+        sent = time.monotonic()
         res = await r.store.call("cox_send", cmd.sid, [
             cmd.sid, cmd.principal, message_id, cmd.text, cmd.mode or "", cmd.client_id or "", r.runner_id,
             str(r.settings.runner.lease_ms), turn_id, r.owner, " ".join(sorted(r.models.names())),
         ])
         if not res.get("replay"):
             if res.get("disposition") == "started":
-                r.start_drive(Drive(sid=cmd.sid, token=str(res["token"]), first={
+                r.start_drive(Drive(sid=cmd.sid, token=str(res["token"]), acquired=sent, first={
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
                 }))
             elif res.get("disposition") == "steered":
@@ -203,10 +210,11 @@ class Admission:
     async def _person_write(self, sid: str, principal: str, op: str, version_id: str | None) -> WriteOutcome:
         """Restore and undo are writes like any other: under the session's lease, versioned first."""
         r = self.r
+        sent = time.monotonic()
         res = await r.store.call("cox_op_begin", sid, [sid, principal, r.runner_id, str(r.settings.runner.lease_ms), op])
         token = str(res["token"])
-        d = Drive(sid=sid, token=token)
-        r.drives[sid] = d
+        d = Drive(sid=sid, token=token, acquired=sent)
+        r.drives[sid] = d  # renewed by the lease keeper while the write runs
         try:
             ws = await r.redis.hget(keys.session(sid), "workspace") or ""
             if version_id is not None:
@@ -222,6 +230,15 @@ class Admission:
                                                deleted=f.deleted))]
             await r.store.call("cox_emit", sid, [sid, token, r.owner, "0", *evs])
             return out
+        except StoreDown as exc:
+            raise Unavailable(f"redis is unavailable: {exc}") from exc
         finally:
-            r.drives.pop(sid, None)
-            await r.finish_op(d)
+            if r.drives.get(sid) is d:
+                del r.drives[sid]
+            d.disarm()
+            try:
+                await r.finish_op(d)
+            except LeaseLost as exc:
+                # The lease lapsed (Redis gone or this runner stalled): a takeover releases the
+                # session or runs what was queued meanwhile.
+                r.log.warning("op.lease_lost", sid=sid, op=op, error=str(exc))

@@ -3,8 +3,15 @@
 A drive starts when this runner admits a send to an idle session, claims a session whose
 runner died, or finishes a person's write (restore, undo) with a message queued meanwhile. It
 runs a turn, records its end, and in the same atomic step takes the next waiting message (steered
-first, then queued) or lets the session go idle. Losing the lease cancels the drive at once: a
-fenced runner writes nothing more.
+first, then queued) or lets the session go idle.
+
+Fencing, from the runner's side: every write goes through a Redis function that checks the
+token, so a runner whose lease was taken over writes nothing. Besides, the drive keeps a local
+deadline (the time it sent its last successful renewal plus most of the lease): when it passes
+without a renewal the drive cancels itself (a running command is killed), and a write outside
+Redis (a file) asks Redis for the token once more just before it happens. Losing the lease or
+Redis cancels the drive at once; the lease then lapses and a runner's takeover ends the turn
+``crashed``.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import redis.exceptions
+
 from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import CoxError, Fenced
 from coxswain.ids import new_id
 
-from .errors import LeaseLost
+from .errors import LeaseLost, StoreDown
 from .loop import Ending, TurnLoop
 from .turn import Turn
 
@@ -31,6 +40,8 @@ if TYPE_CHECKING:
 
 CRASH_TEXT = ("Cancelled: the runner running this turn stopped before the call finished "
               "(the turn ended as crashed).")
+DEADLINE_SHARE = 0.9
+"""A drive stops itself this far into a lease it could not renew, before anyone can claim it."""
 
 
 @dataclass
@@ -43,12 +54,56 @@ class Drive:
     """A claimed session's dead turn: {turn_id, open: [call_id, name, ...], old_runner}."""
     turn: Turn | None = None
     task: asyncio.Task[None] | None = None
-    last_renewed: float = field(default_factory=time.monotonic)
+    acquired: float = field(default_factory=time.monotonic)
+    """When the lease was (at the latest) set or last renewed, on this process's monotonic clock."""
+    deadline: float = 0.0
     shutting_down: bool = False
+    self_fence: bool = True
+    _timer: asyncio.TimerHandle | None = None
+    _on_expire: Any = None
+
+    def arm(self, lease_ms: int, sent: float, on_expire: Any = None) -> None:
+        """The lease was set by a call sent at ``sent``: stop by ``sent`` + most of the lease."""
+        if on_expire is not None:
+            self._on_expire = on_expire
+        self.deadline = sent + lease_ms / 1000 * DEADLINE_SHARE
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self.self_fence:
+            return
+        loop = asyncio.get_running_loop()
+        # time.monotonic and the loop clock are the same clock in CPython's default loops;
+        # translate anyway so a custom loop clock cannot skew the deadline.
+        when = loop.time() + (self.deadline - time.monotonic())
+        self._timer = loop.call_at(when, self._expire)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        # Only the current timer fires (arm cancels the one before), so this is the deadline:
+        # no comparison with time.monotonic(), which uvloop's cached clock may trail by a few ms.
+        self._timer = None
+        if self._on_expire is not None:
+            self._on_expire(self)
+        cancel(self)
+
+
+def _expired(runner: Runner) -> Any:
+    def on_expire(d: Drive) -> None:
+        if d.task is not None and not d.task.done():
+            runner.log.error("lease.deadline_passed", sid=d.sid, token=d.token)
+
+    return on_expire
 
 
 async def run_drive(runner: Runner, d: Drive) -> None:
     log = runner.log.bind(sid=d.sid)
+    d.self_fence = runner.settings.runner.self_fence
+    d.arm(runner.settings.runner.lease_ms, d.acquired, _expired(runner))
     try:
         nxt = d.first
         if d.crashed is not None:
@@ -56,17 +111,28 @@ async def run_drive(runner: Runner, d: Drive) -> None:
         while nxt is not None:
             ending, plan = await _run_turn(runner, d, nxt)
             nxt = await _end_turn(runner, d, ending, plan)
-    except (LeaseLost, Fenced):
-        log.warning("drive.lease_lost")
+    except StoreDown as exc:
+        log.warning("drive.store_down", error=str(exc))
+        await runner.redis_failed()
+    except (LeaseLost, Fenced) as exc:
+        log.warning("drive.lease_lost", detail=str(exc))
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        # Redis failed under a read: write nothing more; the lease lapses and a takeover ends the turn.
+        log.warning("drive.store_down", error=repr(exc))
+        await runner.redis_failed()
     except asyncio.CancelledError:
         log.info("drive.cancelled")
         raise
     except Exception as exc:
         log.error("drive.failed", error=repr(exc), exc_info=exc)
-        with contextlib.suppress(Exception):
-            await _end_turn(runner, d, Ending("error", detail=f"internal error: {exc!r}"), None, force=True)
+        if d.turn is not None:
+            # A bug in the turn, not an unknown outcome of turn_end: end it as an error, once.
+            with contextlib.suppress(Exception):
+                await _end_turn(runner, d, Ending("error", detail=f"internal error: {exc!r}"), None)
     finally:
-        runner.drives.pop(d.sid, None)
+        d.disarm()
+        if runner.drives.get(d.sid) is d:
+            del runner.drives[d.sid]
 
 
 async def _run_turn(runner: Runner, d: Drive, msg: dict[str, Any]) -> tuple[Ending, dict[str, Any] | None]:
@@ -76,6 +142,7 @@ async def _run_turn(runner: Runner, d: Drive, msg: dict[str, Any]) -> tuple[Endi
         via=msg.get("mode") or "send", workspace=Path(info[0] or "."), model=info[1] or "script",
     )
     d.turn = turn
+    runner.log.info("turn.begin", sid=d.sid, turn_id=turn.turn_id, message_id=turn.message_id, token=d.token)
     if d.shutting_down:
         turn.request_stop("shutdown")
     stop = await runner.redis.hget(keys.session(d.sid), "stop")
@@ -96,29 +163,61 @@ def _plan_action(ending: Ending, plan: dict[str, Any] | None) -> str:
     return ""
 
 
-async def _end_turn(runner: Runner, d: Drive, ending: Ending, plan: dict[str, Any] | None,
-                    force: bool = False) -> dict[str, Any] | None:
+async def _end_turn(runner: Runner, d: Drive, ending: Ending, plan: dict[str, Any] | None) -> dict[str, Any] | None:
     turn = d.turn
-    if turn is None and not force:
+    if turn is None:
         return None
-    body = ""
-    if turn is not None:
-        body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,
-                                  finish_reason=ending.finish_reason, detail=ending.detail,
-                                  provider_finish_reason=ending.provider_finish_reason))
-    runner.log.info("turn.end", sid=d.sid, turn_id=turn.turn_id if turn else None, outcome=ending.outcome)
+    await _close_open_calls(runner, d, turn, ending)
+    body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,
+                              finish_reason=ending.finish_reason, detail=ending.detail,
+                              provider_finish_reason=ending.provider_finish_reason))
+    runner.log.info("turn.end", sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome)
     return await _turn_end_call(runner, d, body, _plan_action(ending, plan))
+
+
+async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending) -> None:
+    """Whatever path ended the turn, no tool call it opened stays without a result.
+
+    The loop closes the calls it knows about; this catches any it could not (an exception
+    between a response and its tool round). ``:open`` is a small hash, so HGETALL gives the
+    calls in the order the response listed them.
+    """
+    flat = await runner.redis.hgetall(keys.of(d.sid, keys.OPEN_CALLS))
+    if not flat:
+        return
+    call_ids = list(flat)
+    reason = turn.stop_reason if turn.stop_reason in ("stop", "steer") else None
+    evs: list[ev._Event]
+    if reason is not None:
+        evs = [ev.ToolSkipped(sid=d.sid, turn_id=turn.turn_id, call_id=c, reason=reason) for c in call_ids]
+    else:
+        text = f"Cancelled: the turn ended ({ending.outcome}) before this call finished."
+        evs = [ev.ToolResult(sid=d.sid, turn_id=turn.turn_id, call_id=c, ok=False, output=text) for c in call_ids]
+    ops = [x for c in call_ids for x in ("hdel", keys.OPEN_CALLS, c, "")]
+    try:
+        await runner.store.call("cox_emit", d.sid, [
+            d.sid, d.token, runner.owner, str(len(call_ids)), *ops, *(ev.body(e) for e in evs),
+        ])
+    except Fenced as exc:
+        raise LeaseLost(str(exc)) from exc
+    runner.log.warning("turn.closed_open_calls", sid=d.sid, turn_id=turn.turn_id, calls=call_ids)
 
 
 async def _turn_end_call(runner: Runner, d: Drive, body: str, plan: str) -> dict[str, Any] | None:
     next_turn = new_id("t")
     handoff = "1" if (d.shutting_down or runner.stopping) else ""
-    res = await runner.store.call("cox_turn_end", d.sid, [
-        d.sid, d.token, runner.owner, body, next_turn, str(runner.settings.runner.lease_ms), plan, handoff,
-    ])
+    lease_ms = runner.settings.runner.lease_ms
+    sent = time.monotonic()
+    try:
+        res = await runner.store.call("cox_turn_end", d.sid, [
+            d.sid, d.token, runner.owner, body, next_turn, str(lease_ms), plan, handoff,
+        ])
+    except Fenced as exc:
+        raise LeaseLost(str(exc)) from exc
     d.turn = None
     msg = res.get("next")
     if isinstance(msg, dict):
+        d.arm(lease_ms, sent)  # the call renewed the lease for the next turn
         return {**msg, "turn_id": res.get("turn_id", next_turn)}
     return None
 
@@ -134,9 +233,12 @@ async def _end_crashed(runner: Runner, d: Drive) -> dict[str, Any] | None:
         if open_calls:
             evs = [ev.ToolResult(sid=d.sid, turn_id=turn_id, call_id=cid, ok=False, output=CRASH_TEXT)
                    for cid, _name in open_calls]
-            await runner.store.call("cox_emit", d.sid, [
-                d.sid, d.token, runner.owner, "1", "del", ":open", "", "", *(ev.body(e) for e in evs),
-            ])
+            try:
+                await runner.store.call("cox_emit", d.sid, [
+                    d.sid, d.token, runner.owner, "1", "del", keys.OPEN_CALLS, "", "", *(ev.body(e) for e in evs),
+                ])
+            except Fenced as exc:
+                raise LeaseLost(str(exc)) from exc
         detail = f"the runner {c.get('old_runner') or '?'} stopped renewing its lease"
         body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn_id, outcome="crashed", detail=detail))
         runner.log.warning("turn.crashed", sid=d.sid, turn_id=turn_id, old_runner=c.get("old_runner"))
@@ -150,32 +252,37 @@ def parse_claims(raw: Any) -> list[dict[str, Any]]:
 
 
 async def renew_all(runner: Runner) -> None:
-    """Renew every lease this runner holds (one pipeline) and pass on what changed."""
-    drives = list(runner.drives.values())
+    """Renew every lease this runner holds (one pipeline) and pass on what changed.
+
+    The reply to a renewal may come late (Redis slow or gone); the pipeline is bounded by the
+    renewal period, and a drive whose deadline passes meanwhile stops itself (``Drive.arm``).
+    """
+    drives = [d for d in runner.drives.values() if d.task is None or not d.task.done()]
     if not drives:
         return
-    lease_ms = runner.settings.runner.lease_ms
+    rc = runner.settings.runner
+    lease_ms = rc.lease_ms
+    sent = time.monotonic()
     try:
         async with runner.redis.pipeline(transaction=False) as pipe:
             for d in drives:
                 pipe.fcall("cox_renew", 1, keys.session(d.sid), d.sid, d.token, str(lease_ms))
-            results = await pipe.execute(raise_on_error=False)
-    except Exception as exc:  # noqa: BLE001 - Redis down: self-fence below
-        runner.log.warning("lease.renew_failed", error=repr(exc))
-        results = [exc] * len(drives)
-    now = time.monotonic()
+            results = await asyncio.wait_for(pipe.execute(raise_on_error=False), timeout=rc.renew_every_ms / 1000)
+    except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
+        runner.log.warning("lease.renew_failed", error=repr(exc), drives=len(drives))
+        await runner.redis_failed()
+        return
     for d, res in zip(drives, results, strict=True):
         if isinstance(res, Exception):
-            if now - d.last_renewed > lease_ms / 1000:
-                runner.log.error("lease.deadline_passed", sid=d.sid)
-                _cancel(d)
+            runner.log.warning("lease.renew_failed", sid=d.sid, error=repr(res))
             continue
         head = json.loads(res[0])
         if "error" in head:
             runner.log.warning("lease.lost", sid=d.sid, detail=head.get("detail"))
-            _cancel(d)
+            cancel(d)
             continue
-        d.last_renewed = now
+        if runner.drives.get(d.sid) is d:
+            d.arm(lease_ms, sent)
         t = d.turn
         if t is None:
             continue
@@ -184,13 +291,26 @@ async def renew_all(runner: Runner) -> None:
         if head.get("leads"):
             t.leads_waiting = True
             t.ring()
-        if head.get("observed"):
-            t.observed_waiting = True
 
 
-def _cancel(d: Drive) -> None:
+def cancel(d: Drive) -> None:
     if d.task is not None and not d.task.done():
         d.task.cancel()
+
+
+async def ensure_lease(runner: Runner, sid: str, token: str) -> None:
+    """Raise :class:`LeaseLost` unless this runner still holds ``sid`` under ``token``.
+
+    For a side effect Redis cannot fence (writing a file): checked just before it, against the
+    local deadline and against Redis.
+    """
+    d = runner.drives.get(sid)
+    if d is None or d.token != token or (d.self_fence and time.monotonic() >= d.deadline):
+        raise LeaseLost("the lease is past its deadline or no longer held")
+    try:
+        await runner.store.call("cox_fence", sid, [sid, token])
+    except Fenced as exc:
+        raise LeaseLost(str(exc)) from exc
 
 
 async def ring_local(runner: Runner, sid: str, kind: str) -> None:
@@ -200,15 +320,12 @@ async def ring_local(runner: Runner, sid: str, kind: str) -> None:
         return
     t = d.turn
     if kind in ("stop", "steer"):
-        with contextlib.suppress(CoxError, OSError):
+        with contextlib.suppress(CoxError, OSError, redis.exceptions.RedisError):
             stop = await runner.redis.hget(keys.session(sid), "stop")
             if stop:
                 t.request_stop(stop)
     elif kind == "lead":
         t.leads_waiting = True
-        t.ring()
-    elif kind == "observe":
-        t.observed_waiting = True
         t.ring()
     else:
         t.ring()

@@ -1,6 +1,8 @@
 """Runner-internal errors.
 
     LeaseLost      the session's lease is no longer ours: stop at once, write nothing more
+    └── StoreDown  Redis did not answer the holder's call: whether it ran is unknown, so the
+                   runner writes nothing more and lets the lease lapse (takeover ends the turn)
     StopRequested  Stop or steer asked the running turn to end (carries the reason)
 """
 
@@ -9,6 +11,10 @@ from __future__ import annotations
 
 class LeaseLost(Exception):
     """A fenced write was refused or renewal failed past the deadline."""
+
+
+class StoreDown(LeaseLost):
+    """Redis failed under a call of the turn's holder (connection lost, timeout)."""
 
 
 class StopRequested(Exception):

@@ -521,6 +521,7 @@ class TurnLoop:
             safefs.write(t.workspace, rel, data)
             return textdiff.counts(old, data)
 
+        await self.runner.ensure_lease(t.sid, t.token)  # a stale runner must not write the file
         added, removed = await asyncio.shield(asyncio.to_thread(do_write))
         await self._result(
             call, True, f"Wrote {rel} ({len(data)} bytes, +{added} -{removed}).",

@@ -102,11 +102,18 @@ local function take_lease(base, sid, runner, lease_ms, now)
   return token
 end
 
-local function release(base, sid)
+local function release(base, sid, now)
   redis.call('DEL', base .. ':lease')
   redis.call('ZREM', LEASES, sid)
   redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'runner', '', 'token', '',
     'lead_closed', '0', 'op', '', 'busy', '0')
+  -- A model chosen while the session was busy applies now, not at some later send.
+  local nm = redis.call('HGET', base, 'next_model')
+  if nm and nm ~= '' then
+    redis.call('HSET', base, 'model', nm)
+    redis.call('HDEL', base, 'next_model')
+    emit_t(base, sid, { type = 'session.updated', changes = { model = nm } }, now)
+  end
 end
 
 -- Mark every pending lead unapplied (Stop, steer, crash): they stay saved, start nothing.
@@ -131,6 +138,7 @@ end
 -- Dismiss the approvals a turn left pending (it crashed, or ended some other way while one was
 -- open): a pending approval never outlives its turn.
 local function dismiss_approvals(base, sid, turn_id, now)
+  if turn_id == '' then return end
   local all = redis.call('HGETALL', base .. ':appr')
   for i = 1, #all, 2 do
     local a = cjson.decode(all[i + 1])
@@ -370,8 +378,7 @@ local function cox_renew(keys, args)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   redis.call('PEXPIRE', base .. ':lease', lease_ms)
   redis.call('ZADD', LEASES, now_ms() + lease_ms, sid)
-  return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq'),
-                   observed = redis.call('LLEN', base .. ':observed') }) }
+  return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq') }) }
 end
 
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
@@ -411,6 +418,13 @@ local function cox_emit(keys, args)
     if first == 0 then first = last end
   end
   return with_pub(base, owner, reply({ first = first, last = last }))
+end
+
+-- Is token still the lease? For a side effect outside Redis (a file write), checked just before
+-- it. ARGV: sid, token
+local function cox_fence(keys, args)
+  if not hold(keys[1], args[2]) then return refuse('fenced', 'lease lost') end
+  return { reply({ ok = true }) }
 end
 
 -- Automatic title: never over a manual rename, never when auto_title is off.
@@ -476,8 +490,8 @@ local function cox_turn_end(keys, args)
   if plan == '-' then redis.call('HDEL', base, 'plan')
   elseif plan ~= '' then redis.call('HSET', base, 'plan', plan) end
   if end_body ~= '' and turn_id ~= '' then
-    unapply_leads(base, sid, turn_id, now)
     dismiss_approvals(base, sid, turn_id, now)
+    unapply_leads(base, sid, turn_id, now)
     emit(base, sid, end_body, now)
   end
   redis.call('DEL', base .. ':open')
@@ -497,7 +511,7 @@ local function cox_turn_end(keys, args)
     begin_turn(base, sid, msg, next_turn_id, now)
     return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id }))
   end
-  release(base, sid)
+  release(base, sid, now)
   return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id }))
 end
 
@@ -587,6 +601,7 @@ redis.register_function('cox_answer', cox_answer)
 redis.register_function('cox_renew', cox_renew)
 redis.register_function('cox_emit', cox_emit)
 redis.register_function('cox_auto_title', cox_auto_title)
+redis.register_function('cox_fence', cox_fence)
 redis.register_function('cox_take_leads', cox_take_leads)
 redis.register_function('cox_close_leads', cox_close_leads)
 redis.register_function('cox_turn_end', cox_turn_end)

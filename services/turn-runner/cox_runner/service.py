@@ -15,11 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Any
 
+import redis.exceptions
 from nats.aio.msg import Msg
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
-from coxswain import eventlog, subjects
+from coxswain import eventlog, keys, subjects
 from coxswain.config import Settings
 from coxswain.ids import new_id
 from coxswain.models import (
@@ -39,6 +43,7 @@ from . import drive as drives_mod
 from .admission import Admission
 from .clients import Clients
 from .drive import Drive
+from .errors import StopRequested
 from .providers import Models
 from .store import Store
 
@@ -59,10 +64,14 @@ class Runner(Service):
         self.turns_started = 0
 
     async def start(self) -> None:
+        # Never let the client resend a call whose connection broke: a transition may have run
+        # (see store.py); the caller decides (503, or the drive lets its lease lapse).
+        self.redis.set_retry(Retry(NoBackoff(), 0))
         self.js = self.nc.jetstream()
         await eventlog.ensure_stream(self.js)
         self.store = Store(self.redis, self.js, self.owner, self.log)
         await self.store.load()
+        await self._check_durability()
         self.clients = Clients(self.nc, judge_timeout=self.settings.judge.timeout_s + 5)
         self.admission = Admission(self)
         a = self.admission
@@ -78,12 +87,29 @@ class Runner(Service):
         self.spawn(self._every(rc.claim_interval_ms / 1000, self._claim), "claimer", critical=True)
         self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
 
+    async def _check_durability(self) -> None:
+        """The queue is only as durable as Redis: say so when it does not fsync every write."""
+        try:
+            cfg = await self.redis.config_get("append*")
+        except redis.exceptions.ResponseError:  # CONFIG renamed or refused (a managed Redis)
+            return
+        if cfg.get("appendonly") != "yes" or cfg.get("appendfsync") != "always":
+            self.log.warning("redis.not_durable", appendonly=cfg.get("appendonly"), appendfsync=cfg.get("appendfsync"),
+                             detail="a message answered 202 may be lost if Redis dies; run it with "
+                                    "--appendonly yes --appendfsync always")
+
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
         return {"runner": self.runner_id, "drives": len(self.drives), "turns_started": self.turns_started}
 
     # ------------------------------------------------------------------ drives
     def start_drive(self, d: Drive) -> None:
+        old = self.drives.get(d.sid)
+        if old is not None and old is not d:
+            # This runner took the session again (its old drive lost the lease, e.g. the loop
+            # stalled past it): the old drive is fenced off; make sure it stops now.
+            self.log.warning("drive.replaced", sid=d.sid, old_token=old.token, token=d.token)
+            drives_mod.cancel(old)
         self.drives[d.sid] = d
         d.task = self.spawn(drives_mod.run_drive(self, d), f"drive:{d.sid}")
 
@@ -93,12 +119,53 @@ class Runner(Service):
         if nxt is not None:
             self.start_drive(Drive(sid=d.sid, token=d.token, first=nxt))
 
+    async def redis_failed(self) -> None:
+        """Redis failed a call: drop the idle pooled connections, so that once it is back (a
+        restart) no call goes out on a socket the old server closed. Calls are not retried
+        (see store.py), so a stale socket would fail one more call for nothing."""
+        with contextlib.suppress(Exception):
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
+
+    async def ensure_lease(self, sid: str, token: str) -> None:
+        """Raise LeaseLost unless this runner still holds ``sid`` (before a file write)."""
+        await drives_mod.ensure_lease(self, sid, token)
+
     def metrics_turn_started(self) -> None:
         self.turns_started += 1
 
     async def read_events(self, sid: str) -> list[dict[str, Any]]:
-        async with eventlog.EventFeed(self.js, sid) as feed:
-            return await feed.drain(limit=1_000_000)
+        """The session's whole log, at least up to the last event recorded when called.
+
+        Events are recorded in Redis first and published after, so the outbox is flushed and the
+        log read until it holds that seq: a turn never starts from a partial transcript. While
+        NATS is down this waits (retrying) rather than run on what it has; Stop still ends it.
+        """
+        target = int(await self.redis.hget(keys.session(sid), "seq") or 0)
+        out: list[dict[str, Any]] = []
+        pause = 0.05
+        while True:
+            d = self.drives.get(sid)
+            if d is not None and d.turn is not None and d.turn.stopping:
+                raise StopRequested(d.turn.stop_reason or "stop")
+            try:
+                await self.store.flush(sid, timeout=2.0)
+                async with eventlog.EventFeed(self.js, sid, out[-1]["seq"] if out else 0) as feed:
+                    while not out or out[-1]["seq"] < target:
+                        batch = await feed.next(timeout=2.0, limit=1000)
+                        if not batch:
+                            break
+                        out.extend(batch)
+                if (out[-1]["seq"] if out else 0) >= target:
+                    return out
+                self.log.warning("log.behind", sid=sid, have=out[-1]["seq"] if out else 0, want=target)
+            except (asyncio.CancelledError, StopRequested):
+                raise
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS down or restarting: wait for it
+                self.log.warning("log.unreadable", sid=sid, error=repr(exc))
+            await asyncio.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     # ------------------------------------------------------------------ doorbells
     async def ring(self, runner_id: Any, sid: str, kind: str) -> None:
@@ -127,6 +194,8 @@ class Runner(Service):
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis/NATS hiccups must not kill the loop
                 self.log.warning("loop.error", loop=fn.__name__, error=repr(exc))
+                if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+                    await self.redis_failed()
             await asyncio.sleep(period)
 
     async def _renew(self) -> None:
@@ -135,11 +204,13 @@ class Runner(Service):
     async def _claim(self) -> None:
         if self.stopping:
             return
+        sent = time.monotonic()
         raw = await self.redis.fcall("cox_claim", 0, self.runner_id, str(self.settings.runner.lease_ms), "20")
         for c in drives_mod.parse_claims(raw[0] if isinstance(raw, list) else raw):
             sid = str(c["sid"])
-            self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"))
-            self.start_drive(Drive(sid=sid, token=str(c["token"]), crashed=c))
+            self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"),
+                             token=c.get("token"))
+            self.start_drive(Drive(sid=sid, token=str(c["token"]), crashed=c, acquired=sent))
 
     async def _sweep(self) -> None:
         await self.store.sweep()

@@ -4,6 +4,12 @@ Every state change is one ``FCALL`` into ``redis_lib.lua``. A call that recorded
 back a batch of the session's outbox together with its publish lock; this module then publishes
 the batch to JetStream in order and asks for the next one until the outbox is empty. Publishing
 runs in a kept background task so an HTTP reply or the turn loop does not wait on JetStream.
+
+Calls are never retried by the Redis client (the runner turns its retries off): a transition
+whose connection broke may or may not have run, and running it twice would record it twice. A
+call of the turn's holder that fails that way raises :class:`StoreDown`, so the turn writes
+nothing more and the lease lapses; admission answers 503 and the person may retry (``client_id``
+makes a send idempotent).
 """
 
 from __future__ import annotations
@@ -20,7 +26,14 @@ from nats.js import JetStreamContext
 
 from coxswain import errors, eventlog, keys
 
+from .errors import StoreDown
+
 LIBRARY = resources.files("cox_runner").joinpath("redis_lib.lua").read_text()
+
+
+# Functions only the holder of a turn's lease calls (with its token).
+HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_leads", "cox_close_leads",
+                        "cox_turn_end", "cox_fence"})
 
 
 def _list(value: Any) -> list[Any]:
@@ -48,12 +61,17 @@ class Store:
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
         try:
-            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
-        except redis.exceptions.ResponseError as exc:
-            if "Function not found" not in str(exc) and "NOSCRIPT" not in str(exc):
-                raise
-            await self.load()
-            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+            try:
+                res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+            except redis.exceptions.ResponseError as exc:
+                if "Function not found" not in str(exc) and "NOSCRIPT" not in str(exc):
+                    raise
+                await self.load()
+                res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            if fn in HOLDER_FNS and not (fn == "cox_emit" and argv[1] == ""):
+                raise StoreDown(f"redis did not answer {fn}: {exc!r}") from exc
+            raise
         head = json.loads(res[0])
         batch = list(res[1:])
         if batch and sid is not None:

@@ -33,7 +33,6 @@ class Turn:
     stop_reason: str | None = None
     leads_waiting: bool = False
     """Hint from a doorbell or renewal; the loop reads Redis at every boundary regardless."""
-    observed_waiting: bool = False
     """Hint only: every tool result takes the waiting observations from Redis."""
     turn_standing: set[str] = field(default_factory=set)
     info: dict[str, Any] = field(default_factory=dict)
