@@ -9,7 +9,7 @@ import pytest
 
 from cox.servers import NatsServer, RedisServer
 
-from .stack import Api, Stack
+from .stack import Api, Stack, stack_fixture
 
 
 @pytest.fixture(scope="session")
@@ -24,15 +24,8 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
         yield server  # type: ignore[misc]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A shared two-runner stack for tests that only talk HTTP and use their own sessions."""
-    s = Stack(tmp_path_factory.mktemp("stack"), runners=2)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+# A shared two-runner stack for tests that only talk HTTP and use their own sessions.
+stack = stack_fixture("stack", runners=2)
 
 
 @pytest.fixture

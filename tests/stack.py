@@ -223,3 +223,15 @@ def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+def stack_fixture(name: str, **kw: Any) -> Any:
+    """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+        with running(tmp_path_factory.mktemp(name), **kw) as s:
+            yield s
+
+    return stack

@@ -11,7 +11,7 @@ import pytest
 
 from .logcheck import log_of, replay
 from .runners import respawn
-from .stack import Api, Stack
+from .stack import Api, Stack, stack_fixture
 
 # Sessions get no model unless one is named; "gone" is configured now and removed later.
 CONFIG = """
@@ -27,14 +27,7 @@ model = "nothing"
 MAX_BODY = 1_048_576
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("badin"), runners=2, config=CONFIG)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+stack = stack_fixture("badin", runners=2, config=CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -7,27 +7,17 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from .logcheck import check_accepted, log_of, replay
-from .stack import Api, Stack, script
+from .stack import Api, Stack, script, stack_fixture
 
 SESSIONS = 20
 MESSAGES = 10
 SEED = int(os.environ.get("COX_TEST_SEED", "0")) or random.randrange(1, 1 << 30)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("fifo"), runners=2)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+stack = stack_fixture("fifo", runners=2)
 
 
 def a_message(rng: random.Random, label: str) -> str:

@@ -22,7 +22,7 @@ from coxswain import safefs
 from coxswain.errors import Refused
 
 from .flow import answer, call_ids, final_decision, next_approval, of_call, patch, result, run_turn
-from .stack import Api, Stack, script
+from .stack import Api, Stack, script, stack_fixture
 
 CONFIG = """
 [approval]
@@ -31,14 +31,7 @@ allow_commands = ["echo standing"]
 """
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("guard"), runners=1, config=CONFIG)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+stack = stack_fixture("guard", runners=1, config=CONFIG)
 
 
 def session(api: Api, name: str, dont_ask: bool = True) -> tuple[str, Path]:

@@ -9,13 +9,12 @@ it (the ``limit.soft`` event is still recorded).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from .checks import finished, last_seq, of_type, one
-from .stack import Api, Stack, script
+from .stack import Api, Stack, script, stack_fixture
 
 CONFIG = """
 [limits]
@@ -38,14 +37,7 @@ output_price = 10000.0
 """The priced script model costs $0.01 per output token: ``tokens: 6`` is $0.06."""
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("limits"), runners=1, config=CONFIG)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+stack = stack_fixture("limits", runners=1, config=CONFIG)
 
 
 def tool(name: str, **args: Any) -> dict[str, Any]:

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from .logcheck import check_accepted, log_of, replay
 from .runners import holder, wait_log
-from .stack import Api, Stack, script
+from .stack import Api, Stack, script, stack_fixture
 
 LEASE_MS = 2000
 CONFIG = """
@@ -27,14 +25,7 @@ commands = "allow"
 """
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("outage"), runners=2, lease_ms=LEASE_MS, config=CONFIG)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+stack = stack_fixture("outage", runners=2, lease_ms=LEASE_MS, config=CONFIG)
 
 
 class Sender(threading.Thread):

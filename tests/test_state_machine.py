@@ -8,7 +8,6 @@ that a stopped or steered turn leaves no tool call without its result, whatever 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from .logcheck import check_accepted, log_of, replay
-from .stack import Api, Stack, script
+from .stack import Api, Stack, script, stack_fixture
 
 # A second model whose server never answers in time: a turn on it runs until it is stopped.
 CONFIG = """
@@ -32,14 +31,7 @@ model = "nothing"
 LONG = 60_000
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("sm"), runners=2, config=CONFIG)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+stack = stack_fixture("sm", runners=2, config=CONFIG)
 
 
 def long_turn(label: str = "hold") -> str:

@@ -13,12 +13,10 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nats
-import pytest
 import redis
 
 from cox_versions.changes import build as build_changes
@@ -26,7 +24,7 @@ from coxswain import keys, subjects
 from coxswain.models import PREVIEW_LABEL, KeepRequest, RestoreRequest
 
 from .flow import answer, call_ids, final_decision, next_approval, result, run_turn
-from .stack import Api, Stack, script
+from .stack import Api, Stack, script, stack_fixture
 
 CONFIG = """
 [approval]
@@ -34,14 +32,7 @@ commands = "allow"
 """
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("versions"), runners=1, config=CONFIG)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
+stack = stack_fixture("versions", runners=1, config=CONFIG)
 
 
 def write(path: str, content: str) -> dict[str, Any]:
