@@ -1,0 +1,167 @@
+"""Throughput sweep: S sessions x M queued messages, the script model at D ms per response.
+
+For each runner count a fresh stack; for each S, sessions are created (not timed), then every
+session is sent its M messages (``mode=queue``, in order; at most 64 requests in flight) and the
+bench waits until every session is idle with an empty queue, watching Redis read-only (one
+pipelined read every 100 ms, so the gateway carries no polling load).
+
+Figures (server ts unless named): turns/s = turns / (last turn.end ts - first send, client wall
+clock); queue wait = turn.start ts - queue.added ts of each queued message; CPU per turn = CPU
+of every stack process (services, nats-server, redis-server) over the load / turns; the
+client's CPU is reported apart. The verdict (``verdict.py``) comes from the event log; a
+throughput that breaks FIFO or no-overlap counts as zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from coxswain import keys
+
+from . import session, verdict
+from .client import Pool
+from .stack import CpuMeter, Servers, Stack
+from .stats import percentile, ratio, summary
+
+
+async def wait_all_idle(redis_url: str, sids: list[str], timeout: float) -> bool:
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while loop.time() < deadline:
+            async with r.pipeline(transaction=False) as pipe:
+                for sid in sids:
+                    base = keys.session(sid)
+                    pipe.hget(base, "busy")
+                    pipe.llen(base + keys.QUEUE)
+                    pipe.llen(base + keys.OUTBOX)
+                res = await pipe.execute()
+            if all(res[i] == "0" and res[i + 1] == 0 and res[i + 2] == 0 for i in range(0, len(res), 3)):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+    finally:
+        await r.aclose()
+
+
+def handoff_gaps(evs: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """(turn.end -> next queued turn.start, turn.end -> that turn's first assistant.msg) in ms."""
+    queued = {e["message_id"] for e in evs if e["type"] == "queue.added"}
+    first_out: dict[str, int] = {}
+    for e in evs:
+        if e["type"] == "assistant.msg" and e["turn_id"] not in first_out:
+            first_out[e["turn_id"]] = e["ts"]
+    to_start, to_output = [], []
+    last_end: dict[str, Any] | None = None
+    for e in evs:
+        if e["type"] == "turn.end":
+            last_end = e
+        elif e["type"] == "turn.start" and e["message_id"] in queued and last_end is not None:
+            to_start.append(e["ts"] - last_end["ts"])
+            if e["turn_id"] in first_out:
+                to_output.append(first_out[e["turn_id"]] - last_end["ts"])
+    return to_start, to_output
+
+
+async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: Callable[[int], str],
+               timeout: float, workspace: str = "sweep") -> dict[str, Any]:
+    """One load: ``n_sessions`` fresh sessions, ``messages`` queued messages each."""
+    sessions = await session.create(pool, n_sessions, workspace, concurrency=16)
+    sids = [s["id"] for s in sessions]
+    accepted: dict[str, list[str]] = {sid: [] for sid in sids}
+    dispositions: dict[str, int] = {}
+    sem = asyncio.Semaphore(64)
+
+    async def feed(sid: str) -> None:
+        for j in range(messages):
+            async with sem:
+                res = await session.send(pool, sid, text(j), mode="queue")
+            accepted[sid].append(res["message_id"])
+            dispositions[res["disposition"]] = dispositions.get(res["disposition"], 0) + 1
+
+    meter = CpuMeter(stack.all_procs()).start()
+    t0w, t0 = time.time(), time.perf_counter()
+    await session.gather_all([feed(s) for s in sids], timeout)
+    sent_s = time.perf_counter() - t0
+    finished = await wait_all_idle(stack.servers.redis.url, sids, timeout)
+    meter.stop()
+    logs = await session.all_events(pool, sids)
+    v = verdict.check(logs, accepted)
+    v["finished_in_time"] = finished
+    ends = [e for evs in logs.values() for e in evs if e["type"] == "turn.end"]
+    turns = len(ends)
+    span_s = (max(e["ts"] for e in ends) - t0w * 1000) / 1000 if ends else float("nan")
+    waits = []
+    for evs in logs.values():
+        added = {e["message_id"]: e["ts"] for e in evs if e["type"] == "queue.added"}
+        waits += [e["ts"] - added[e["message_id"]] for e in evs if e["type"] == "turn.start" and e["message_id"] in added]
+    to_start, to_output = [], []
+    for evs in logs.values():
+        a, b = handoff_gaps(evs)
+        to_start += a
+        to_output += b
+    events = sum(len(evs) for evs in logs.values())
+    tps = turns / span_s if span_s > 0 else 0.0
+    return {
+        "sessions": n_sessions, "messages_per_session": messages, "turns": turns, "dispositions": dispositions,
+        "send_phase_s": round(sent_s, 3), "span_s": round(span_s, 3),
+        "turns_per_s": round(tps, 1), "turns_per_s_counted": round(tps, 1) if v["ok"] and finished else 0.0,
+        "queue_wait_ms": summary(waits, 1), "handoff_end_to_start_ms": summary(to_start, 1),
+        "handoff_end_to_first_output_ms": summary(to_output, 1),
+        "cpu_ms_per_turn": round(meter.total / max(1, turns) * 1000, 2),
+        "cpu_s_by_process": meter.spent, "client_cpu_ms_per_turn": round(meter.client_s / max(1, turns) * 1000, 2),
+        "events_per_turn": round(events / max(1, turns), 2), "verdict": v,
+    }
+
+
+def ideal(n_sessions: int, messages: int, delay_ms: int) -> dict[str, float]:
+    """What the model time alone allows: every session's turns back to back, all sessions at once."""
+    waits = sorted(float(k * delay_ms) for _ in range(n_sessions) for k in range(1, messages))
+    return {"turns_per_s": n_sessions * 1000.0 / delay_ms, "queue_wait_p99_ms": percentile(waits, 99),
+            "queue_wait_p50_ms": percentile(waits, 50)}
+
+
+async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], messages: int, delay_ms: int,
+                timeout: float, cpu_floor_per_turn_ms: Callable[[float], float], log: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    text = lambda j: session.script([{"text": f"turn {j} done", "delay_ms": delay_ms}], text=f"message {j}")  # noqa: E731
+    for n_runners in runners:
+        servers = Servers(tmp / f"sweep-r{n_runners}").start()
+        stack = Stack(tmp / f"sweep-r{n_runners}", servers, n_runners)
+        try:
+            stack.start()
+            pool = Pool(stack.port, stack.token, size=32)
+            try:
+                for s in sessions:
+                    t0 = time.perf_counter()
+                    try:
+                        r = await load(stack, pool, s, messages, text, timeout, workspace=f"sweep{s}")
+                    except Exception as exc:  # noqa: BLE001 - a failed point is reported, the sweep goes on
+                        r = {"sessions": s, "error": repr(exc), "turns_per_s_counted": 0.0}
+                    r["runners"] = n_runners
+                    ide = ideal(s, messages, delay_ms)
+                    r["ideal"] = ide
+                    if "error" not in r:
+                        r["ratio"] = {
+                            "turns_per_s": ratio(ide["turns_per_s"], r["turns_per_s_counted"] or None),
+                            "queue_wait_p99": ratio(r["queue_wait_ms"].get("p99"), ide["queue_wait_p99_ms"]),
+                            "cpu_per_turn": ratio(r["cpu_ms_per_turn"], cpu_floor_per_turn_ms(r["events_per_turn"])),
+                        }
+                        r["cpu_floor_ms_per_turn"] = round(cpu_floor_per_turn_ms(r["events_per_turn"]), 3)
+                    out.append(r)
+                    log(f"  sweep runners={n_runners} S={s}: {r.get('turns_per_s', '-')} turns/s "
+                        f"(counted {r.get('turns_per_s_counted')}), p99 wait {r.get('queue_wait_ms', {}).get('p99')} ms, "
+                        f"verdict {r.get('verdict', {}).get('ok')} ({time.perf_counter() - t0:.0f}s)")
+            finally:
+                pool.close()
+        finally:
+            stack.stop()
+            servers.stop()
+    return out
