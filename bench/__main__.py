@@ -1,7 +1,7 @@
 """``./dev bench [--quick] [--peer langgraph] [--only PHASES] [--no-profile]``
 
-Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff (one stack, two
-runners, the floors' servers), sweep (a fresh stack per runner count), memory (a fresh stack),
+Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff, trace (wire
+timelines; one stack, two runners, the floors' servers), sweep (a fresh stack per runner count), memory (a fresh stack),
 peer (only with ``--peer``). A phase that fails is recorded and the rest go on.
 """
 
@@ -25,14 +25,14 @@ from typing import Any
 
 import uvloop
 
-from . import floors, latency, memory, report, sweep, toolcalls
+from . import floors, latency, memory, report, sweep, toolcalls, traces
 from .client import Pool
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
 from .stack import Servers, Stack
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "sweep", "memory", "peer")
+PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "memory", "peer")
 T0 = time.perf_counter()
 
 
@@ -122,7 +122,7 @@ class Run:
             if self.want("floors"):
                 self.res["floors"] = await self.phase("floors", asyncio.to_thread(floors.measure, servers, c.floor_n,
                                                                                   100, log))
-            if self.only & {"send", "tool_calls", "lead", "handoff"}:
+            if self.only & {"send", "tool_calls", "lead", "handoff", "trace"}:
                 await self.latencies(servers)
         finally:
             servers.stop()
@@ -165,6 +165,8 @@ class Run:
                 ph["lead"] = await self.phase("lead", latency.lead_applied(stack, pool, c.lead_n))
             if self.want("handoff"):
                 ph["handoff"] = await self.phase("handoff", latency.handoff(stack, pool, c.handoff_rounds))
+            if self.want("trace"):
+                self.res["traces"] = await self.phase("trace", traces.record(stack, pool))
         finally:
             pool.close()
             stack.stop()

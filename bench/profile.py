@@ -22,6 +22,9 @@ from typing import Any
 
 import psutil
 
+NATIVE_LOOP = frozenset({"run (runners.py)", "Runner.run (runners.py)", "run_until_complete (base_events.py)"})
+"""With uvloop the loop runs in C: samples whose innermost Python frame is the runner's are the
+loop's own native work (polling, socket reads and writes, callbacks' C side)."""
 FRAME_RE = re.compile(r"^(?P<fn>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
 
 
@@ -38,20 +41,20 @@ def _frame(raw: str) -> tuple[str, str]:
 
 
 def _package(file: str) -> str:
+    """py-spy names files relative to their sys.path entry: ``cox_runner/loop.py``,
+    ``redis/asyncio/connection.py``, ``asyncio/runners.py``; the first part is the package."""
     if "site-packages/" in file:
-        return file.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
-    for mark in ("cox_runner", "cox_gateway", "cox_guard", "cox_judge", "cox_versions", "coxswain"):
-        if f"/{mark}/" in file:
-            return mark
-    if "/lib/python3" in file:
-        rest = file.split("/lib/python3", 1)[1].split("/", 2)
-        return "stdlib:" + (rest[1].removesuffix(".py") if len(rest) > 1 else "?")
-    return file.rsplit("/", 1)[-1] or "?"
+        file = file.split("site-packages/", 1)[1]
+    if file.startswith("<"):
+        return file
+    head = file.split("/", 1)[0]
+    return head.removesuffix(".py") if "/" in file else "module " + head
 
 
 def summarise(path: Path, top: int = 20) -> dict[str, Any]:
     self_t: Counter[str] = Counter()
     incl: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
     pkgs: Counter[str] = Counter()
     total = 0
     if not path.exists():
@@ -65,20 +68,28 @@ def summarise(path: Path, top: int = 20) -> dict[str, Any]:
         if not frames:
             continue
         total += n
-        names = []
+        names, mine = [], []
         for raw in frames:
             fn, file = _frame(raw)
             names.append(f"{fn} ({file.rsplit('/', 1)[-1]})")
+            if _package(file).startswith(("cox_", "coxswain")):
+                mine.append(f"{_package(file)}.{fn}")
+        leaf_pkg = _package(_frame(frames[-1])[1])
+        if names[-1] in NATIVE_LOOP:
+            names[-1] = leaf_pkg = "event loop (uvloop, native code)"
         self_t[names[-1]] += n
-        pkgs[_package(_frame(frames[-1])[1])] += n
+        pkgs[leaf_pkg] += n
         for name in set(names):
             incl[name] += n
+        for name in set(mine):
+            ours[name] += n
 
-    def pct(c: Counter[str], k: int) -> list[list[Any]]:
-        return [[name, round(100 * v / total, 1)] for name, v in c.most_common(k)] if total else []
+    def pct(c: Counter[str], k: int, below: float = 101.0) -> list[list[Any]]:
+        rows = [(name, round(100 * v / total, 1)) for name, v in c.most_common()] if total else []
+        return [[name, p] for name, p in rows if p < below][:k]
 
     return {"samples": total, "self_pct": pct(self_t, top), "inclusive_pct": pct(incl, top + 10),
-            "package_self_pct": pct(pkgs, 15)}
+            "ours_inclusive_pct": pct(ours, top, below=75.0), "package_self_pct": pct(pkgs, 15)}
 
 
 class Profiler:
@@ -121,4 +132,4 @@ class Profiler:
         for name, s in per.items():
             if not s.get("samples"):
                 s["py_spy_said"] = logs.get(name, "")
-        return {"workload": result, "processes": per, "raw_dir": str(self.out_dir)}
+        return {"workload": result, "processes": per, "raw_dir": str(self.out_dir), "rate": self.rate}

@@ -31,5 +31,5 @@ FULL = Counts(name="full")
 QUICK = Counts(
     name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10,
     sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000,
-    peer_threads=(10,), peer_steer_n=10,
+    peer_threads=(10,), peer_steer_n=5,
 )

@@ -69,11 +69,14 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         tag = f"runners={p['runners']} S={p['sessions']}"
         ok = "FIFO+no-overlap kept" if p["verdict"]["ok"] else f"BROKEN: {p['verdict']['problems'][:2]}"
         out.append(_row("sweep", f"{tag} turns/s", p["turns_per_s_counted"], p["ideal"]["turns_per_s"], "turns/s",
-                        f"{ok}; floor = ideal (model time only); ratio = ideal / measured", inverse=True))
+                        f"{ok}; floor = min(S / model time, cores / CPU floor per turn) = "
+                        f"min({p['ideal']['model_bound_turns_per_s']:.0f}, {p['ideal']['cpu_bound_turns_per_s']:.0f}); "
+                        "ratio = floor / measured", inverse=True))
         out.append(_row("sweep", f"{tag} p99 queue wait", p["queue_wait_ms"].get("p99"),
-                        p["ideal"]["queue_wait_p99_ms"], "ms", "floor = model time of the turns ahead"))
+                        p["ideal"]["queue_wait_p99_ms"], "ms", "floor = the turns ahead at the floor's pace"))
         out.append(_row("sweep", f"{tag} CPU per turn", p["cpu_ms_per_turn"], p["cpu_floor_ms_per_turn"], "ms",
-                        f"all stack processes; client {p['client_cpu_ms_per_turn']} ms/turn apart"))
+                        f"all stack processes; client {p['client_cpu_ms_per_turn']} ms/turn apart; floor = CPU of "
+                        f"HTTP + NATS req-reply + 3 Redis scripts + {p['events_per_turn']} JetStream publishes"))
     if m := ph.get("memory"):
         n = m["sessions"]
         for name, mb in m["rss_mb_after"].items():
@@ -164,10 +167,22 @@ def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
         for name, s in prof["processes"].items():
             if not s.get("samples"):
                 continue
-            lines.append(f"- **{name}** ({s['samples']} samples): packages by self time: " +
+            lines.append(f"- **{name}** ({s['samples']} samples at {prof.get('rate', 250)} Hz): self time by package: " +
                          ", ".join(f"{k} {v}%" for k, v in s["package_self_pct"][:8]))
-            lines.append("  - inclusive: " + "; ".join(f"{k} {v}%" for k, v in s["inclusive_pct"][:14]))
+            lines.append("  - our code, inclusive: " + "; ".join(f"{k} {v}%" for k, v in s["ours_inclusive_pct"][:12]))
+            lines.append("  - hottest frames, self: " + "; ".join(f"{k} {v}%" for k, v in s["self_pct"][:8]))
         lines.append("")
+    tr = res.get("traces") or {}
+    if any(isinstance(v, dict) and v.get("lines") for v in tr.values()):
+        lines += ["## Wire timelines (every Redis command and NATS message, one operation each)", "",
+                  "`redis<name` is a command from that process (Lua's inner calls are not listed); "
+                  "`nats` is any message on the bus (requests, replies `_INBOX`, JetStream API `$JS`, "
+                  "event publishes `cox.ev`). A large gap with nothing on the wire is time inside a process.", ""]
+        for name, t in tr.items():
+            if not isinstance(t, dict) or not t.get("lines"):
+                continue
+            shown = t["lines"] if len(t["lines"]) <= 70 else [*t["lines"][:60], "...", *t["lines"][-8:]]
+            lines += [f"### {name}: {t['what']} ({t['window_ms']} ms)", "", "```", *shown, "```", ""]
     if res.get("notes"):
         lines += ["## Notes", ""] + [f"- {n}" for n in res["notes"]] + [""]
     return "\n".join(lines)

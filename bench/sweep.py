@@ -15,6 +15,8 @@ throughput that breaks FIFO or no-overlap counts as zero.
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -121,11 +123,19 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     }
 
 
-def ideal(n_sessions: int, messages: int, delay_ms: int) -> dict[str, float]:
-    """What the model time alone allows: every session's turns back to back, all sessions at once."""
-    waits = sorted(float(k * delay_ms) for _ in range(n_sessions) for k in range(1, messages))
-    return {"turns_per_s": n_sessions * 1000.0 / delay_ms, "queue_wait_p99_ms": percentile(waits, 99),
-            "queue_wait_p50_ms": percentile(waits, 50)}
+def ideal(n_sessions: int, messages: int, delay_ms: int, cpu_floor_ms: float) -> dict[str, float]:
+    """The most the floor allows: every session's turns back to back with only the model's time
+    between them, all sessions at once, capped by the machine's cores at the floor's CPU per turn.
+    Queue waits: the k-th queued message waits for the k turns ahead of it."""
+    cores = os.cpu_count() or 1
+    model_bound = n_sessions * 1000.0 / delay_ms
+    cpu_bound = cores * 1000.0 / cpu_floor_ms if cpu_floor_ms > 0 else math.inf
+    tps = min(model_bound, cpu_bound)
+    stretch = model_bound / tps  # when the CPU binds, every turn ahead takes that much longer
+    waits = sorted(float(k * delay_ms * stretch) for _ in range(n_sessions) for k in range(1, messages))
+    return {"turns_per_s": round(tps, 1), "model_bound_turns_per_s": model_bound,
+            "cpu_bound_turns_per_s": round(cpu_bound, 1), "queue_wait_p99_ms": round(percentile(waits, 99), 1),
+            "queue_wait_p50_ms": round(percentile(waits, 50), 1)}
 
 
 async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], messages: int, delay_ms: int,
@@ -146,9 +156,9 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
                     except Exception as exc:  # noqa: BLE001 - a failed point is reported, the sweep goes on
                         r = {"sessions": s, "error": repr(exc), "turns_per_s_counted": 0.0}
                     r["runners"] = n_runners
-                    ide = ideal(s, messages, delay_ms)
-                    r["ideal"] = ide
                     if "error" not in r:
+                        ide = ideal(s, messages, delay_ms, cpu_floor_per_turn_ms(r["events_per_turn"]))
+                        r["ideal"] = ide
                         r["ratio"] = {
                             "turns_per_s": ratio(ide["turns_per_s"], r["turns_per_s_counted"] or None),
                             "queue_wait_p99": ratio(r["queue_wait_ms"].get("p99"), ide["queue_wait_p99_ms"]),
