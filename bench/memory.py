@@ -24,6 +24,9 @@ from .stack import Stack
 from .sweep import wait_all_idle
 
 SAMPLE = 200
+SUFFIXES = (keys.LEASE, keys.QUEUE, keys.STEER, keys.LEADS, keys.LEAD_ORDER, keys.CLIENT_IDS, keys.APPROVALS,
+            keys.OPEN_CALLS, keys.OUTBOX, keys.PUBLOCK, keys.OBSERVED, ":standing")
+"""Every key a session may own beside its hash (coxswain/keys.py; ``:standing`` from the runner)."""
 
 
 def rss_mb(stack: Stack) -> dict[str, float]:
@@ -44,8 +47,10 @@ async def _redis_state(r: aioredis.Redis, sids: list[str]) -> dict[str, Any]:
         usage.append(int(await r.memory_usage(base, samples=0) or 0))
         h = await r.hgetall(base)
         raw.append(sum(len(str(k)) + len(str(v)) for k, v in h.items()))
-        async for k in r.scan_iter(match=base.replace("{", "\\{").replace("}", "\\}") + ":*", count=100):
-            usage[-1] += int(await r.memory_usage(k, samples=0) or 0)
+        async with r.pipeline(transaction=False) as pipe:
+            for suffix in SUFFIXES:
+                pipe.memory_usage(base + suffix, samples=0)
+            usage[-1] += sum(int(x or 0) for x in await pipe.execute())
     return {"used_memory": int(info["used_memory"]), "dbsize": int(await r.dbsize()),
             "session_keys_bytes_mean": round(sum(usage) / max(1, len(usage)), 1),
             "session_fields_bytes_mean": round(sum(raw) / max(1, len(raw)), 1)}
