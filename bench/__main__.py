@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,23 @@ class Run:
             servers.stop()
 
 
+def override(counts: Counts, pairs: list[str]) -> Counts:
+    """``NAME=VALUE`` pairs applied to ``counts`` (tuples as comma lists); the name marks the run."""
+    if not pairs:
+        return counts
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in Counts.__dataclass_fields__ or name == "name":
+            raise ValueError(f"--set {pair!r}: expected NAME=VALUE with NAME among the fields of bench/profiles.py")
+        current = getattr(counts, name)
+        if isinstance(current, tuple):
+            changes[name] = tuple(int(x) for x in value.split(",") if x)
+        else:
+            changes[name] = type(current)(value)
+    return replace(counts, name=f"{counts.name}-custom", **changes)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="./dev bench", description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="small counts, under 3 minutes (for development)")
@@ -203,12 +220,18 @@ def main() -> int:
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of the tool-call turn")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs of every process)")
     p.add_argument("--note", action="append", default=[], help="a note to print in RESULTS.md (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a count of bench/profiles.py, e.g. --set sweep_sessions=100,300 (repeatable)")
     a = p.parse_args()
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     unknown = only - set(PHASES)
     if unknown:
         p.error(f"unknown phases: {', '.join(sorted(unknown))}")
     counts = QUICK if a.quick else FULL
+    try:
+        counts = override(counts, a.set)
+    except ValueError as exc:
+        p.error(str(exc))
     tmp = Path(tempfile.mkdtemp(prefix="cox-bench-"))
     run = Run(counts, only, not a.no_profile, a.peer, tmp)
     run.res["meta"] = meta(sys.argv[1:])

@@ -132,7 +132,9 @@ class Pool:
             data = None if body is None else json.dumps(body).encode()
             try:
                 status, raw = await asyncio.wait_for(conn.request(method, path, data), self.timeout)
-            except (OSError, asyncio.IncompleteReadError, TimeoutError, HttpError):
+            except BaseException:
+                # Cancelled or failed mid-request: its reply may still arrive, so this
+                # connection can never be reused.
                 conn.close()
                 raise
             self.requests += 1
