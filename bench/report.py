@@ -72,8 +72,11 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                         f"{ok}; floor = min(S / model time, cores / CPU floor per turn) = "
                         f"min({p['ideal']['model_bound_turns_per_s']:.0f}, {p['ideal']['cpu_bound_turns_per_s']:.0f}); "
                         "ratio = floor / measured", inverse=True))
+        d = p.get("dispositions", {})
         out.append(_row("sweep", f"{tag} p99 queue wait", p["queue_wait_ms"].get("p99"),
-                        p["ideal"]["queue_wait_p99_ms"], "ms", "floor = the turns ahead at the floor's pace"))
+                        p["ideal"]["queue_wait_p99_ms"], "ms",
+                        f"floor = the turns ahead at the floor's pace; {d.get('queued', 0)} of "
+                        f"{sum(d.values())} messages were queued (the rest found the session idle)"))
         out.append(_row("sweep", f"{tag} CPU per turn", p["cpu_ms_per_turn"], p["cpu_floor_ms_per_turn"], "ms",
                         f"all stack processes; client {p['client_cpu_ms_per_turn']} ms/turn apart; floor = CPU of "
                         f"HTTP + NATS req-reply + 3 Redis scripts + {p['events_per_turn']} JetStream publishes"))

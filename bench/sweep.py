@@ -1,9 +1,10 @@
 """Throughput sweep: S sessions x M queued messages, the script model at D ms per response.
 
 For each runner count a fresh stack; for each S, sessions are created (not timed), then every
-session is sent its M messages (``mode=queue``, in order; at most 64 requests in flight) and the
-bench waits until every session is idle with an empty queue, watching Redis read-only (one
-pipelined read every 100 ms, so the gateway carries no polling load).
+session is sent its M messages (``mode=queue``, pipelined in order on one connection; at most
+64 sessions fed at once) and the bench waits until every session is idle with an empty queue,
+watching Redis read-only (one pipelined read every 100 ms, so the gateway carries no polling
+load).
 
 Figures (server ts unless named): turns/s = turns / (last turn.end ts - first send, client wall
 clock); queue wait = turn.start ts - queue.added ts of each queued message; CPU per turn = CPU
@@ -82,9 +83,14 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     sem = asyncio.Semaphore(64)
 
     async def feed(sid: str) -> None:
-        for j in range(messages):
-            async with sem:
-                res = await session.send(pool, sid, text(j), mode="queue")
+        # All of a session's messages pipelined on one connection: admitted in this order with
+        # no client round trip between them, so they queue behind the first turn.
+        async with sem:
+            replies = await pool.pipelined("POST", f"/v1/sessions/{sid}/messages",
+                                           [{"text": text(j), "mode": "queue"} for j in range(messages)])
+        for status, res in replies:
+            if status != 202:
+                raise RuntimeError(f"send answered {status}: {res!r}")
             accepted[sid].append(res["message_id"])
             dispositions[res["disposition"]] = dispositions.get(res["disposition"], 0) + 1
 
