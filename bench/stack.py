@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from cox.servers import NatsServer, RedisServer, free_port
+from cox.servers import NatsServer, RedisServer, die_with_parent, free_port
 
 CONFIG = """\
 # The bench stack: commands need no judge (tool calls here are list_dir), limits far above the
@@ -89,7 +89,7 @@ class Stack:
             [str(cox), "up", "--runners", str(self.runners), "--port", str(self.port), "--root", str(self.root),
              "--state", str(self.state), "--config", str(self.config), "--token", self.token, "--no-demo"],
             env=env, stdout=subprocess.PIPE, stderr=open(self.tmp / "cox-up.log", "ab"), stdin=subprocess.DEVNULL,
-            cwd=self.tmp, start_new_session=True,
+            cwd=self.tmp, start_new_session=True, preexec_fn=die_with_parent,
         )
         ready = threading.Event()
         proc = self.proc
