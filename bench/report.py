@@ -68,6 +68,10 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         tag = f"runners={p['runners']} S={p['sessions']}"
         ok = "FIFO+no-overlap kept" if p["verdict"]["ok"] else f"BROKEN: {p['verdict']['problems'][:2]}"
+        sr = p["verdict"].get("short_reads") or {}
+        if sr.get("short_reads"):
+            ok += (f"; {sr['short_reads']} event-log reads came back short and were retried "
+                   f"({sr.get('still_short', 0)} still short)")
         out.append(_row("sweep", f"{tag} turns/s", p["turns_per_s_counted"], p["ideal"]["turns_per_s"], "turns/s",
                         f"{ok}; floor = min(S / model time, cores / CPU floor per turn) = "
                         f"min({p['ideal']['model_bound_turns_per_s']:.0f}, {p['ideal']['cpu_bound_turns_per_s']:.0f}); "

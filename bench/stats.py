@@ -35,4 +35,4 @@ def ratio(value: float | None, floor: float | None) -> float | None:
     """value / floor (how many times the floor), None when either is missing or the floor is 0."""
     if value is None or floor is None or not floor or math.isnan(value) or math.isnan(floor):
         return None
-    return round(value / floor, 2)
+    return float(f"{value / floor:.3g}")

@@ -54,6 +54,33 @@ async def wait_all_idle(redis_url: str, sids: list[str], timeout: float) -> bool
         await r.aclose()
 
 
+async def read_logs(pool: Pool, redis_url: str, sids: list[str],
+                    tries: int = 5) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """Every session's log, checked against its ``seq`` in Redis. A read that came back short
+    (the gateway answered fewer events than the log holds) is retried, and counted: such a read
+    is a fault of the read path, which the report names, not of the load."""
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        async with r.pipeline(transaction=False) as pipe:
+            for sid in sids:
+                pipe.hget(keys.session(sid), "seq")
+            seqs = [int(x or 0) for x in await pipe.execute()]
+    finally:
+        await r.aclose()
+    want = dict(zip(sids, seqs, strict=True))
+    logs = await session.all_events(pool, sids)
+    short = {"short_reads": 0, "still_short": 0}
+    for sid in sids:
+        for _ in range(tries):
+            if len(logs[sid]) >= want[sid]:
+                break
+            short["short_reads"] += 1
+            await asyncio.sleep(0.2)
+            logs[sid] = await session.events(pool, sid)
+        short["still_short"] += len(logs[sid]) < want[sid]
+    return logs, short
+
+
 def handoff_gaps(evs: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
     """(turn.end -> next queued turn.start, turn.end -> that turn's first assistant.msg) in ms."""
     queued = {e["message_id"] for e in evs if e["type"] == "queue.added"}
@@ -74,12 +101,14 @@ def handoff_gaps(evs: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
 
 
 async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: Callable[[int], str],
-               timeout: float, workspace: str = "sweep") -> dict[str, Any]:
+               timeout: float, workspace: str = "sweep",
+               answer: Callable[[int], str] | None = None) -> dict[str, Any]:
     """One load: ``n_sessions`` fresh sessions, ``messages`` queued messages each."""
     sessions = await session.create(pool, n_sessions, workspace, concurrency=16)
     sids = [s["id"] for s in sessions]
     accepted: dict[str, list[str]] = {sid: [] for sid in sids}
     dispositions: dict[str, int] = {}
+    answers: dict[str, str] = {}
     sem = asyncio.Semaphore(64)
 
     async def feed(sid: str) -> None:
@@ -88,10 +117,12 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
         async with sem:
             replies = await pool.pipelined("POST", f"/v1/sessions/{sid}/messages",
                                            [{"text": text(j), "mode": "queue"} for j in range(messages)])
-        for status, res in replies:
+        for j, (status, res) in enumerate(replies):
             if status != 202:
                 raise RuntimeError(f"send answered {status}: {res!r}")
             accepted[sid].append(res["message_id"])
+            if answer is not None:
+                answers[res["message_id"]] = answer(j)
             dispositions[res["disposition"]] = dispositions.get(res["disposition"], 0) + 1
 
     meter = CpuMeter(stack.all_procs()).start()
@@ -100,8 +131,9 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     sent_s = time.perf_counter() - t0
     finished = await wait_all_idle(stack.servers.redis.url, sids, timeout)
     meter.stop()
-    logs = await session.all_events(pool, sids)
-    v = verdict.check(logs, accepted)
+    logs, short = await read_logs(pool, stack.servers.redis.url, sids)
+    v = verdict.check(logs, accepted, answers)
+    v["short_reads"] = short
     v["finished_in_time"] = finished
     ends = [e for evs in logs.values() for e in evs if e["type"] == "turn.end"]
     turns = len(ends)
@@ -147,7 +179,12 @@ def ideal(n_sessions: int, messages: int, delay_ms: int, cpu_floor_ms: float) ->
 async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], messages: int, delay_ms: int,
                 timeout: float, cpu_floor_per_turn_ms: Callable[[float], float], log: Any) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    text = lambda j: session.script([{"text": f"turn {j} done", "delay_ms": delay_ms}], text=f"message {j}")  # noqa: E731
+    def text(j: int) -> str:
+        return session.script([{"text": f"turn {j} done", "delay_ms": delay_ms}], text=f"message {j}")
+
+    def answer(j: int) -> str:
+        return f"turn {j} done"
+
     for n_runners in runners:
         servers = Servers(tmp / f"sweep-r{n_runners}").start()
         stack = Stack(tmp / f"sweep-r{n_runners}", servers, n_runners)
@@ -158,7 +195,7 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
                 for s in sessions:
                     t0 = time.perf_counter()
                     try:
-                        r = await load(stack, pool, s, messages, text, timeout, workspace=f"sweep{s}")
+                        r = await load(stack, pool, s, messages, text, timeout, workspace=f"sweep{s}", answer=answer)
                     except Exception as exc:  # noqa: BLE001 - a failed point is reported, the sweep goes on
                         r = {"sessions": s, "error": repr(exc), "turns_per_s_counted": 0.0}
                     r["runners"] = n_runners

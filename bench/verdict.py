@@ -6,6 +6,8 @@
   calls, policy decisions) lie between its own start and end.
 - Complete: every accepted message ran exactly once, every turn ended ``completed``, and seq
   rises by one with no gap.
+- Answered: each turn's last model answer is the one its own message's script asks for (so
+  the turn read its message, and the transcript before it, from the log).
 
 A throughput that breaks any of these counts as zero.
 """
@@ -17,11 +19,25 @@ from typing import Any
 WORK = frozenset({"assistant.delta", "assistant.msg", "tool.call", "tool.result", "tool.skipped", "policy.decision"})
 
 
-def check(logs: dict[str, list[dict[str, Any]]], accepted: dict[str, list[str]]) -> dict[str, Any]:
-    """``accepted``: per session, the message ids in the order the API accepted them."""
+def check(logs: dict[str, list[dict[str, Any]]], accepted: dict[str, list[str]],
+          answers: dict[str, str] | None = None) -> dict[str, Any]:
+    """``accepted``: per session, the message ids in the order the API accepted them.
+    ``answers``: message id -> the text its turn's last model answer must be (the script says
+    so), which shows each turn read its own message from the log."""
     problems: list[str] = []
-    fifo = no_overlap = complete = True
+    fifo = no_overlap = complete = answered = True
     for sid, evs in logs.items():
+        if answers:
+            last: dict[str, str] = {}
+            msg_of = {e["turn_id"]: e["message_id"] for e in evs if e["type"] == "turn.start"}
+            for e in evs:
+                if e["type"] == "assistant.msg":
+                    last[e["turn_id"]] = e.get("text", "")
+            for tid, mid in msg_of.items():
+                if mid in answers and last.get(tid) != answers[mid]:
+                    answered = False
+                    problems.append(f"{sid}: turn {tid} answered {last.get(tid)!r}, its message asks for "
+                                    f"{answers[mid]!r}")
         seqs = [e["seq"] for e in evs]
         if seqs != list(range(1, len(evs) + 1)):
             complete = False
@@ -60,5 +76,6 @@ def check(logs: dict[str, list[dict[str, Any]]], accepted: dict[str, list[str]])
         if open_turn is not None:
             complete = False
             problems.append(f"{sid}: turn {open_turn} never ended")
-    return {"fifo": fifo, "no_overlap": no_overlap, "complete": complete, "ok": fifo and no_overlap and complete,
+    return {"fifo": fifo, "no_overlap": no_overlap, "complete": complete, "answered": answered,
+            "ok": fifo and no_overlap and complete and answered,
             "sessions": len(logs), "problems": problems[:10], "problem_count": len(problems)}

@@ -315,7 +315,8 @@ async def run(tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
         pool = Pool(stack.port, stack.token, size=32)
         try:
             for n in c.peer_threads:
-                r = await load(stack, pool, n, MESSAGES, lambda j: script_3x5(), TIMEOUT_S * 3, workspace=f"peer{n}")
+                r = await load(stack, pool, n, MESSAGES, lambda j: script_3x5(), TIMEOUT_S * 3, workspace=f"peer{n}",
+                               answer=lambda j: "done")
                 out["ours_queue"].append(r)
                 log(f"  peer ours S={n}: {r['turns_per_s']} turns/s")
             out["ours_steer"] = await ours_steer(stack, pool, c.peer_steer_n)
