@@ -66,8 +66,8 @@ def meta(argv: list[str]) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             libs[d] = "absent"
     commit = _version(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"])
-    if _version(["git", "-C", str(HERE.parent), "status", "--porcelain"]) not in ("", None) and not commit.startswith(
-            "unknown"):
+    dirty = _version(["git", "-C", str(HERE.parent), "status", "--porcelain", "--untracked-files=no"])
+    if dirty and not dirty.startswith("unknown") and not commit.startswith("unknown"):
         commit += " (+ uncommitted changes)"
     load = os.getloadavg()
     cores = os.cpu_count() or 1

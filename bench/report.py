@@ -190,6 +190,8 @@ def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
                 continue
             shown = t["lines"] if len(t["lines"]) <= 70 else [*t["lines"][:60], "...", *t["lines"][-8:]]
             lines += [f"### {name}: {t['what']} ({t['window_ms']} ms)", "", "```", *shown, "```", ""]
+    lines += ["## Reading", "", "Where the time goes, for the committed full run: `bench/ANALYSIS.md` (written by hand "
+              "from that run's profile and wire timelines).", ""]
     if res.get("notes"):
         lines += ["## Notes", ""] + [f"- {n}" for n in res["notes"]] + [""]
     return "\n".join(lines)
