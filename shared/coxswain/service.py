@@ -41,6 +41,8 @@ Handler = Callable[[M], Awaitable[BaseModel | dict[str, Any]]]
 
 CONNECT_ATTEMPTS = 40
 CONNECT_WAIT_S = 0.5
+REDIS_MAX_CONNECTIONS = 256
+REDIS_POOL_WAIT_S = 10.0
 
 
 async def connect_nats(url: str, name: str, log: Any) -> Client:
@@ -72,9 +74,14 @@ async def connect_nats(url: str, name: str, log: Any) -> Client:
 
 async def connect_redis(url: str, log: Any) -> aioredis.Redis:
     """A Redis client, checked with PING under bounded retries."""
-    client = aioredis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5, health_check_interval=5,
+    # redis-py 8's default pool refuses the 101st concurrent command ("Too many connections")
+    # instead of waiting for a free connection: a runner driving ~100 sessions at once answered
+    # sends with 503 and missed lease renewals (turns ended "crashed"). Wait, bounded, instead.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_POOL_WAIT_S, decode_responses=True,
+        socket_connect_timeout=2, socket_timeout=5, health_check_interval=5,
     )
+    client = aioredis.Redis.from_pool(pool)
     last: Exception | None = None
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:

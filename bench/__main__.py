@@ -1,0 +1,258 @@
+"""``./dev bench [--quick] [--peer langgraph] [--only PHASES] [--no-profile]``
+
+Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff, trace (wire
+timelines; one stack, two runners, the floors' servers), sweep (a fresh stack per runner count), memory (a fresh stack),
+peer (only with ``--peer``). A phase that fails is recorded and the rest go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from . import floors, latency, memory, report, sweep, toolcalls, traces
+from .client import Pool
+from .profile import Profiler
+from .profiles import FULL, QUICK, Counts
+from .stack import Servers, Stack
+
+HERE = Path(__file__).resolve().parent
+PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "memory", "peer")
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception as exc:  # noqa: BLE001 - a missing tool is reported as such
+        return f"unknown ({exc!r})"
+
+
+def meta(argv: list[str]) -> dict[str, Any]:
+    from cox.servers import nats_binary, redis_binary
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    libs = {}
+    for d in ("nats-py", "redis", "fastapi", "starlette", "uvicorn", "uvloop", "httptools", "pydantic",
+              "pydantic-ai-slim", "psutil", "py-spy"):
+        try:
+            libs[d] = metadata.version(d)
+        except metadata.PackageNotFoundError:
+            libs[d] = "absent"
+    commit = _version(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"])
+    dirty = _version(["git", "-C", str(HERE.parent), "status", "--porcelain", "--untracked-files=no"])
+    if dirty and not dirty.startswith("unknown") and not commit.startswith("unknown"):
+        commit += " (+ uncommitted changes)"
+    load = os.getloadavg()
+    cores = os.cpu_count() or 1
+    import psutil
+
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(), "cpu": cpu, "cores": cores,
+        "mem_gb": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version(),
+        "nats_server": _version([nats_binary(), "--version"]), "redis_server": _version([redis_binary(), "--version"]),
+        "libraries": libs, "commit": commit, "command": "./dev bench " + " ".join(shlex.quote(a) for a in argv),
+        "loadavg_start": [round(x, 2) for x in load], "loaded": load[0] > cores * 0.5,
+    }
+
+
+def cpu_floor(f: dict[str, Any]) -> Any:
+    """CPU a turn needs at least: the HTTP request in, one NATS hop, three Redis scripts, and one
+    JetStream publish per event the turn records."""
+    fixed = floors.cpu_per_op(f, "http_post", with_client=False) + floors.cpu_per_op(f, "nats_rr") + \
+        3 * floors.cpu_per_op(f, "redis_cas")
+    per_event = floors.cpu_per_op(f, "js_publish")
+    return lambda events: (fixed + events * per_event) * 1000
+
+
+class Run:
+    def __init__(self, counts: Counts, only: set[str], profile: bool, peer: str | None, tmp: Path) -> None:
+        self.c = counts
+        self.only = only
+        self.profile = profile
+        self.peer = peer
+        self.tmp = tmp
+        self.res: dict[str, Any] = {"phases": {}, "errors": {}, "notes": []}
+
+    def want(self, phase: str) -> bool:
+        return phase in self.only
+
+    async def phase(self, name: str, coro: Any) -> Any:
+        t0 = time.perf_counter()
+        log(f"phase {name} ...")
+        try:
+            out = await coro
+        except Exception:  # noqa: BLE001 - recorded; the other phases still run
+            self.res["errors"][name] = traceback.format_exc()
+            log(f"phase {name} FAILED:\n{self.res['errors'][name]}")
+            return None
+        log(f"phase {name} done in {time.perf_counter() - t0:.1f}s")
+        return out
+
+    async def main(self) -> None:
+        c = self.c
+        servers = Servers(self.tmp / "main").start()
+        try:
+            if self.want("floors"):
+                self.res["floors"] = await self.phase("floors", asyncio.to_thread(floors.measure, servers, c.floor_n,
+                                                                                  100, log))
+            if self.only & {"send", "tool_calls", "lead", "handoff", "trace"}:
+                await self.latencies(servers)
+        finally:
+            servers.stop()
+        f = self.res.get("floors")
+        if self.want("sweep"):
+            floor_fn = cpu_floor(f) if f else (lambda events: float("nan"))
+            self.res["phases"]["sweep"] = await self.phase("sweep", sweep.sweep(
+                self.tmp, c.sweep_sessions, c.sweep_runners, c.sweep_messages, c.sweep_delay_ms, c.sweep_timeout_s,
+                floor_fn, log))
+        if self.want("memory"):
+            self.res["phases"]["memory"] = await self.phase("memory", self.memory())
+        if self.peer and self.want("peer"):
+            from .peer import langgraph
+
+            self.res["phases"]["peer"] = await self.phase("peer", langgraph.run(self.tmp, c, log))
+            if self.res["phases"]["peer"]:
+                self.res["peer_rows"] = langgraph.rows(self.res["phases"]["peer"])
+
+    async def latencies(self, servers: Servers) -> None:
+        c, ph = self.c, self.res["phases"]
+        stack = Stack(self.tmp / "main", servers, runners=2).start()
+        pool = Pool(stack.port, stack.token, size=8)
+        try:
+            if self.want("send"):
+                ph["send"] = await self.phase("send", latency.send_to_start(stack, pool, c.send_n, c.send_sessions))
+            if self.want("tool_calls"):
+                during = None
+                if self.profile:
+                    procs = {k: v for k, v in stack.procs().items() if k.startswith(("turn-runner", "guard", "gateway"))}
+
+                    async def during(work: Any) -> Any:
+                        prof = await Profiler(procs, self.tmp / "profile").run(work)
+                        self.res["profile"] = prof
+                        return prof.get("workload")
+
+                ph["tool_calls"] = await self.phase("tool_calls", toolcalls.per_call(stack, pool, c.tool_calls,
+                                                                                     c.tool_turns, during))
+                self._keep_profile()
+            if self.want("lead"):
+                ph["lead"] = await self.phase("lead", latency.lead_applied(stack, pool, c.lead_n))
+            if self.want("handoff"):
+                ph["handoff"] = await self.phase("handoff", latency.handoff(stack, pool, c.handoff_rounds))
+            if self.want("trace"):
+                self.res["traces"] = await self.phase("trace", traces.record(stack, pool))
+        finally:
+            pool.close()
+            stack.stop()
+
+    def _keep_profile(self) -> None:
+        prof = self.res.get("profile")
+        if not prof or "raw_dir" not in prof:
+            return
+        dest = HERE / "results" / f"profile-{self.c.name}"
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(prof["raw_dir"], dest)
+        prof["raw_dir"] = str(dest.relative_to(HERE.parent))
+
+    async def memory(self) -> Any:
+        servers = Servers(self.tmp / "memory").start()
+        stack = Stack(self.tmp / "memory", servers, runners=2)
+        try:
+            stack.start()
+            pool = Pool(stack.port, stack.token, size=32)
+            try:
+                return await memory.measure(stack, pool, self.c.memory_sessions, log)
+            finally:
+                pool.close()
+        finally:
+            stack.stop()
+            servers.stop()
+
+
+def override(counts: Counts, pairs: list[str]) -> Counts:
+    """``NAME=VALUE`` pairs applied to ``counts`` (tuples as comma lists); the name marks the run."""
+    if not pairs:
+        return counts
+    changes: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in Counts.__dataclass_fields__ or name == "name":
+            raise ValueError(f"--set {pair!r}: expected NAME=VALUE with NAME among the fields of bench/profiles.py")
+        current = getattr(counts, name)
+        if isinstance(current, tuple):
+            changes[name] = tuple(int(x) for x in value.split(",") if x)
+        else:
+            changes[name] = type(current)(value)
+    return replace(counts, name=f"{counts.name}-custom", **changes)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="./dev bench", description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true", help="small counts, under 3 minutes (for development)")
+    p.add_argument("--peer", choices=["langgraph"], help="also run the peer side by side (installs it apart)")
+    p.add_argument("--only", default=",".join(PHASES), help=f"comma-separated phases among {','.join(PHASES)}")
+    p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of the tool-call turn")
+    p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs of every process)")
+    p.add_argument("--note", action="append", default=[], help="a note to print in RESULTS.md (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a count of bench/profiles.py, e.g. --set sweep_sessions=100,300 (repeatable)")
+    a = p.parse_args()
+    only = {x.strip() for x in a.only.split(",") if x.strip()}
+    unknown = only - set(PHASES)
+    if unknown:
+        p.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    counts = QUICK if a.quick else FULL
+    try:
+        counts = override(counts, a.set)
+    except ValueError as exc:
+        p.error(str(exc))
+    tmp = Path(tempfile.mkdtemp(prefix="cox-bench-"))
+    run = Run(counts, only, not a.no_profile, a.peer, tmp)
+    run.res["meta"] = meta(sys.argv[1:])
+    run.res["counts"] = asdict(counts)
+    run.res["notes"] += a.note
+    log(f"bench ({counts.name}) in {tmp}; load average {run.res['meta']['loadavg_start']}")
+    try:
+        uvloop.run(run.main())
+    finally:
+        run.res["elapsed_s"] = round(time.perf_counter() - T0, 1)
+        run.res["meta"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        full = counts.name == "full" and only == set(PHASES)
+        path, md = report.write(run.res, HERE / "results", HERE / "RESULTS.md" if full else None)
+        print(md)
+        log(f"results: {path}" + ("; table in bench/RESULTS.md" if full else ""))
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            log(f"kept {tmp}")
+    return 1 if run.res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

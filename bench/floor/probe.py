@@ -1,0 +1,155 @@
+"""The measuring side of a floor, as its own process: ``python -m bench.floor.probe KIND ...``.
+
+Each kind does ``--n`` sequential round trips after ``--warmup`` unmeasured ones and prints one
+JSON line: the latency summary in ms, wall time, and this process's CPU per operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvloop
+
+from bench.client import Pool
+from bench.stats import summary
+
+PAYLOAD = b"x" * 256
+CAS = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+async def timed(n: int, warmup: int, op: Callable[[int], Awaitable[Any]]) -> dict[str, Any]:
+    for i in range(warmup):
+        await op(i)
+    samples = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for i in range(n):
+        t0 = time.perf_counter()
+        await op(i)
+        samples.append((time.perf_counter() - t0) * 1000)
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    return {"ms": summary(samples, 4), "wall_s": round(wall, 3), "client_cpu_us": round(cpu / n * 1e6, 1)}
+
+
+async def nats_rr(a: argparse.Namespace) -> dict[str, Any]:
+    import nats
+
+    nc = await nats.connect(a.nats)
+    try:
+        return await timed(a.n, a.warmup, lambda i: nc.request("bench.floor.rr", PAYLOAD, timeout=5))
+    finally:
+        await nc.drain()
+
+
+async def js_publish(a: argparse.Namespace) -> dict[str, Any]:
+    import nats
+    from nats.js import api
+
+    nc = await nats.connect(a.nats)
+    js = nc.jetstream()
+    name = "BENCHFLOOR"
+    await js.add_stream(api.StreamConfig(name=name, subjects=["bench.floor.js.>"], storage=api.StorageType.FILE,
+                                         duplicate_window=300.0))
+    try:
+        return await timed(a.n, a.warmup, lambda i: js.publish(
+            "bench.floor.js.s1", PAYLOAD, timeout=5, headers={"Nats-Msg-Id": f"s1:{i}:{time.time_ns()}"}))
+    finally:
+        await js.delete_stream(name)
+        await nc.drain()
+
+
+async def redis_cas(a: argparse.Namespace) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(a.redis, decode_responses=True)
+    sha = await r.script_load(CAS)
+    await r.set("bench:floor:cas", "0")
+    try:
+        return await timed(a.n, a.warmup, lambda i: r.evalsha(sha, 1, "bench:floor:cas", str(i % 2), str((i + 1) % 2)))
+    finally:
+        await r.delete("bench:floor:cas")
+        await r.aclose()
+
+
+async def redis_cas_raw(a: argparse.Namespace) -> dict[str, Any]:
+    """The same script over a bare socket speaking RESP: the client library's share taken out."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(a.redis)
+    loaded = await r.script_load(CAS)
+    sha = loaded.encode() if isinstance(loaded, str) else bytes(loaded)
+    await r.set("bench:floor:cas", "0")
+    await r.aclose()
+    host, port = a.redis.split("//")[1].split("/")[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+
+    async def op(i: int) -> None:
+        args = [b"EVALSHA", sha, b"1", b"bench:floor:cas", str(i % 2).encode(), str((i + 1) % 2).encode()]
+        writer.write(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in args))
+        line = await reader.readline()
+        if not line.startswith(b":"):
+            raise RuntimeError(f"unexpected reply {line!r}")
+
+    try:
+        return await timed(a.n, a.warmup, op)
+    finally:
+        writer.close()
+
+
+async def http_post(a: argparse.Namespace) -> dict[str, Any]:
+    pool = Pool(a.port, size=1)
+    body = {"pad": "x" * 200}
+
+    async def op(i: int) -> None:
+        status, _ = await pool.post("/publish", body)
+        if status != 202:
+            raise RuntimeError(f"floor app answered {status}")
+
+    try:
+        return await timed(a.n, a.warmup, op)
+    finally:
+        pool.close()
+
+
+async def http_post_httpx(a: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{a.port}") as c:
+        async def op(i: int) -> None:
+            r = await c.post("/publish", json={"pad": "x" * 200})
+            if r.status_code != 202:
+                raise RuntimeError(f"floor app answered {r.status_code}")
+
+        return await timed(a.n, a.warmup, op)
+
+
+KINDS = {"nats_rr": nats_rr, "js_publish": js_publish, "redis_cas": redis_cas, "redis_cas_raw": redis_cas_raw,
+         "http_post": http_post, "http_post_httpx": http_post_httpx}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("kind", choices=sorted(KINDS))
+    p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--nats", default="")
+    p.add_argument("--redis", default="")
+    p.add_argument("--port", type=int, default=0)
+    a = p.parse_args()
+    res = uvloop.run(asyncio.wait_for(KINDS[a.kind](a), 300))
+    print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

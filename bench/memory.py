@@ -1,0 +1,112 @@
+"""Memory: RSS of every process after N idle sessions, and what one session costs in Redis.
+
+Sessions are created through the API (at most 32 requests in flight) on a fresh stack. Then:
+RSS per process before/after; Redis ``used_memory`` delta / N; ``MEMORY USAGE`` of a sample of
+session hashes against the bytes of their fields and values (the floor: the data itself);
+JetStream bytes per session. A sample of sessions then runs one short turn each, and the same
+is read again ("after one turn").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import nats
+import redis.asyncio as aioredis
+
+from coxswain import keys, subjects
+
+from . import session
+from .client import Pool
+from .stack import Stack
+from .sweep import wait_all_idle
+
+SAMPLE = 200
+SUFFIXES = (keys.LEASE, keys.QUEUE, keys.STEER, keys.LEADS, keys.LEAD_ORDER, keys.CLIENT_IDS, keys.APPROVALS,
+            keys.OPEN_CALLS, keys.OUTBOX, keys.PUBLOCK, keys.OBSERVED, ":standing")
+"""Every key a session may own beside its hash (coxswain/keys.py; ``:standing`` from the runner)."""
+
+
+def rss_mb(stack: Stack) -> dict[str, float]:
+    out = {}
+    for name, p in stack.all_procs().items():
+        try:
+            out[name] = round(p.memory_info().rss / 2**20, 1)
+        except Exception:  # noqa: BLE001 - a process that went away reads as absent
+            continue
+    return out
+
+
+async def _redis_state(r: aioredis.Redis, sids: list[str]) -> dict[str, Any]:
+    info = await r.info("memory")
+    usage, raw = [], []
+    for sid in sids:
+        base = keys.session(sid)
+        usage.append(int(await r.memory_usage(base, samples=0) or 0))
+        h = await r.hgetall(base)
+        raw.append(sum(len(str(k)) + len(str(v)) for k, v in h.items()))
+        async with r.pipeline(transaction=False) as pipe:
+            for suffix in SUFFIXES:
+                pipe.memory_usage(base + suffix, samples=0)
+            usage[-1] += sum(int(x or 0) for x in await pipe.execute())
+    return {"used_memory": int(info["used_memory"]), "dbsize": int(await r.dbsize()),
+            "session_keys_bytes_mean": round(sum(usage) / max(1, len(usage)), 1),
+            "session_fields_bytes_mean": round(sum(raw) / max(1, len(raw)), 1)}
+
+
+async def _js_bytes(url: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().stream_info(subjects.EVENTS_STREAM)
+        return int(info.state.bytes)
+    finally:
+        await nc.drain()
+
+
+async def measure(stack: Stack, pool: Pool, n: int, log: Any) -> dict[str, Any]:
+    r = aioredis.Redis.from_url(stack.servers.redis.url, decode_responses=True)
+    try:
+        rss0 = rss_mb(stack)
+        mem0 = int((await r.info("memory"))["used_memory"])
+        js0 = await _js_bytes(stack.servers.nats.url)
+        t0 = time.perf_counter()
+        sessions = await session.create(pool, n, "mem", concurrency=32, timeout=1200)
+        create_s = time.perf_counter() - t0
+        sids = [s["id"] for s in sessions]
+        await _wait_published(r)
+        await asyncio.sleep(1.0)  # let allocators settle after the burst
+        rss1 = rss_mb(stack)
+        sample = sids[:SAMPLE]
+        red1 = await _redis_state(r, sample)
+        js1 = await _js_bytes(stack.servers.nats.url)
+        log(f"  memory: {n} sessions in {create_s:.1f}s; redis +{(red1['used_memory'] - mem0) / n:.0f} B/session")
+        turned = sample[:100]
+        for sid in turned:
+            await session.send(pool, sid, "hello")
+        await wait_all_idle(stack.servers.redis.url, turned, 120)
+        await _wait_published(r)
+        red2 = await _redis_state(r, turned)
+        js2 = await _js_bytes(stack.servers.nats.url)
+    finally:
+        await r.aclose()
+    return {
+        "sessions": n, "create_per_s": round(n / create_s, 1),
+        "rss_mb_before": rss0, "rss_mb_after": rss1,
+        "rss_kb_per_session": {k: round((rss1[k] - rss0.get(k, 0)) * 1024 / n, 3) for k in rss1},
+        "redis_bytes_per_session": round((red1["used_memory"] - mem0) / n, 1),
+        "redis_session_keys_bytes": red1["session_keys_bytes_mean"],
+        "redis_session_fields_bytes": red1["session_fields_bytes_mean"],
+        "jetstream_bytes_per_session": round((js1 - js0) / n, 1),
+        "after_one_turn": {"sessions": len(turned), "redis_session_keys_bytes": red2["session_keys_bytes_mean"],
+                           "redis_session_fields_bytes": red2["session_fields_bytes_mean"],
+                           "jetstream_bytes_per_turn": round((js2 - js1) / len(turned), 1)},
+    }
+
+
+async def _wait_published(r: aioredis.Redis, timeout: float = 120.0) -> None:
+    """Until no outbox waits to be published (the dirty index is empty)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and await r.zcard(keys.DIRTY) > 0:
+        await asyncio.sleep(0.1)

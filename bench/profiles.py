@@ -1,0 +1,35 @@
+"""How much each phase does: the full run (under 20 minutes on a quiet 2-core box) and --quick."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Counts:
+    name: str
+    floor_n: int = 2000
+    """Round trips per floor."""
+    send_n: int = 2000
+    send_sessions: int = 20
+    tool_calls: int = 200
+    tool_turns: int = 5
+    lead_n: int = 300
+    handoff_rounds: int = 100
+    """Sessions of one running turn + 5 queued: 5 hand-offs each."""
+    sweep_sessions: tuple[int, ...] = (10, 100, 1000)
+    sweep_runners: tuple[int, ...] = (1, 2, 4)
+    sweep_messages: int = 5
+    sweep_delay_ms: int = 50
+    sweep_timeout_s: float = 240.0
+    memory_sessions: int = 10_000
+    peer_threads: tuple[int, ...] = (10, 100)
+    peer_steer_n: int = 30
+
+
+FULL = Counts(name="full")
+QUICK = Counts(
+    name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10,
+    sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000,
+    peer_threads=(10,), peer_steer_n=5,
+)

@@ -1,0 +1,213 @@
+"""The results: ``bench/results/<date>.json`` and the tables of ``bench/RESULTS.md``.
+
+Every figure is one row: value, the floor measured in the same run, and value / floor (for a
+throughput, ideal / measured), so a ratio of 1.0 is the floor and larger is further from it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import floors
+from .stats import ratio
+
+HERE = Path(__file__).resolve().parent
+
+
+def _row(section: str, figure: str, value: Any, floor: Any, unit: str, note: str = "",
+         inverse: bool = False) -> dict[str, Any]:
+    r = ratio(floor, value) if inverse else ratio(value, floor)
+    return {"section": section, "figure": figure, "value": value, "floor": floor, "unit": unit, "ratio": r,
+            "note": note}
+
+
+def _r(x: Any, d: int = 3) -> Any:
+    return round(x, d) if isinstance(x, float) else x
+
+
+def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    f = res.get("floors")
+    if not f:
+        return list(res.get("peer_rows") or [])
+    c = {q: floors.composite(f, q) for q in ("p50", "p99")}
+    ph = res.get("phases", {})
+    if s := ph.get("send"):
+        for q in ("p50", "p99"):
+            out.append(_row("send", f"POST -> 202 (turn started) {q}", s["post_to_202_ms"][q], _r(c[q]["send"]), "ms",
+                            "client clock; floor = HTTP POST + NATS req-reply + Redis script"))
+            out.append(_row("send", f"POST -> turn.start seen on SSE {q}", s["post_to_turn_start_seen_ms"][q],
+                            _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish"))
+            out.append(_row("send", f"POST -> turn.start ts {q}", s["post_to_turn_start_ts_ms"][q], _r(c[q]["send"]),
+                            "ms", "server ts (1 ms resolution) - client wall clock"))
+    if t := ph.get("tool_calls"):
+        out.append(_row("tool calls", f"per call, (turn - tool) / {t['calls']}", t["per_call_ms"],
+                        _r(c["p50"]["tool_call"]), "ms", "floor = 2 NATS req-reply + 1 JetStream publish (p50)"))
+        out.append(_row("tool calls", "per call, marginal (one-call turn taken off)", t["marginal_per_call_ms"],
+                        _r(c["p50"]["tool_call"]), "ms", "same floor"))
+    if le := ph.get("lead"):
+        for q in ("p50", "p99"):
+            out.append(_row("lead", f"POST -> lead.applied seen {q}", le["post_to_lead_applied_seen_ms"][q],
+                            _r(c[q]["lead"]), "ms",
+                            "client clock; includes waiting for the in-flight step; "
+                            "floor = HTTP + NATS req-reply + 2 Redis scripts"))
+            out.append(_row("lead", f"lead.saved -> lead.applied ts {q}", le["lead_saved_to_applied_ts_ms"][q],
+                            _r(c[q]["lead"]), "ms", "server ts"))
+    if h := ph.get("handoff"):
+        for q in ("p50", "p99"):
+            out.append(_row("hand-off", f"turn.end -> next turn's first output {q}",
+                            h["turn_end_to_next_first_output_ts_ms"][q], _r(c[q]["handoff"]), "ms",
+                            "server ts; zero-delay model; floor = 2 Redis scripts + 1 JetStream publish"))
+            out.append(_row("hand-off", f"turn.end -> next turn.start {q}", h["turn_end_to_next_turn_start_ts_ms"][q],
+                            _r(stat_or_none(f, "redis_cas", q)), "ms", "server ts; one atomic script"))
+    for p in ph.get("sweep") or []:
+        if "error" in p:
+            out.append(_row("sweep", f"runners={p['runners']} S={p['sessions']}", None, None, "", p["error"]))
+            continue
+        tag = f"runners={p['runners']} S={p['sessions']}"
+        ok = "FIFO+no-overlap kept" if p["verdict"]["ok"] else f"BROKEN: {p['verdict']['problems'][:2]}"
+        sr = p["verdict"].get("short_reads") or {}
+        if sr.get("short_reads"):
+            ok += (f"; {sr['short_reads']} event-log reads came back short and were retried "
+                   f"({sr.get('still_short', 0)} still short)")
+        out.append(_row("sweep", f"{tag} turns/s", p["turns_per_s_counted"], p["ideal"]["turns_per_s"], "turns/s",
+                        f"{ok}; floor = min(S / model time, cores / CPU floor per turn) = "
+                        f"min({p['ideal']['model_bound_turns_per_s']:.0f}, {p['ideal']['cpu_bound_turns_per_s']:.0f}); "
+                        "ratio = floor / measured", inverse=True))
+        d = p.get("dispositions", {})
+        out.append(_row("sweep", f"{tag} p99 queue wait", p["queue_wait_ms"].get("p99"),
+                        p["ideal"]["queue_wait_p99_ms"], "ms",
+                        f"floor = the turns ahead at the floor's pace; {d.get('queued', 0)} of "
+                        f"{sum(d.values())} messages were queued (the rest found the session idle)"))
+        out.append(_row("sweep", f"{tag} CPU per turn", p["cpu_ms_per_turn"], p["cpu_floor_ms_per_turn"], "ms",
+                        f"all stack processes; client {p['client_cpu_ms_per_turn']} ms/turn apart; floor = CPU of "
+                        f"HTTP + NATS req-reply + 3 Redis scripts + {p['events_per_turn']} JetStream publishes"))
+    if m := ph.get("memory"):
+        n = m["sessions"]
+        for name, mb in m["rss_mb_after"].items():
+            fl = f["rss_mb"]["asgi-app"] if name == "gateway" else (
+                f["rss_mb"]["responder"] if name not in ("nats-server", "redis-server") else None)
+            out.append(_row("memory", f"RSS {name} after {n} sessions", mb, fl, "MB",
+                            f"{m['rss_kb_per_session'].get(name, 0)} KB/session; floor = bare floor process"))
+        out.append(_row("memory", "Redis bytes per idle session (used_memory delta)", m["redis_bytes_per_session"],
+                        m["redis_session_fields_bytes"], "B", "floor = bytes of the session's fields and values"))
+        out.append(_row("memory", "Redis MEMORY USAGE of a session's keys", m["redis_session_keys_bytes"],
+                        m["redis_session_fields_bytes"], "B", "sample of 200"))
+        a = m["after_one_turn"]
+        out.append(_row("memory", "Redis MEMORY USAGE of a session's keys after one turn",
+                        a["redis_session_keys_bytes"], a["redis_session_fields_bytes"], "B", ""))
+        out.append(_row("memory", "JetStream bytes per session (created)", m["jetstream_bytes_per_session"], None,
+                        "B", f"{a['jetstream_bytes_per_turn']} B per echo turn"))
+    out.extend(res.get("peer_rows") or [])
+    return out
+
+
+def stat_or_none(f: dict[str, Any], kind: str, q: str) -> float | None:
+    try:
+        return floors.stat(f, kind, q)
+    except KeyError:
+        return None
+
+
+def largest(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    scored = [r for r in rs if isinstance(r.get("ratio"), (int, float)) and r["section"] not in ("memory", "peer")]
+    return max(scored, key=lambda r: r["ratio"]) if scored else None
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
+    meta = res["meta"]
+    lines = [f"# coxswain benchmark results ({res['counts']['name']} run)", ""]
+    if meta.get("loaded"):
+        lines += [f"**Measured on a loaded machine** (load average {meta['loadavg_start']} at start, "
+                  f"{meta.get('loadavg_end')} at the end, on {meta['cores']} cores shared with other work): "
+                  "treat every figure as an upper bound; re-run on a quiet machine for real numbers.", ""]
+    lines += ["## Machine and versions", "", f"- date: {meta['date']}; commit {meta['commit']}",
+              f"- CPU: {meta['cpu']} x {meta['cores']} cores; memory {meta['mem_gb']} GB",
+              f"- Python {meta['python']}; {meta['nats_server']}; {meta['redis_server']}",
+              "- libraries: " + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()),
+              f"- command: `{meta['command']}`; elapsed {res.get('elapsed_s')} s", ""]
+    f = res.get("floors")
+    if f:
+        lines += ["## Floors (same run, same servers)", "", "| floor | p50 ms | p99 ms | client CPU µs/op | server CPU µs/op |",
+                  "|---|---|---|---|---|"]
+        for k, v in f.items():
+            if isinstance(v, dict) and "ms" in v:
+                lines.append(f"| {k} | {v['ms']['p50']} | {v['ms']['p99']} | {v['client_cpu_us']} | "
+                             f"{', '.join(f'{n} {c}' for n, c in v['server_cpu_us_per_op'].items())} |")
+        lines.append("")
+    lines += ["## Figures", "", "| section | figure | value | floor | ratio | unit | note |", "|---|---|---|---|---|---|---|"]
+    for r in rs:
+        if r["section"] == "peer":
+            continue
+        lines.append(f"| {r['section']} | {r['figure']} | {_fmt(r['value'])} | {_fmt(r['floor'])} | "
+                     f"{_fmt(r['ratio'])} | {r['unit']} | {r['note']} |")
+    lines.append("")
+    peer = [r for r in rs if r["section"] == "peer"]
+    if peer:
+        pv = (res.get("phases", {}).get("peer") or {}).get("versions", {})
+        lines += ["## Peer, side by side: LangGraph in-memory dev server (" +
+                  ", ".join(f"{k} {v}" for k, v in pv.items()) + ")", "",
+                  "| figure | coxswain | LangGraph | coxswain / LangGraph | unit | note |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['figure']} | {_fmt(r['value'])} | {_fmt(r['floor'])} | {_fmt(r['ratio'])} | {r['unit']} | "
+                  f"{r['note']} |" for r in peer]
+        lines.append("")
+    big = largest(rs)
+    if big:
+        lines += [f"**Largest ratio to the floor:** {big['section']} / {big['figure']}: {_fmt(big['value'])} "
+                  f"{big['unit']} against {_fmt(big['floor'])} ({_fmt(big['ratio'])}x).", ""]
+    if res.get("errors"):
+        lines += ["## Phases that failed", ""] + [f"- {k}: `{v.strip().splitlines()[-1]}`" for k, v in
+                                                   res["errors"].items()] + [""]
+    prof = res.get("profile")
+    if prof and prof.get("processes"):
+        lines += ["## Profile of the hottest path (py-spy, the 200-call turn)", ""]
+        for name, s in prof["processes"].items():
+            if not s.get("samples"):
+                continue
+            lines.append(f"- **{name}** ({s['samples']} samples at {prof.get('rate', 250)} Hz): self time by package: " +
+                         ", ".join(f"{k} {v}%" for k, v in s["package_self_pct"][:8]))
+            lines.append("  - our code, inclusive: " + "; ".join(f"{k} {v}%" for k, v in s["ours_inclusive_pct"][:12]))
+            lines.append("  - hottest frames, self: " + "; ".join(f"{k} {v}%" for k, v in s["self_pct"][:8]))
+        lines.append("")
+    tr = res.get("traces") or {}
+    if any(isinstance(v, dict) and v.get("lines") for v in tr.values()):
+        lines += ["## Wire timelines (every Redis command and NATS message, one operation each)", "",
+                  "`redis<name` is a command from that process (Lua's inner calls are not listed); "
+                  "`nats` is any message on the bus (requests, replies `_INBOX`, JetStream API `$JS`, "
+                  "event publishes `cox.ev`). A large gap with nothing on the wire is time inside a process.", ""]
+        for name, t in tr.items():
+            if not isinstance(t, dict) or not t.get("lines"):
+                continue
+            shown = t["lines"] if len(t["lines"]) <= 70 else [*t["lines"][:60], "...", *t["lines"][-8:]]
+            lines += [f"### {name}: {t['what']} ({t['window_ms']} ms)", "", "```", *shown, "```", ""]
+    lines += ["## Reading", "", "Where the time goes, for the committed full run: `bench/ANALYSIS.md` (written by hand "
+              "from that run's profile and wire timelines).", ""]
+    if res.get("notes"):
+        lines += ["## Notes", ""] + [f"- {n}" for n in res["notes"]] + [""]
+    return "\n".join(lines)
+
+
+def write(res: dict[str, Any], out_dir: Path, results_md: Path | None) -> tuple[Path, str]:
+    rs = rows(res)
+    res["rows"] = rs
+    big = largest(rs)
+    res["largest_ratio"] = big
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = res["meta"]["date"].replace(":", "").replace("-", "")[:15]
+    suffix = "" if res["counts"]["name"] == "full" else f"-{res['counts']['name']}"
+    path = out_dir / f"{stamp}{suffix}.json"
+    path.write_text(json.dumps(res, indent=1, default=str) + "\n")
+    md = markdown(res, rs)
+    if results_md is not None:
+        results_md.write_text(md + f"\nRaw results: `bench/results/{path.name}`.\n")
+    return path, md

@@ -1,0 +1,170 @@
+"""The system under test: its own NATS and Redis, and ``cox up`` with N runners in a subprocess.
+
+The bench starts nats-server and redis-server itself (``cox.servers``, the same configuration
+``cox up`` gives them: JetStream ``sync_interval: always``, AOF ``appendfsync always``) and hands
+their URLs to ``cox up`` through ``NATS_URL``/``REDIS_URL``, so the floors run against the very
+servers the services use, and the harness can read Redis (read-only) and the servers' CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from cox.servers import NatsServer, RedisServer, die_with_parent, free_port
+
+CONFIG = """\
+# The bench stack: commands need no judge (tool calls here are list_dir), limits far above the
+# counts the bench drives, Leads up to 64 pending.
+[approval]
+commands = "allow"
+
+[limits]
+tool_calls = 1000000
+actions = 1000000
+tokens = 1000000000
+
+[lead]
+max_pending = 64
+"""
+
+READY_TIMEOUT_S = 180.0
+
+
+class Servers:
+    """nats-server and redis-server for one stack (and the floors measured beside it)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.nats = NatsServer(tmp / "nats")
+        self.redis = RedisServer(tmp / "redis")
+
+    def start(self) -> Servers:
+        self.nats.start()
+        self.redis.start()
+        return self
+
+    def stop(self) -> None:
+        self.nats.stop()
+        self.redis.stop()
+
+    def procs(self) -> dict[str, psutil.Process]:
+        out = {}
+        for name, s in (("nats-server", self.nats), ("redis-server", self.redis)):
+            if s.proc is not None:
+                out[name] = psutil.Process(s.proc.pid)
+        return out
+
+
+class Stack:
+    """``cox up --runners N`` against ``servers``; the gateway on a free port."""
+
+    def __init__(self, tmp: Path, servers: Servers, runners: int, config: str = CONFIG) -> None:
+        self.tmp = tmp
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.servers = servers
+        self.runners = runners
+        self.root = tmp / "workspaces"
+        self.state = tmp / "state"
+        self.config = tmp / "coxswain.toml"
+        self.config.write_text(config)
+        self.port = free_port()
+        self.token = secrets.token_urlsafe(16)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_line = ""
+
+    def start(self) -> Stack:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))}
+        env.update(NATS_URL=self.servers.nats.url, REDIS_URL=self.servers.redis.url, PYTHONUNBUFFERED="1")
+        cox = Path(sys.executable).parent / "cox"
+        self.proc = subprocess.Popen(
+            [str(cox), "up", "--runners", str(self.runners), "--port", str(self.port), "--root", str(self.root),
+             "--state", str(self.state), "--config", str(self.config), "--token", self.token, "--no-demo"],
+            env=env, stdout=subprocess.PIPE, stderr=open(self.tmp / "cox-up.log", "ab"), stdin=subprocess.DEVNULL,
+            cwd=self.tmp, start_new_session=True, preexec_fn=die_with_parent,
+        )
+        ready = threading.Event()
+        proc = self.proc
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace")
+                if line.startswith("ready:"):
+                    self.ready_line = line.strip()
+                    ready.set()
+
+        threading.Thread(target=read, name="cox-up-stdout", daemon=True).start()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready.wait(0.1):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = (self.tmp / "cox-up.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"cox up did not become ready (runners={self.runners}):\n{tail}")
+        return self
+
+    def procs(self) -> dict[str, psutil.Process]:
+        """Every service process by instance name (gateway, guard, judge, versions, turn-runner-N)."""
+        assert self.proc is not None
+        out: dict[str, psutil.Process] = {}
+        for child in psutil.Process(self.proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                name = child.environ().get("COX_INSTANCE") or " ".join(child.cmdline()[-2:])
+                out[name] = child
+        return dict(sorted(out.items()))
+
+    def all_procs(self) -> dict[str, psutil.Process]:
+        return {**self.procs(), **self.servers.procs()}
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+class CpuMeter:
+    """CPU seconds (user + system) spent by a set of processes between ``start`` and ``stop``."""
+
+    def __init__(self, procs: dict[str, psutil.Process]) -> None:
+        self.procs = procs
+        self.before: dict[str, float] = {}
+        self.spent: dict[str, float] = {}
+        self.self_before = 0.0
+        self.client_s = 0.0
+
+    @staticmethod
+    def _cpu(p: psutil.Process) -> float:
+        try:
+            t = p.cpu_times()
+            return float(t.user + t.system + t.children_user + t.children_system)
+        except psutil.Error:
+            return 0.0
+
+    def start(self) -> CpuMeter:
+        self.before = {n: self._cpu(p) for n, p in self.procs.items()}
+        self.self_before = time.process_time()
+        return self
+
+    def stop(self) -> CpuMeter:
+        self.spent = {n: round(self._cpu(p) - self.before[n], 3) for n, p in self.procs.items()}
+        self.client_s = round(time.process_time() - self.self_before, 3)
+        return self
+
+    @property
+    def total(self) -> float:
+        return round(sum(self.spent.values()), 3)
