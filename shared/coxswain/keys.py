@@ -43,6 +43,8 @@ OUTBOX: Final = ":outbox"
 """list of events (JSON with seq) not yet published to JetStream, oldest first."""
 PUBLOCK: Final = ":publock"
 """string: the process draining :outbox right now (PX bounded)."""
+STANDING: Final = ":standing"
+"""set of "always this session" keys (command prefixes, ``write:<path>``)."""
 OBSERVED: Final = ":observed"
 """list of operator !command results waiting to be folded into the next tool result."""
 

@@ -101,7 +101,8 @@ class Admission:
         if cmd.dont_ask is not None:
             fields += ["dont_ask", "1" if cmd.dont_ask else "0"]
         res = await self.r.store.call("cox_patch", cmd.sid, [cmd.sid, cmd.principal, self.r.owner, *fields])
-        if cmd.dont_ask:
+        if cmd.dont_ask is not None:
+            # the holder re-reads its settings; turned on, it also answers a pending approval
             await self.r.ring(res.get("runner"), cmd.sid, "approval")
         view = await session_view.load(self.r.redis, cmd.sid, cmd.principal)
         if view is None:

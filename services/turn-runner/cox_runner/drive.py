@@ -31,6 +31,7 @@ from coxswain import keys
 from coxswain.errors import CoxError, Fenced
 from coxswain.ids import new_id
 
+from . import transcript
 from .errors import LeaseLost, StoreDown
 from .loop import Ending, TurnLoop
 from .turn import Turn
@@ -53,6 +54,8 @@ class Drive:
     crashed: dict[str, Any] | None = None
     """A claimed session's dead turn: {turn_id, open: [call_id, name, ...], old_runner}."""
     turn: Turn | None = None
+    history: transcript.Builder | None = None
+    """The transcript as the last turn left it, for the next turn of this drive."""
     task: asyncio.Task[None] | None = None
     acquired: float = field(default_factory=time.monotonic)
     """When the lease was (at the latest) set or last renewed, on this process's monotonic clock."""
@@ -148,9 +151,11 @@ async def _run_turn(runner: Runner, d: Drive, msg: dict[str, Any]) -> tuple[Endi
     stop = await runner.redis.hget(keys.session(d.sid), "stop")
     if stop:
         turn.request_stop(stop)
-    loop = TurnLoop(runner, turn)
+    loop = TurnLoop(runner, turn, carried=d.history)
+    d.history = None
     runner.metrics_turn_started()
     ending = await loop.run()
+    d.history = loop.handed_on()
     return ending, loop.plan
 
 
@@ -167,7 +172,8 @@ async def _end_turn(runner: Runner, d: Drive, ending: Ending, plan: dict[str, An
     turn = d.turn
     if turn is None:
         return None
-    await _close_open_calls(runner, d, turn, ending)
+    if await _close_open_calls(runner, d, turn, ending):
+        d.history = None  # results the loop never saw: the next turn rebuilds from the log
     body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,
                               finish_reason=ending.finish_reason, detail=ending.detail,
                               provider_finish_reason=ending.provider_finish_reason))
@@ -175,7 +181,7 @@ async def _end_turn(runner: Runner, d: Drive, ending: Ending, plan: dict[str, An
     return await _turn_end_call(runner, d, body, _plan_action(ending, plan))
 
 
-async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending) -> None:
+async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending) -> bool:
     """Whatever path ended the turn, no tool call it opened stays without a result.
 
     The loop closes the calls it knows about; this catches any it could not (an exception
@@ -184,7 +190,7 @@ async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending
     """
     flat = await runner.redis.hgetall(keys.of(d.sid, keys.OPEN_CALLS))
     if not flat:
-        return
+        return False
     call_ids = list(flat)
     reason = turn.stop_reason if turn.stop_reason in ("stop", "steer") else None
     evs: list[ev._Event]
@@ -201,6 +207,7 @@ async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
     runner.log.warning("turn.closed_open_calls", sid=d.sid, turn_id=turn.turn_id, calls=call_ids)
+    return True
 
 
 async def _turn_end_call(runner: Runner, d: Drive, body: str, plan: str) -> dict[str, Any] | None:
@@ -291,6 +298,10 @@ async def renew_all(runner: Runner) -> None:
         if head.get("leads"):
             t.leads_waiting = True
             t.ring()
+        if head.get("observed"):
+            t.observed_waiting = True
+        if t.policy_inputs is not None and t.policy_inputs[1] != bool(head.get("dont_ask")):
+            t.policy_inputs = None
 
 
 def cancel(d: Drive) -> None:
@@ -326,6 +337,9 @@ async def ring_local(runner: Runner, sid: str, kind: str) -> None:
                 t.request_stop(stop)
     elif kind == "lead":
         t.leads_waiting = True
+        t.ring()
+    elif kind == "observe":
+        t.observed_waiting = True
         t.ring()
     else:
         t.ring()

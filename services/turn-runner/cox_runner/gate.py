@@ -87,10 +87,8 @@ def person_words(loop: TurnLoop) -> list[str]:
 
 async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
     turn = loop.turn
-    redis = loop.runner.redis
-    base = keys.session(turn.sid)
-    standing = set(await redis.smembers(base + ":standing")) | turn.turn_standing
-    dont_ask = (await redis.hget(base, "dont_ask")) == "1"
+    stored, dont_ask = await policy_inputs(loop)
+    standing = set(stored) | turn.turn_standing
     command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
     g = await loop.runner.clients.guard(GuardRequest(
         sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
@@ -117,6 +115,20 @@ async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
         judge_info = j.model_dump(mode="json", exclude_none=True)
 
     return await ask_person(loop, call, g, judge_info)
+
+
+async def policy_inputs(loop: TurnLoop) -> tuple[frozenset[str], bool]:
+    """The session's standing approvals and don't-ask switch: read once (one round trip), then
+    kept for the turn's next calls until a doorbell or a renewal says they may have changed."""
+    t = loop.turn
+    if t.policy_inputs is None:
+        base = keys.session(t.sid)
+        async with loop.runner.redis.pipeline(transaction=False) as pipe:
+            pipe.smembers(base + keys.STANDING)
+            pipe.hget(base, "dont_ask")
+            standing, dont_ask = await pipe.execute()
+        t.policy_inputs = (frozenset(standing), dont_ask == "1")
+    return t.policy_inputs
 
 
 async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, reason: str,

@@ -98,9 +98,11 @@ SKIP_FOR_OUTCOME = {"output_limit": "truncated", "hard_budget": "limit", "spend_
 
 
 class TurnLoop:
-    def __init__(self, runner: Runner, turn: Turn) -> None:
+    def __init__(self, runner: Runner, turn: Turn, carried: transcript.Builder | None = None) -> None:
         self.runner = runner
         self.turn = turn
+        self.carried = carried
+        """The transcript as the previous turn of the same drive left it (None: rebuild from the log)."""
         self.settings = runner.settings
         self.limits = runner.settings.limits
         self.log = runner.log.bind(sid=turn.sid, turn_id=turn.turn_id)
@@ -124,21 +126,36 @@ class TurnLoop:
         """Calls of the latest response without a result yet; closed on every way out of the turn."""
         self.open_approval: str | None = None
         self._last_output = ""
+        self._deferred: list[ev._Event] = []
+        """Events recorded with the next ``emit`` (one Redis call instead of two)."""
+        self._leads_hint = 0
+        self._observed_hint = 0
+        """What the last ``emit`` saw waiting: Leads and operator observations."""
 
     # ------------------------------------------------------------------ recording
     async def emit(self, *events: ev._Event, ops: list[tuple[str, str, str, str]] | None = None) -> None:
-        """Record events (and small state writes) fenced by this turn's token."""
+        """Record events (and small state writes) fenced by this turn's token, after any deferred."""
         flat: list[str] = []
         for op in ops or []:
             flat.extend(op)
+        batch = [*self._deferred, *events]
+        self._deferred.clear()
         try:
-            await self.runner.store.call(
+            res = await self.runner.store.call(
                 "cox_emit", self.turn.sid,
                 [self.turn.sid, self.turn.token, self.runner.owner, str(len(ops or [])), *flat,
-                 *(ev.body(e) for e in events)],
+                 *(ev.body(e) for e in batch)],
             )
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
+        self._leads_hint = int(res.get("leads") or 0)
+        self._observed_hint = int(res.get("observed") or 0)
+
+    def defer(self, event: ev._Event) -> None:
+        """Record ``event`` together with the next one: it is known now, but nothing waits on it
+        being in the log before the next event is (a call's start and its policy decision; the
+        last text chunk and the complete response)."""
+        self._deferred.append(event)
 
     def _e(self) -> dict[str, Any]:
         return {"sid": self.turn.sid, "turn_id": self.turn.turn_id}
@@ -191,7 +208,16 @@ class TurnLoop:
         await self._close(ending)
         return ending
 
+    def handed_on(self) -> transcript.Builder:
+        """The transcript with everything this turn recorded, for the drive's next turn."""
+        for text, via in self.pending_user:
+            self.history.user(text, via)
+        self.pending_user.clear()
+        return self.history
+
     async def _close(self, ending: Ending) -> None:
+        if self._deferred:
+            await self.emit()
         if self.open_approval is not None:
             await gate.dismiss(self, self.open_approval, f"the turn ended ({ending.outcome})")
         if self.open:
@@ -200,14 +226,19 @@ class TurnLoop:
             await self._skip(list(self.open.values()), reason)
 
     async def _load(self) -> None:
-        """The transcript so far, from the event log (any runner may have written it)."""
+        """The transcript so far: carried from this drive's previous turn (the lease was held from
+        that turn to this one, so nobody else wrote to the conversation), else from the log."""
         t = self.turn
-        if not await self.runner.store.flush(t.sid):
-            # The log may lack the newest events; the transcript builder still closes any call
-            # left without a result, so the model is never shown one.
-            self.log.warning("transcript.outbox_not_flushed")
-        evs = await self.runner.read_events(t.sid)
-        self.history = transcript.build(evs)
+        if self.carried is not None:
+            self.history = self.carried
+            self.history.user(t.text, t.via)
+        else:
+            if not await self.runner.store.flush(t.sid):
+                # The log may lack the newest events; the transcript builder still closes any call
+                # left without a result, so the model is never shown one.
+                self.log.warning("transcript.outbox_not_flushed")
+            evs = await self.runner.read_events(t.sid)
+            self.history = transcript.build(evs)
         await self.runner.models.load(t.model)
         info = await self.runner.redis.hgetall(keys.session(t.sid))
         t.info = info
@@ -355,7 +386,7 @@ class TurnLoop:
                         buf.clear()
                         last = now
             if buf:
-                await self.emit(ev.AssistantDelta(**self._e(), text="".join(buf)))
+                self.defer(ev.AssistantDelta(**self._e(), text="".join(buf)))
             return stream.get()
 
     async def _title(self) -> None:
@@ -425,8 +456,8 @@ class TurnLoop:
             problem: str | None = f"arguments are not valid JSON: {exc}"
         else:
             problem = tools.check_args(call.tool_name, args)
-        await self.emit(ev.ToolCall(**self._e(), call_id=call.tool_call_id, name=call.tool_name,
-                                    args=args if args is not None else _args_for_log(call)))
+        self.defer(ev.ToolCall(**self._e(), call_id=call.tool_call_id, name=call.tool_name,
+                               args=args if args is not None else _args_for_log(call)))
         self.tool_calls += 1
         if problem is not None:
             await self._result(call, False, f"Error: malformed tool call: {problem}. Send the call again "
@@ -555,7 +586,10 @@ class TurnLoop:
         """Record a call's result. Operator observations waiting in Redis are folded into it, and
         taken off the list in the same atomic call that records it (so a rebuild agrees)."""
         t = self.turn
-        raw = await self.runner.redis.lrange(keys.session(t.sid) + keys.OBSERVED, 0, OBSERVED_BATCH - 1)
+        raw: list[str] = []
+        if self._observed_hint or t.observed_waiting:
+            t.observed_waiting = False
+            raw = await self.runner.redis.lrange(keys.session(t.sid) + keys.OBSERVED, 0, OBSERVED_BATCH - 1)
         observed: list[dict[str, Any]] = []
         for item in raw or []:
             with contextlib.suppress(ValueError):
@@ -582,21 +616,21 @@ class TurnLoop:
             self.history.tool_return(c.tool_call_id, transcript.skip_text(reason), c.tool_name)
 
     # ------------------------------------------------------------------ boundaries
+    def _leads_waiting(self) -> bool:
+        """Is a Lead saved? Known from Redis without asking again: every ``emit`` answers how many
+        wait, and a Lead saved since rings the doorbell (or shows in the next renewal)."""
+        return bool(self._leads_hint) or self.turn.leads_waiting
+
     async def _leads_due(self) -> bool:
-        """Is a newer instruction waiting: a saved Lead (read from Redis, not only the doorbell),
-        or an approval's message?"""
-        if self.pending_user:
-            return True
-        n = await self.runner.redis.llen(keys.session(self.turn.sid) + keys.LEAD_ORDER)
-        return bool(n)
+        """Is a newer instruction waiting: a saved Lead, or an approval's message?"""
+        return bool(self.pending_user) or self._leads_waiting()
 
     async def _boundary(self, unstarted: list[ToolCallPart]) -> bool:
         """A safe boundary: with a newer instruction waiting, skip the calls not started (each gets
         a result saying so), then apply the Leads. True if the next model request should go out."""
         if not await self._leads_due():
             return False
-        leads = await self.runner.redis.llen(keys.session(self.turn.sid) + keys.LEAD_ORDER)
-        await self._skip(unstarted, "lead" if leads else "approval")
+        await self._skip(unstarted, "lead" if self._leads_waiting() else "approval")
         await self._apply_leads()
         return True
 
@@ -604,6 +638,7 @@ class TurnLoop:
         """Take the saved Leads (atomically marked applied, recorded as user messages)."""
         t = self.turn
         t.leads_waiting = False
+        self._leads_hint = 0
         try:
             res = await self.runner.store.call("cox_take_leads", t.sid, [t.sid, t.token, self.runner.owner, t.turn_id])
         except Fenced as exc:

@@ -378,7 +378,9 @@ local function cox_renew(keys, args)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   redis.call('PEXPIRE', base .. ':lease', lease_ms)
   redis.call('ZADD', LEASES, now_ms() + lease_ms, sid)
-  return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq') }) }
+  return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq'),
+                   observed = redis.call('LLEN', base .. ':observed'),
+                   dont_ask = redis.call('HGET', base, 'dont_ask') == '1' }) }
 end
 
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
@@ -417,7 +419,9 @@ local function cox_emit(keys, args)
     last = emit(base, sid, args[j], now)
     if first == 0 then first = last end
   end
-  return with_pub(base, owner, reply({ first = first, last = last }))
+  -- What waits for the holder's next boundary, so it need not ask again.
+  return with_pub(base, owner, reply({ first = first, last = last, leads = redis.call('LLEN', base .. ':leadq'),
+                                       observed = redis.call('LLEN', base .. ':observed') }))
 end
 
 -- Is token still the lease? For a side effect outside Redis (a file write), checked just before

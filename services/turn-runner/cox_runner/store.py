@@ -84,9 +84,18 @@ class Store:
 
     # ------------------------------------------------------------------ publishing
     def _start_publish(self, sid: str, batch: list[str]) -> None:
+        # Redis handed this process the session's publish lock, so no other publisher of the
+        # session runs here (or anywhere) until this one has drained the outbox.
         task = asyncio.create_task(self._publish(sid, batch), name=f"publish:{sid}")
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._publishers[sid] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._publishers.get(sid) is t:
+                del self._publishers[sid]
+
+        task.add_done_callback(done)
 
     async def _publish(self, sid: str, batch: list[str]) -> None:
         try:
@@ -121,6 +130,11 @@ class Store:
         deadline = loop.time() + timeout
         base = keys.session(sid)
         while loop.time() < deadline:
+            mine = self._publishers.get(sid)
+            if mine is not None:
+                # This process publishes the session's outbox: wait for it, do not poll.
+                await asyncio.wait({mine}, timeout=max(0.0, deadline - loop.time()))
+                continue
             if await self.redis.llen(base + keys.OUTBOX) == 0:
                 return True
             with contextlib.suppress(redis.exceptions.ResponseError):
@@ -129,7 +143,7 @@ class Store:
                 if batch:
                     await self._publish(sid, batch)
                     continue
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.002)  # another process holds the lock and is publishing
         return False
 
     async def close(self) -> None:

@@ -32,6 +32,10 @@ class Turn:
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str | None = None
     leads_waiting: bool = False
+    observed_waiting: bool = False
+    policy_inputs: tuple[frozenset[str], bool] | None = None
+    """The session's standing approvals and don't-ask switch, cached for this turn's calls;
+    dropped by every doorbell and by a renewal that sees the switch changed."""
     """Hint from a doorbell or renewal; the loop reads Redis at every boundary regardless."""
     """Hint only: every tool result takes the waiting observations from Redis."""
     turn_standing: set[str] = field(default_factory=set)
@@ -44,6 +48,7 @@ class Turn:
         self.bell.set()
 
     def ring(self) -> None:
+        self.policy_inputs = None
         self.bell.set()
 
     @property
