@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from cox_guard import policy, secrets, shell, taint
-from coxswain import safefs
+from cox_guard import policy, secrets, taint
+from coxswain import safefs, shell
 from coxswain.errors import Refused
 
 from .flow import answer, call_ids, final_decision, next_approval, of_call, patch, result, run_turn

@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from coxswain import safefs, textdiff
+from coxswain import safefs, shell, textdiff
 from coxswain.config import Settings
 from coxswain.errors import CoxError
 from coxswain.models import GuardRequest, GuardResult
 
-from . import secrets, shell, taint
+from . import secrets, taint
 
 PROTECTED_ROOT: tuple[str, ...] = (
     ".github/workflows", ".github/actions", ".gitlab-ci.yml", ".gitlab", ".circleci", ".ci", ".buildkite",

@@ -32,10 +32,8 @@ import os
 import re
 from pathlib import Path
 
-from coxswain import safefs
+from coxswain import safefs, shell
 from coxswain.errors import CoxError
-
-from . import shell
 
 MIN_LEN = 8
 LONG = 20

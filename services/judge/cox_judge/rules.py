@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
-import bashlex
-import bashlex.errors
+from coxswain import shell
 
 READ_ONLY: frozenset[str] = frozenset({
     "ls", "cat", "head", "tail", "wc", "grep", "egrep", "fgrep", "rg", "echo", "printf", "pwd", "which",
@@ -28,8 +26,6 @@ GIT_LISTING = frozenset({"-a", "--all", "-r", "--remotes", "-v", "-vv", "--verbo
                          "--show-current", "--merged", "--no-merged", "--contains"})
 """The only flags ``git branch``/``tag``/``remote`` may carry: they list, never create or delete."""
 FIND_WRITES = frozenset({"-exec", "-execdir", "-delete", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls"})
-SAFE_TARGETS = frozenset({"/dev/null"})
-INPUT_REDIRECTS = frozenset({"<", "<<", "<<-", "<<<"})
 WRITING_FLAGS: dict[str, tuple[str, ...]] = {
     "sort": ("-o", "--output", "--compress-program"),
     "tree": ("-o",),
@@ -50,63 +46,21 @@ class Verdict:
 
 
 def judge(command: str) -> Verdict:
-    try:
-        trees = bashlex.parse(command)
-    except (bashlex.errors.ParsingError, NotImplementedError, IndexError, AttributeError) as exc:
-        return Verdict(False, f"could not parse the command: {exc}")
+    parsed = shell.parse(command)
+    if parsed.complex:
+        return Verdict(False, f"{parsed.complex}: not judged read-only")
+    if parsed.redirect_targets:
+        return Verdict(False, f"redirects output to a file ({parsed.redirect_targets[0]})")
     problems: list[str] = []
-    for tree in trees:
-        _walk(tree, problems)
-    if problems:
-        return Verdict(False, problems[0])
+    for words in parsed.commands:
+        _command(words, problems)
+        if problems:
+            return Verdict(False, problems[0])
     return Verdict(True, "only read-only commands")
 
 
-def _walk(node: Any, problems: list[str]) -> None:
-    kind = node.kind
-    if kind in ("list", "pipeline"):
-        for part in node.parts:
-            _walk(part, problems)
-    elif kind == "operator":
-        if node.op == "&":
-            problems.append("runs something in the background")
-    elif kind == "pipe":
-        return
-    elif kind == "command":
-        _command(node, problems)
-    elif kind == "compound":
-        problems.append("compound statements (if, for, while, subshells) are not judged read-only")
-    elif kind == "function":
-        problems.append("defines a function")
-    else:
-        problems.append(f"unexpected shell construct: {kind}")
-
-
-def _command(node: Any, problems: list[str]) -> None:
-    words: list[str] = []
-    for part in node.parts:
-        if part.kind == "word":
-            for sub in getattr(part, "parts", []) or []:
-                if sub.kind in ("commandsubstitution", "processsubstitution"):
-                    problems.append("uses command or process substitution")
-                    return
-            words.append(part.word)
-        elif part.kind == "redirect":
-            target = getattr(part, "output", None)
-            if isinstance(target, int) or getattr(target, "word", None) in SAFE_TARGETS:
-                continue
-            if part.type in INPUT_REDIRECTS:
-                continue
-            problems.append("redirects output to a file")
-            return
-        elif part.kind == "assignment":
-            problems.append("sets a variable")
-            return
-        else:
-            problems.append(f"unexpected shell construct: {part.kind}")
-            return
-    if not words:
-        return
+def _command(words: list[str], problems: list[str]) -> None:
+    """Is one simple command (its words) a known read-only program without writing flags?"""
     prog = words[0].rsplit("/", 1)[-1]
     args = words[1:]
     if prog not in READ_ONLY:

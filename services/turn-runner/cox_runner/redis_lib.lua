@@ -62,6 +62,16 @@ local function hold(base, token)
   return cur ~= false and cur == token
 end
 
+-- The reply already given to a request with this idempotency key (marked replay), or nil.
+local function replayed(base, key)
+  if key == '' then return nil end
+  local prev = redis.call('HGET', base .. ':cid', key)
+  if not prev then return nil end
+  local p = cjson.decode(prev)
+  p.replay = true
+  return { cjson.encode(p) }
+end
+
 local function session_of(base, principal)
   if redis.call('EXISTS', base) == 0 then return nil end
   if principal ~= nil and principal ~= '' and redis.call('HGET', base, 'principal') ~= principal then
@@ -215,14 +225,8 @@ local function cox_send(keys, args)
   local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models = unpack(args)
   lease_ms = tonumber(lease_ms)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
-  if client_id ~= '' then
-    local prev = redis.call('HGET', base .. ':cid', client_id)
-    if prev then
-      local p = cjson.decode(prev)
-      p.replay = true
-      return { cjson.encode(p) }
-    end
-  end
+  local prev = replayed(base, client_id)
+  if prev then return prev end
   local model = redis.call('HGET', base, 'model')
   if model == false or model == '' then
     return refuse('not_accepting', 'no model is chosen for this session')
@@ -274,14 +278,8 @@ local function cox_lead(keys, args)
   local base = keys[1]
   local sid, principal, lead_id, text, client_id, max_pending, owner, want_turn = unpack(args)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
-  if client_id ~= '' then
-    local prev = redis.call('HGET', base .. ':cid', 'lead:' .. client_id)
-    if prev then
-      local p = cjson.decode(prev)
-      p.replay = true
-      return { cjson.encode(p) }
-    end
-  end
+  local prev = replayed(base, client_id ~= '' and ('lead:' .. client_id) or '')
+  if prev then return prev end
   local turn_id = redis.call('HGET', base, 'turn_id')
   if not busy(base) or turn_id == false or turn_id == '' then
     return refuse('no_turn', 'no turn is running: send a message instead')

@@ -1,4 +1,10 @@
-"""What guard needs to know about a shell command, read with real parsers (bashlex, shlex)."""
+"""A shell command line as guard and the judge read it, with real parsers (bashlex, shlex).
+
+:func:`parse` splits a line into its simple commands, the files it redirects output into, and
+why it is more than simple commands joined by ``|``, ``&&``, ``||`` and ``;`` (substitutions,
+compound statements, functions, assignments, background jobs); guard uses it for standing
+prefixes and protected redirections, the rules judge for read-only verdicts.
+"""
 
 from __future__ import annotations
 
