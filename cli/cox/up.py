@@ -127,20 +127,8 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     children: list[Child] = []
     code = 0
     try:
-        nats_url = os.environ.get("NATS_URL") or os.environ.get("COX_NATS_URL")
-        if not nats_url:
-            nats = NatsServer(workdir=state / "nats", port=free_port())
-            await asyncio.to_thread(nats.start)
-            servers.append(nats)
-            nats_url = nats.url
-            say("nats.started", url=nats_url)
-        redis_url = os.environ.get("REDIS_URL") or os.environ.get("COX_REDIS_URL")
-        if not redis_url:
-            redis = RedisServer(workdir=state / "redis", port=free_port())
-            await asyncio.to_thread(redis.start)
-            servers.append(redis)
-            redis_url = redis.url
-            say("redis.started", url=redis_url)
+        nats_url = await _server("nats", NatsServer, state, servers)
+        redis_url = await _server("redis", RedisServer, state, servers)
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("COX_")}
         env.update(COX_NATS_URL=nats_url, COX_REDIS_URL=redis_url, COX_TOKEN=token, COX_ROOT=str(root),
@@ -178,6 +166,18 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
             await asyncio.to_thread(s.stop)
         say("stopped")
     return code
+
+
+async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: Path, servers: list[Any]) -> str:
+    """The URL in ``<NAME>_URL`` (or ``COX_<NAME>_URL``), else a server of our own under ``state``."""
+    url = os.environ.get(f"{name.upper()}_URL") or os.environ.get(f"COX_{name.upper()}_URL")
+    if url:
+        return url
+    server = kind(workdir=state / name, port=free_port())
+    await asyncio.to_thread(server.start)
+    servers.append(server)
+    say(f"{name}.started", url=server.url)
+    return server.url
 
 
 async def _wait_ready(base: str, children: list[Child], stop: asyncio.Event) -> bool:
