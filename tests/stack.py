@@ -4,8 +4,8 @@ Each :class:`Stack` gets its own servers (so stacks never answer each other's re
 claim each other's sessions), its own workspace root and config. Tests reach it only through
 HTTP, the way a client does, and may kill, pause or restart any process.
 
-Docker: when ``COX_TEST_DOCKER=1`` and the ``testcontainers`` package can reach an engine, NATS
-and Redis run in containers instead of local binaries.
+Docker: when a Docker engine answers (``testcontainers``), NATS and Redis run in containers
+(``tests/containers.py``); otherwise, or with ``COX_TEST_DOCKER=0``, the local binaries.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import httpx
 
 from cox.servers import NatsServer, RedisServer, die_with_parent, free_port
 
+from .containers import NatsContainer, RedisContainer, docker_available
+
 TOKEN = "test-token-local"
 OTHER_TOKEN = "test-token-other"
 SERVICES = {"gateway": "cox_gateway", "guard": "cox_guard", "judge": "cox_judge", "versions": "cox_versions"}
@@ -43,8 +45,9 @@ class Stack:
         self.lease_ms = lease_ms
         self.config_text = config
         self.extra_env = env or {}
-        self.nats = NatsServer(tmp / "nats")
-        self.redis = RedisServer(tmp / "redis")
+        docker = docker_available()
+        self.nats: Any = (NatsContainer if docker else NatsServer)(tmp / "nats")
+        self.redis: Any = (RedisContainer if docker else RedisServer)(tmp / "redis")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
@@ -105,8 +108,8 @@ class Stack:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
-        self.nats.stop()
-        self.redis.stop()
+        self.nats.close()
+        self.redis.close()
 
     def __enter__(self) -> Stack:
         return self.start()

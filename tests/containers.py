@@ -1,0 +1,109 @@
+"""NATS and Redis in containers (testcontainers), for machines where a Docker engine answers.
+
+Same interface as :class:`cox.servers.NatsServer`/``RedisServer`` (``start``, ``stop``,
+``kill``, ``url``): a stopped or killed container starts again on the same host port with its
+data, as the outage tests need. Readiness is the same log line, counted, so a restart waits
+for a *new* ready line rather than finding the old one.
+
+``COX_TEST_DOCKER=0`` forces local binaries; without a reachable engine they are used anyway.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from cox.servers import free_port
+
+
+@functools.cache
+def docker_available() -> bool:
+    if os.environ.get("COX_TEST_DOCKER", "") == "0":
+        return False
+    try:
+        import docker
+        import testcontainers  # noqa: F401
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:  # noqa: BLE001 - no SDK, no engine, no permission: local binaries then
+        return False
+
+
+class _Container:
+    image = ""
+    internal_port = 0
+    ready_line = ""
+    command: list[str] = []
+
+    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._tc: Any = None
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def _ready_count(self) -> int:
+        out, err = self._tc.get_logs()
+        return (out + err).decode(errors="replace").count(self.ready_line)
+
+    def _wait_ready(self, before: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready_count() > before:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.image} did not become ready on port {self.port}")
+
+    def start(self) -> _Container:
+        if self._tc is None:
+            from testcontainers.core.container import DockerContainer
+
+            self._tc = (DockerContainer(self.image).with_command(self.command)
+                        .with_bind_ports(self.internal_port, self.port))
+            self._tc.start()
+            self._wait_ready(0)
+        else:
+            before = self._ready_count()
+            self._tc.get_wrapped_container().start()
+            self._wait_ready(before)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._tc is not None:
+            self._tc.get_wrapped_container().stop(timeout=int(timeout))
+
+    def kill(self) -> None:
+        if self._tc is not None:
+            self._tc.get_wrapped_container().kill()
+
+    def close(self) -> None:
+        if self._tc is not None:
+            self._tc.stop()
+            self._tc = None
+
+
+class NatsContainer(_Container):
+    image = "nats:2.11"
+    internal_port = 4222
+    ready_line = "Server is ready"
+    command = ["-js", "-sd", "/data"]
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+class RedisContainer(_Container):
+    image = "redis:7"
+    internal_port = 6379
+    ready_line = "Ready to accept connections"
+    command = ["redis-server", "--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
