@@ -49,7 +49,7 @@ class _Container:
 
     def _ready_count(self) -> int:
         out, err = self._tc.get_logs()
-        return (out + err).decode(errors="replace").count(self.ready_line)
+        return int((out + err).decode(errors="replace").count(self.ready_line))
 
     def _wait_ready(self, before: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
