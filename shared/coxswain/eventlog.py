@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -133,13 +134,107 @@ class EventFeed:
             if self.caught_up and deadline - loop.time() <= 0:
                 return []
 
-    async def drain(self, limit: int = 1000) -> list[dict[str, Any]]:
-        """Everything already in the log after ``last`` (up to ``limit``), without waiting."""
-        out: list[dict[str, Any]] = []
-        self.caught_up = False
-        while len(out) < limit and not self.caught_up:
-            batch = await self.next(timeout=0.05, limit=min(256, limit - len(out)))
-            if not batch:
+
+async def backlog(js: JetStreamContext, sid: str, after: int, until: int, limit: int = 1000,
+                  timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The session's events with ``after < seq <= until``, at most ``limit``, from the stream.
+
+    ``until`` is the session's seq as Redis has it: events are recorded there first and
+    published an instant later, so the read waits (up to ``timeout``) for the stream to catch up
+    instead of taking a quiet moment for the end of the log.
+    """
+    if until <= after or limit <= 0:
+        return []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    out: list[dict[str, Any]] = []
+    async with EventFeed(js, sid, after) as feed:
+        while len(out) < limit and feed.last < until:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
                 break
-            out.extend(batch)
+            batch = await feed.next(timeout=min(1.0, remaining), limit=min(256, limit - len(out)))
+            out.extend(ev for ev in batch if int(ev["seq"]) <= until)
+    return out[:limit]
+
+
+class Tail:
+    """A session's events after ``after``: the backlog from the stream, then live ones.
+
+    Live events come from a plain NATS subscription to the session's subject (every JetStream
+    publish is also a NATS message), so a reader holds no JetStream consumer while it waits and
+    sees an event as soon as it is published. The seq makes it exact: a repeat is dropped, and a
+    gap (a message lost while the connection blinked, or a full buffer) is filled from the
+    stream before anything after it is handed out.
+    """
+
+    QUEUE = 10_000
+
+    def __init__(self, nc: Any, js: JetStreamContext, sid: str, after: int,
+                 seq_now: Callable[[], Awaitable[int]]) -> None:
+        self.nc = nc
+        self.js = js
+        self.sid = sid
+        self.last = after
+        self.seq_now = seq_now
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue(self.QUEUE)
+        self._overflow = False
+        self._sub: Any = None
+        self._caught_up = False
+
+    async def __aenter__(self) -> Tail:
+        async def on_msg(msg: Any) -> None:
+            try:
+                self._queue.put_nowait(msg.data)
+            except asyncio.QueueFull:
+                self._overflow = True
+
+        self._sub = await self.nc.subscribe(subjects.events(self.sid), cb=on_msg)
+        await self.nc.flush()  # subscribed before the backlog is read: nothing falls between
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _fill(self, until: int, limit: int) -> list[dict[str, Any]]:
+        evs = await backlog(self.js, self.sid, self.last, until, limit)
+        if evs:
+            self.last = int(evs[-1]["seq"])
+        return evs
+
+    async def next(self, timeout: float, limit: int = 1000) -> list[dict[str, Any]]:
+        """The next events in order (at most ``limit``), waiting up to ``timeout`` s for one."""
+        if not self._caught_up or self._overflow:
+            self._overflow = False
+            target = await self.seq_now()
+            evs = await self._fill(target, limit)
+            if self.last >= target:
+                self._caught_up = True
+            if evs:
+                return evs
+        try:
+            raw = [await asyncio.wait_for(self._queue.get(), timeout)]
+        except TimeoutError:
+            return []
+        while not self._queue.empty() and len(raw) < limit:
+            raw.append(self._queue.get_nowait())
+        out: list[dict[str, Any]] = []
+        for data in raw:
+            ev = json.loads(data)
+            seq = int(ev.get("seq", 0))
+            if seq <= self.last:
+                continue
+            if seq > self.last + 1:
+                out.extend(await self._fill(seq - 1, limit))
+                if self.last < seq - 1:
+                    # The stream does not have them yet (it will): read from there next time.
+                    self._caught_up = False
+                    return out
+            out.append(ev)
+            self.last = seq
         return out

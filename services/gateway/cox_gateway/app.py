@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -171,7 +171,7 @@ def create_app(gw: Gateway) -> FastAPI:
         wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> Response:
-        await owned(sid, who)
+        h = await owned(sid, who)
         start = after
         if start is None:
             last_id = request.headers.get("last-event-id")
@@ -182,10 +182,10 @@ def create_app(gw: Gateway) -> FastAPI:
                     raise Invalid("Last-Event-ID must be an event seq") from exc
         start = start or 0
         if format == "json":
-            async with eventlog.EventFeed(gw.js, sid, start) as feed:
-                out = await feed.drain(limit=limit)
-                if not out and wait > 0:
-                    out = await feed.next(timeout=wait, limit=limit)
+            if wait <= 0:
+                return JSONResponse(await eventlog.backlog(gw.js, sid, start, int(h.get("seq") or 0), limit))
+            async with eventlog.Tail(gw.nc, gw.js, sid, start, _seq_now(gw, sid)) as tail:
+                out = await tail.next(timeout=wait, limit=limit)
             return JSONResponse(out)
         return StreamingResponse(_sse(gw, request, sid, start), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
@@ -230,14 +230,23 @@ async def _health(gw: Gateway, service: str) -> dict[str, Any]:
         return {"ok": False, "detail": repr(exc)}
 
 
+def _seq_now(gw: Gateway, sid: str) -> Callable[[], Awaitable[int]]:
+    """The session's latest seq as Redis has it (where events are recorded first)."""
+
+    async def seq() -> int:
+        return int(await gw.redis.hget(keys.session(sid), "seq") or 0)
+
+    return seq
+
+
 async def _sse(gw: Gateway, request: Request, sid: str, after: int) -> AsyncIterator[bytes]:
     """The backlog after ``after``, then live events; a comment line keeps idle streams open."""
     metrics.STREAMS.inc()
     try:
         yield b"retry: 1000\n\n"
-        async with eventlog.EventFeed(gw.js, sid, after) as feed:
+        async with eventlog.Tail(gw.nc, gw.js, sid, after, _seq_now(gw, sid)) as feed:
             while not gw.stopping:
-                batch = await feed.next(timeout=HEARTBEAT_S if feed.caught_up else 1.0)
+                batch = await feed.next(timeout=HEARTBEAT_S)
                 if not batch:
                     if await request.is_disconnected():
                         return

@@ -48,6 +48,7 @@ from .providers import Models
 from .store import Store
 
 SHUTDOWN_GRACE_S = 8.0
+LOG_LIMIT = 10_000_000
 
 
 class Runner(Service):
@@ -149,12 +150,8 @@ class Runner(Service):
                 raise StopRequested(d.turn.stop_reason or "stop")
             try:
                 await self.store.flush(sid, timeout=2.0)
-                async with eventlog.EventFeed(self.js, sid, out[-1]["seq"] if out else 0) as feed:
-                    while not out or out[-1]["seq"] < target:
-                        batch = await feed.next(timeout=2.0, limit=1000)
-                        if not batch:
-                            break
-                        out.extend(batch)
+                out.extend(await eventlog.backlog(self.js, sid, out[-1]["seq"] if out else 0, target,
+                                                  limit=LOG_LIMIT, timeout=2.0))
                 if (out[-1]["seq"] if out else 0) >= target:
                     return out
                 self.log.warning("log.behind", sid=sid, have=out[-1]["seq"] if out else 0, want=target)

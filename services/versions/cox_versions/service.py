@@ -260,8 +260,8 @@ class Versions(Service):
     async def changes(self, req: ChangesRequest) -> ChangesResult:
         """The latest recorded approval preview per file, from the session's event log."""
         self.workspace(req.workspace)
-        async with eventlog.EventFeed(self.js, req.sid) as feed:
-            events = await feed.drain(limit=1_000_000)
+        seq = int(await self.redis.hget(keys.session(req.sid), "seq") or 0)
+        events = await eventlog.backlog(self.js, req.sid, 0, seq, limit=1_000_000)
         return changes_view.build(events)
 
 
