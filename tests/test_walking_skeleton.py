@@ -78,3 +78,16 @@ def test_requests_need_a_token_and_other_principals_see_nothing(stack: Stack, ap
         r = other.send(s["id"], "not yours")
         assert r.status_code == 404
         assert all(x["id"] != s["id"] for x in other.http.get("/v1/sessions").json())
+
+
+def test_metrics_count_requests_by_route(stack: Stack, api: Api) -> None:
+    s = api.create("metrics")
+    assert api.send(s["id"], "count me").status_code == 202
+    api.wait_type(s["id"], "turn.end")
+    r = api.http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    lines = r.text.splitlines()
+    sent = [x for x in lines if x.startswith("cox_http_requests_total{")
+            and 'route="/v1/sessions/{sid}/messages"' in x and 'status="202"' in x]
+    assert sent and float(sent[0].rsplit(" ", 1)[1]) >= 1
+    assert any(x.startswith("cox_http_request_seconds_bucket{") for x in lines)

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 R = TypeVar("R", bound=BaseModel)
 
 
-def _principal(request: Request) -> str:
+async def _principal(request: Request) -> str:
     """The principal the bearer token names (401 otherwise)."""
     return str(request.app.state.gw.auth.principal(request))
 
@@ -70,7 +70,7 @@ def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="coxswain", version=__version__)
     app.state.gw = gw
     errors.install(app, max_body=gw.settings.max_body)
-    app.middleware("http")(metrics.middleware)
+    app.add_middleware(metrics.Middleware)
 
     async def runner(op: str, cmd: BaseModel, result: type[R], timeout: float = 30.0) -> R:
         return await bus.call(gw.nc, subjects.rpc(subjects.RUNNER, op), cmd, result, timeout=timeout)
