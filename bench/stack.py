@@ -87,7 +87,7 @@ class Stack:
         cox = Path(sys.executable).parent / "cox"
         self.proc = subprocess.Popen(
             [str(cox), "up", "--runners", str(self.runners), "--port", str(self.port), "--root", str(self.root),
-             "--state", str(self.state), "--config", str(self.config), "--token", self.token, "--no-demo"],
+             "--state", str(self.state), "--config", str(self.config), f"--token={self.token}", "--no-demo"],
             env=env, stdout=subprocess.PIPE, stderr=open(self.tmp / "cox-up.log", "ab"), stdin=subprocess.DEVNULL,
             cwd=self.tmp, start_new_session=True, preexec_fn=die_with_parent,
         )

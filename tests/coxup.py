@@ -44,7 +44,7 @@ class CoxUp:
     def start(self, timeout: float = 90.0) -> CoxUp:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_URL", "REDIS_URL"))}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cox", "up", "--port", str(self.port), "--token", self.token,
+            [sys.executable, "-m", "cox", "up", "--port", str(self.port), f"--token={self.token}",
              "--root", str(self.root), "--config", str(self.config), "--runners", str(self.runners), "--no-demo"],
             cwd=self.tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )

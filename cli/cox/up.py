@@ -111,7 +111,8 @@ def _token(state: Path) -> str:
         tok = path.read_text().strip()
         if tok:
             return tok
-    tok = secrets.token_urlsafe(24)
+    # A prefix keeps it from starting with '-' (a flag to argparse) and makes it easy to spot.
+    tok = "cox_" + secrets.token_urlsafe(24)
     path.write_text(tok + "\n")
     path.chmod(0o600)
     return tok
