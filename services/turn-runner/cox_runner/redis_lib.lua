@@ -86,14 +86,19 @@ local function ids_of(list)
   return out
 end
 
--- Start a turn for msg (table: message_id, text, mode). Lease must already be held/created.
-local function begin_turn(base, sid, msg, turn_id, now)
+-- A model chosen while the session was busy applies now (before the next message, or at idle).
+local function apply_next_model(base, sid, now)
   local nm = redis.call('HGET', base, 'next_model')
   if nm and nm ~= '' then
     redis.call('HSET', base, 'model', nm)
     redis.call('HDEL', base, 'next_model')
     emit_t(base, sid, { type = 'session.updated', changes = { model = nm } }, now)
   end
+end
+
+-- Start a turn for msg (table: message_id, text, mode). Lease must already be held/created.
+local function begin_turn(base, sid, msg, turn_id, now)
+  apply_next_model(base, sid, now)
   local model = redis.call('HGET', base, 'model')
   redis.call('HSET', base, 'turn_id', turn_id, 'message_id', msg.message_id, 'stop', '',
     'lead_closed', '0', 'turn_started', now, 'task', msg.text)
@@ -117,13 +122,7 @@ local function release(base, sid, now)
   redis.call('ZREM', LEASES, sid)
   redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'runner', '', 'token', '',
     'lead_closed', '0', 'op', '', 'busy', '0')
-  -- A model chosen while the session was busy applies now, not at some later send.
-  local nm = redis.call('HGET', base, 'next_model')
-  if nm and nm ~= '' then
-    redis.call('HSET', base, 'model', nm)
-    redis.call('HDEL', base, 'next_model')
-    emit_t(base, sid, { type = 'session.updated', changes = { model = nm } }, now)
-  end
+  apply_next_model(base, sid, now)
 end
 
 -- Mark every pending lead unapplied (Stop, steer, crash): they stay saved, start nothing.
