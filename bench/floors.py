@@ -17,7 +17,8 @@ from typing import Any
 
 import psutil
 
-from cox.servers import die_with_parent, free_port, wait_port
+from cox.servers import free_port, wait_port
+from coxswain.proc import die_with_parent
 
 from .stack import CpuMeter, Servers
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from cox.servers import NatsServer, RedisServer, die_with_parent, free_port
+from cox.servers import NatsServer, RedisServer, free_port
+from coxswain.proc import die_with_parent
 
 CONFIG = """\
 # The bench stack: commands need no judge (tool calls here are list_dir), limits far above the

@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 
-from cox.servers import NatsServer, RedisServer, die_with_parent, free_port
+from cox.servers import NatsServer, RedisServer, free_port
+from coxswain.proc import die_with_parent
 
 from .containers import NatsContainer, RedisContainer, docker_available
 

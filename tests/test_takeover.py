@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import psutil
 import pytest
 import redis
 
@@ -68,13 +69,30 @@ def turn_in_command(stack: Stack, api: Api, sid: str, command: str = "sleep 30")
     return {**first, "turn_id": start["turn_id"]}, name
 
 
+def _command_of(runner_pid: int, marker: str, timeout: float = 10.0) -> psutil.Process:
+    """The process running the turn's command (a child of the runner whose command line has marker)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.Process(runner_pid).children(recursive=True):
+            if marker in " ".join(p.cmdline()):
+                return p
+        time.sleep(0.05)
+    raise AssertionError(f"no command with {marker!r} under runner {runner_pid}")
+
+
 def test_kill_9_mid_turn_the_queue_runs_in_order_and_the_dead_turn_ends_crashed(stack: Stack, api: Api) -> None:
     sid = api.create("kill9")["id"]
-    first, victim = turn_in_command(stack, api, sid)
+    first, victim = turn_in_command(stack, api, sid, command="sleep 31.7")
     queued = [ok(api.send(sid, quick(f"q{i}", write=(i == 1)), mode="queue")) for i in range(3)]
+    command = _command_of(stack.procs[victim].pid, "31.7")
     killed_at = time.time()
     stack.kill(victim)
     try:
+        # The dead runner's command does not run on as an orphan (it dies with its runner).
+        deadline = time.monotonic() + 10
+        while command.is_running() and command.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
         end = api.wait_type(sid, "turn.end", turn_id=first["turn_id"], timeout=LEASE_MS / 1000 + 15)
         took = end["ts"] - killed_at * 1000
         MEASURED.setdefault(LEASE_MS, []).append(took)

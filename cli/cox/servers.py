@@ -9,7 +9,6 @@ it is killed with SIGKILL: no orphans.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -23,14 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """preexec_fn: ask the kernel to SIGTERM this child when its parent dies."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+from coxswain.proc import die_with_parent
 
 
 def free_port() -> int:

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from coxswain import config as cfgmod
+from coxswain.proc import die_with_parent
 
 from . import demo
-from .servers import NatsServer, RedisServer, die_with_parent, free_port, terminate_tree
+from .servers import NatsServer, RedisServer, free_port, terminate_tree
 
 SERVICES = (("gateway", "cox_gateway"), ("guard", "cox_guard"), ("judge", "cox_judge"), ("versions", "cox_versions"))
 BACKOFF_MAX_S = 10.0

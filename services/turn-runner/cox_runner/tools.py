@@ -17,6 +17,7 @@ from typing import Any
 from pydantic_ai.tools import ToolDefinition
 
 from coxswain import safefs
+from coxswain.proc import die_with_parent
 
 
 def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -135,7 +136,7 @@ async def run_command(workspace: Path, command: str, timeout_s: float, limit: in
     proc = await asyncio.create_subprocess_exec(
         "/bin/bash", "-c", command, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        env=command_env(workspace),
+        env=command_env(workspace), preexec_fn=die_with_parent,
     )
     chunks: list[bytes] = []
     size = 0
