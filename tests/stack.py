@@ -214,6 +214,16 @@ class Api:
         raise AssertionError(f"session {sid} still busy after {timeout}s")
 
 
+def tool(name: str, **args: Any) -> dict[str, Any]:
+    """One tool call of a script step."""
+    return {"name": name, "args": args}
+
+
+def said(text: str, *steps: dict[str, Any]) -> str:
+    """A message that says ``text``, then holds the script of ``steps``."""
+    return script(*steps, text=text)
+
+
 def script(*steps: dict[str, Any], text: str = "run the script") -> str:
     """A message holding a ``script`` block for the built-in script model."""
     return f"{text}\n```script\n{json.dumps(list(steps))}\n```"

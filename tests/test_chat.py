@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -21,16 +20,9 @@ from cox.chat_app import ChatApp
 from cox.chat_client import ChatApi
 
 from .coxup import CoxUp, cox_up
+from .stack import said, tool
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
-
-
-def script(text: str, *steps: dict[str, Any]) -> str:
-    return f"{text}\n```script\n{json.dumps(list(steps))}\n```"
-
-
-def tool(name: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +66,7 @@ async def test_a_person_steers_a_turn_from_the_terminal(up: CoxUp) -> None:
         sid = app.m.sid
 
         # Enter sends: a plan, a write, then a command the rules judge refuses -> the person.
-        first = script("Write the notes", {
+        first = said("Write the notes", {
             "text": "Planning the notes.",
             "tools": [tool("plan_write", steps=["write the notes", "check them"]), tool("plan_step", step=1),
                       tool("write_file", path="notes.txt", content="first draft\n"),
@@ -97,7 +89,7 @@ async def test_a_person_steers_a_turn_from_the_terminal(up: CoxUp) -> None:
         assert app.draft.value == "plain"
 
         # Ctrl+O queues two.
-        q1 = script("first queued", {"tools": [tool("run_command", command="touch second")]}, {"text": "never"})
+        q1 = said("first queued", {"tools": [tool("run_command", command="touch second")]}, {"text": "never"})
         await paste(pilot, q1)
         await pilot.press("ctrl+o")
         await paste(pilot, "second queued")
@@ -111,7 +103,7 @@ async def test_a_person_steers_a_turn_from_the_terminal(up: CoxUp) -> None:
         await pilot.press("ctrl+l")
         assert "Lead not saved" in shown(app, "#note")
         assert app.draft.value == big
-        lead = script("Lead: rewrite the notes", {"tools": [tool("write_file", path="notes.txt", content="second draft\n")]},
+        lead = said("Lead: rewrite the notes", {"tools": [tool("write_file", path="notes.txt", content="second draft\n")]},
                       {"text": "Lead applied."})
         await paste(pilot, lead)
         await pilot.press("ctrl+l")
@@ -180,7 +172,7 @@ async def test_stop_security_confirm_and_a_refused_lead_in_the_terminal(up: CoxU
         assert "No turn is running" in shown(app, "#note")
         assert app.draft.value == "nothing to join"
 
-        await paste(pilot, script("Edit the Makefile", {"tools": [
+        await paste(pilot, said("Edit the Makefile", {"tools": [
             tool("plan_write", steps=["edit the Makefile", "run make"]), tool("plan_step", step=1),
             tool("write_file", path="Makefile", content="all:\n")]}))
         await pilot.press("enter")
@@ -202,7 +194,7 @@ async def test_stop_security_confirm_and_a_refused_lead_in_the_terminal(up: CoxU
         save(app, "after-stop")
 
         # Ctrl+Y answers with the typed text: here a deny with a redirect message.
-        await paste(pilot, script("Touch", {"tools": [tool("run_command", command="touch x")]}, {"text": "after"}))
+        await paste(pilot, said("Touch", {"tools": [tool("run_command", command="touch x")]}, {"text": "after"}))
         await pilot.press("enter")
         await until(pilot, lambda: "touch x" in shown(app, "#approvals"), "the approval")
         # The stopped turn's plan was carried into this one, with its mark.

@@ -9,7 +9,6 @@ switch, and a stream that survives the gateway being killed. Screenshots go to
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from .coxup import CoxUp, cox_up
+from .stack import said, tool
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 CHROMIUM = os.environ.get("COX_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -47,14 +47,6 @@ base_url = "http://127.0.0.1:9/v1"
 api_key = "unused"
 """
 LONG = "a long line that must wrap inside the narrow pane " * 8
-
-
-def script(text: str, *steps: dict[str, Any]) -> str:
-    return f"{text}\n```script\n{json.dumps(list(steps))}\n```"
-
-
-def tool(name: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +126,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     expect(page.locator(f"#sessions a[data-sid='{sid}']")).to_be_visible()
 
     # Send (Enter): a plan, a write, then a command the rules judge refuses -> the person.
-    first = script("Write the notes", {
+    first = said("Write the notes", {
         "text": "Planning the notes.",
         "tools": [tool("plan_write", steps=["write the notes", "check them", "finish"]),
                   tool("plan_step", step=1), tool("write_file", path="notes.txt", content="first draft\n"),
@@ -162,7 +154,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     expect(page.locator("#draft")).to_have_value("plain while busy")
 
     # Queue two: Ctrl+O, then the Queue button.
-    q1 = script("first queued", {"tools": [tool("run_command", command="touch second")]}, {"text": "never reached"})
+    q1 = said("first queued", {"tools": [tool("run_command", command="touch second")]}, {"text": "never reached"})
     page.fill("#draft", q1)
     page.press("#draft", "Control+o")
     expect(outbox(page, "queue", "queued")).to_have_count(1)
@@ -177,7 +169,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     page.click("#btn-lead")
     expect(page.locator("#composer-note")).to_contain_text("Lead not saved")
     assert page.input_value("#draft") == big
-    lead = script("Lead: rewrite the notes", {"tools": [tool("write_file", path="notes.txt",
+    lead = said("Lead: rewrite the notes", {"tools": [tool("write_file", path="notes.txt",
                                                                 content=f"second draft\n{LONG}\n")]},
                   {"text": "Lead applied: notes rewritten."})
     page.fill("#draft", lead)
@@ -281,7 +273,7 @@ def test_stop_shows_every_fate_and_the_session_settings(page: Page, up: CoxUp) -
     expect(page.locator(".item.note", has_text='model = "script"')).to_have_count(1)
 
     # A security confirm is marked as such and offers no "always".
-    page.fill("#draft", script("Edit the Makefile", {"tools": [
+    page.fill("#draft", said("Edit the Makefile", {"tools": [
         tool("plan_write", steps=["edit the Makefile", "run make"]), tool("plan_step", step=1),
         tool("write_file", path="Makefile", content="all:\n")]}))
     page.press("#draft", "Enter")
@@ -323,7 +315,7 @@ def test_stop_shows_every_fate_and_the_session_settings(page: Page, up: CoxUp) -
     page.reload()
     expect(page.locator("#dont-ask")).to_be_checked()
     expect(page.locator("#title")).to_have_text("Console checks")
-    page.fill("#draft", script("Touch it", {"tools": [tool("run_command", command="touch done")]}, {"text": "Touched."}))
+    page.fill("#draft", said("Touch it", {"tools": [tool("run_command", command="touch done")]}, {"text": "Touched."}))
     page.press("#draft", "Enter")
     expect(page.locator(".item.assistant", has_text="Touched.")).to_have_count(1)
     expect(page.locator(".item.tool", has_text="touch done")).to_contain_text("the don't-ask switch is on")
@@ -341,7 +333,7 @@ def test_the_stream_resumes_after_the_gateway_dies_with_no_duplicate_or_missing_
     # Each step runs a different command: the progress guard ends a turn that repeats itself.
     steps = [{"text": f"step {i}", "delay_ms": 700, "tools": [tool("run_command", command=f"echo {i}")]}
              for i in range(1, 7)]
-    page.fill("#draft", script("Count slowly", *steps, {"text": "all steps done"}))
+    page.fill("#draft", said("Count slowly", *steps, {"text": "all steps done"}))
     page.press("#draft", "Enter")
     expect(page.locator(".item.assistant", has_text="step 1")).to_have_count(1)
     up.kill_gateway()

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,7 @@ from coxswain import safefs, shell
 from coxswain.errors import Refused
 
 from .flow import answer, call_ids, final_decision, next_approval, of_call, patch, result, run_turn
-from .stack import Api, Stack, script, stack_fixture
+from .stack import Api, Stack, script, stack_fixture, tool
 
 CONFIG = """
 [approval]
@@ -40,9 +39,6 @@ def session(api: Api, name: str, dont_ask: bool = True) -> tuple[str, Path]:
         patch(api, s["id"], dont_ask=True)
     return s["id"], Path(s["workspace"])
 
-
-def tool(name: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args}
 
 
 # ------------------------------------------------------------------ security confirms

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from .checks import finished, last_seq, of_type, one
-from .stack import Api, Stack, script, stack_fixture
+from .stack import Api, Stack, script, stack_fixture, tool
 
 CONFIG = """
 [limits]
@@ -39,9 +39,6 @@ output_price = 10000.0
 
 stack = stack_fixture("limits", runners=1, config=CONFIG)
 
-
-def tool(name: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args}
 
 
 def ticks(n: int, start: int = 0) -> list[dict[str, Any]]:

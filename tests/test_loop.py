@@ -4,17 +4,11 @@ guard, no round cap, titles and plans (DESIGN "A turn")."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from .checks import finished, holder, last_seq, of_type, one
-from .stack import OTHER_TOKEN, Api, Stack, script
-
-
-def tool(name: str, **args: Any) -> dict[str, Any]:
-    return {"name": name, "args": args}
-
+from .stack import OTHER_TOKEN, Api, Stack, script, tool
 
 # ---------------------------------------------------------------- respond and observe
 
