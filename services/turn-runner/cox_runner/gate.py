@@ -191,7 +191,7 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
             if t.stopping or state == "dismissed":
                 await dismiss(loop, aid, "the turn was stopped")
                 raise StopRequested(t.stop_reason or "stop")
-            if not sec and (await redis.hget(base, "dont_ask")) == "1":
+            if not sec and (await policy_inputs(loop))[1]:  # re-read after any doorbell
                 await answer(loop, aid, "allow", actor="dont_ask", reason="the don't-ask switch is on")
                 continue
             try:

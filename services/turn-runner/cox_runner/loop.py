@@ -233,12 +233,8 @@ class TurnLoop:
             self.history = self.carried
             self.history.user(t.text, t.via)
         else:
-            if not await self.runner.store.flush(t.sid):
-                # The log may lack the newest events; the transcript builder still closes any call
-                # left without a result, so the model is never shown one.
-                self.log.warning("transcript.outbox_not_flushed")
-            evs = await self.runner.read_events(t.sid)
-            self.history = transcript.build(evs)
+            # read_events flushes the outbox and reads the log up to the session's seq.
+            self.history = transcript.build(await self.runner.read_events(t.sid))
         await self.runner.models.load(t.model)
         info = await self.runner.redis.hgetall(keys.session(t.sid))
         t.info = info
@@ -690,7 +686,7 @@ class TurnLoop:
             self.soft_passed.add(name)
             shown = round(value, 6) if isinstance(value, float) else value
             await self.emit(ev.LimitSoft(**self._e(), limit=name, value=shown))
-            if (await self.runner.redis.hget(keys.session(self.turn.sid), "dont_ask")) == "1":
+            if (await gate.policy_inputs(self))[1]:  # the don't-ask switch answers yes
                 continue
             spec = CallSpec(call_id=f"limit-{name}-{self.turn.turn_id}", name="continue",
                             args={"limit": name, "value": shown, "soft": soft, "hard": hard})
