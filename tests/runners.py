@@ -7,8 +7,6 @@ import json
 import time
 from typing import Any
 
-import httpx
-
 from .stack import Stack
 
 
@@ -79,8 +77,3 @@ def wait_ready(stack: Stack, instance: str, since: int, timeout: float = 30.0) -
     raise AssertionError(f"{instance} did not start:\n{stack.log(instance)[-3000:]}")
 
 
-def healthy(stack: Stack) -> bool:
-    try:
-        return httpx.get(stack.url + "/healthz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False

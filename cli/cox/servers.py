@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -118,15 +117,6 @@ class _Server:
             self.proc.kill()
             self.proc.wait(5)
         self.proc = None
-
-    def restart(self, down_for: float = 0.0, on_down: Callable[[], None] | None = None) -> None:
-        """Stop, optionally wait (or run ``on_down`` while it is down), start on the same port."""
-        self.stop()
-        if on_down is not None:
-            on_down()
-        if down_for:
-            time.sleep(down_for)
-        self.start()
 
     def close(self) -> None:
         self.stop()

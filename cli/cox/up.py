@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,6 @@ class Child:
     started: float = 0.0
     backoff: float = 0.5
     next_start: float = 0.0
-    history: list[float] = field(default_factory=list)
 
     def start(self) -> None:
         log = open(self.log_path, "ab")
@@ -213,7 +212,7 @@ def _restart_later(c: Child) -> None:
         c.backoff = 0.5
     c.next_start = time.monotonic() + c.backoff
     say("child.exited", instance=c.instance, code=code, lived_s=round(lived, 1), restart_in_s=c.backoff,
-        log=str(c.log_path))
+        restarts=c.restarts, log=str(c.log_path))
     c.backoff = min(BACKOFF_MAX_S, c.backoff * 2)
     c.restarts += 1
     c.proc = None

@@ -220,10 +220,12 @@ def listdir(root: Path | str, rel: str, limit: int = 1000) -> list[Entry]:
     return out
 
 
-def workspace_under(root: Path | str, workspace: str) -> Path:
-    """The real path of ``workspace`` (relative to ``root`` or absolute), refused if outside root."""
-    rel = resolve(root, workspace)
-    return Path(os.path.realpath(root)) / rel if rel else Path(os.path.realpath(root))
+def real_under(root: Path | str, path: Path | str) -> Path | None:
+    """The real path of ``path`` (every link resolved) if it is ``root``'s real path or lies
+    beneath it; None otherwise. The one check behind "a workspace must be under the root"."""
+    real_root = Path(os.path.realpath(root))
+    real = Path(os.path.realpath(path))
+    return real if real == real_root or real_root in real.parents else None
 
 
 def write_if_missing(root: Path | str, rel: str, data: bytes) -> bool:

@@ -76,9 +76,8 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
     name, args = req.call.name, req.call.args
     if name in NO_WORKSPACE:
         return GuardResult(verdict="allow", actor="setting", reason="no workspace access")
-    root = Path(os.path.realpath(req.workspace))
-    cfg_root = settings.root
-    if root != cfg_root and cfg_root not in root.parents:
+    root = safefs.real_under(settings.root, req.workspace)
+    if root is None:
         return GuardResult(verdict="refuse", actor="policy", reason="the workspace is not under the configured root")
     if name in ("read_file", "list_dir", "write_file"):
         return _path_call(settings, req, root, name, args)

@@ -63,9 +63,10 @@ class Admission:
         root.mkdir(parents=True, exist_ok=True)
         rel = cmd.workspace.strip()
         if os.path.isabs(rel):
-            ws = Path(os.path.realpath(rel))
-            if ws != root and root not in ws.parents:
+            under = safefs.real_under(root, rel)
+            if under is None:
                 raise Invalid(f"workspace must be under {root}")
+            ws = under
         else:
             ws = root / rel
         # Create it (links resolved) only if it stays under the root.

@@ -71,7 +71,6 @@ REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "plan_write": (("steps", list),),
     "plan_step": (("step", int),),
 }
-WORKSPACE_TOOLS = frozenset({"read_file", "list_dir", "write_file", "run_command"})
 ACTIONS = frozenset({"write_file", "run_command"})
 
 

@@ -98,9 +98,6 @@ class Builder:
         self._users.clear()
         self._vias.clear()
 
-    @property
-    def has_pending(self) -> bool:
-        return bool(self._returns or self._users)
 
     # -- responses
     def response(self, resp: ModelResponse) -> None:

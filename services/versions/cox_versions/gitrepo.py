@@ -19,6 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from coxswain import safefs
 from coxswain.errors import NotFound, Refused, Unavailable
 
 GIT_TIMEOUT_S = 30.0
@@ -107,8 +108,8 @@ class Repo:
         lines = proc.stdout.decode(errors="replace").splitlines()
         if len(lines) < 2:
             return None
-        top = Path(os.path.realpath(lines[0]))
-        if top != limit and limit not in top.parents:
+        top = safefs.real_under(limit, lines[0])
+        if top is None:
             return None
         algo = lines[1].strip()
         if algo not in ("sha1", "sha256"):

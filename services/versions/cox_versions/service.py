@@ -9,7 +9,6 @@ denylist; every record read back is checked (see :mod:`cox_versions.store`).
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import time
 from pathlib import Path
@@ -79,9 +78,8 @@ class Versions(Service):
 
     # ------------------------------------------------------------------ helpers
     def workspace(self, path: str) -> Path:
-        root = self.settings.root
-        real = Path(os.path.realpath(path))
-        if real != root and root not in real.parents:
+        real = safefs.real_under(self.settings.root, path)
+        if real is None:
             raise Invalid("the workspace is not under the configured root")
         if not real.is_dir():
             raise NotFound("the workspace folder does not exist")
