@@ -98,6 +98,10 @@ class ProviderConfig(_Section):
     input_price: float | None = Field(None, ge=0)
     output_price: float | None = Field(None, ge=0)
 
+    def key(self) -> str | None:
+        """The API key: given here, else read from the variable ``api_key_env`` names."""
+        return self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
+
 
 class ModelConfig(_Section):
     default: str | None = "script"

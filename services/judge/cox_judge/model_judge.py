@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -50,7 +49,7 @@ class Answer(BaseModel):
 def build_model(p: ProviderConfig, timeout_s: float) -> tuple[Model, Any]:
     """A pydantic-ai model for a configured provider and its SDK client (closed on stop), with
     no client-side retries: the judge's own timeout bounds the whole call."""
-    key = p.api_key or (os.environ.get(p.api_key_env) if p.api_key_env else None)
+    key = p.key()
     if p.kind == "openai":
         from openai import AsyncOpenAI
         from pydantic_ai.models.openai import OpenAIChatModel

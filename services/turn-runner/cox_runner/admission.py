@@ -23,7 +23,6 @@ from coxswain.models import (
     Accepted,
     ApprovalCmd,
     CreateCmd,
-    FileOutcome,
     LeadCmd,
     LeadResult,
     ObserveCmd,
@@ -191,14 +190,14 @@ class Admission:
             raise NotFound("no such session")
         res = await tools.run_command(Path(ws), cmd.command, OBSERVE_TIMEOUT_S, r.settings.runner.output_limit)
         output = (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
-        turn_id = (await r.redis.hget(base, "turn_id")) or None
+        turn_id, runner_id = await r.redis.hmget(base, ["turn_id", "runner"])
+        turn_id = turn_id or None
         record = json.dumps({"command": cmd.command, "output": output}, ensure_ascii=False)
         await r.store.call("cox_emit", cmd.sid, [
             cmd.sid, "", r.owner, "1", "rpush", keys.OBSERVED, "", record,
             ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command, output=output,
                                 exit_code=res.exit_code)),
         ])
-        runner_id = await r.redis.hget(base, "runner")
         await r.ring(runner_id, cmd.sid, "observe")
         return Accepted()
 
@@ -225,7 +224,7 @@ class Admission:
             else:
                 out = await r.clients.undo(UndoRequest(sid=sid, workspace=ws, token=int(token)))
             evs: list[str] = []
-            for f in out.files or [FileOutcome(**out.model_dump(exclude={'files'}))]:  # undoing a command puts back every file it changed
+            for f in out.files:  # undoing a command puts back every file it changed
                 evs += [ev.body(ev.VersionKept(sid=sid, path=f.kept.path, version_id=f.kept.version_id,
                                                store=f.kept.store)),
                         ev.body(ev.FileWritten(sid=sid, path=f.path, added=f.added, removed=f.removed, via=op,

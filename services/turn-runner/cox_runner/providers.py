@@ -31,7 +31,6 @@ themselves (openai/anthropic ``max_retries``, 2 by default); a failure after tha
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from pydantic_ai.models import Model
@@ -97,7 +96,7 @@ class Models:
             raise NotAccepting(f"model {name!r} is not configured")
         if p.kind == "script":
             return ScriptModel()
-        key = p.api_key or (os.environ.get(p.api_key_env) if p.api_key_env else None)
+        key = p.key()
         if p.kind == "openai":
             from pydantic_ai.models.openai import OpenAIChatModel
             from pydantic_ai.providers.openai import OpenAIProvider
