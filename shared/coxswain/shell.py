@@ -98,8 +98,8 @@ def words(command: str) -> list[str]:
         return command.split()
 
 
-def covered(command: str, prefixes: list[str]) -> str | None:
-    """The standing prefix that covers ``command``, or None.
+def covered(command: str | Parsed, prefixes: list[str]) -> str | None:
+    """The standing prefix that covers ``command`` (a line, or one already parsed), or None.
 
     A prefix covers a command only when the line is plain simple commands (no substitution,
     no redirection to a file, no background job) and *every* one of them starts with a standing
@@ -108,13 +108,13 @@ def covered(command: str, prefixes: list[str]) -> str | None:
     wanted = [p for p in (q.split() for q in prefixes) if p]
     if not wanted:
         return None
-    parsed = parse(command)
+    parsed = parse(command) if isinstance(command, str) else command
     if parsed.complex or parsed.redirect_targets or not parsed.commands:
         return None
-    used: list[str] = []
+    first: str | None = None
     for cmd in parsed.commands:
         match = next((p for p in wanted if cmd[:len(p)] == p), None)
         if match is None:
             return None
-        used.append(" ".join(match))
-    return used[0]
+        first = first or " ".join(match)
+    return first

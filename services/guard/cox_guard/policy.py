@@ -161,7 +161,7 @@ def _command(settings: Settings, req: GuardRequest, root: Path, command: str) ->
             return GuardResult(verdict="ask", actor="policy", security=True, route="person",
                                reason=f"the command writes {rel}, a protected path ({prot}): a security confirm")
     standing = [p for p in (*settings.approval.allow_commands, *req.standing) if p and not p.startswith("write:")]
-    prefix = shell.covered(command, standing)
+    prefix = shell.covered(parsed, standing)
     if prefix is not None:
         return GuardResult(verdict="allow", actor="standing", reason=f"standing approval {prefix!r}")
     mode = settings.approval.commands
