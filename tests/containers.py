@@ -5,7 +5,9 @@ Same interface as :class:`cox.servers.NatsServer`/``RedisServer`` (``start``, ``
 data, as the outage tests need. Readiness is the same log line, counted, so a restart waits
 for a *new* ready line rather than finding the old one.
 
-``COX_TEST_DOCKER=0`` forces local binaries; without a reachable engine they are used anyway.
+``COX_TEST_DOCKER=0`` forces local binaries; without a reachable engine they are used anyway, and
+so they are when the images are not already on the engine: no registry is reachable from the
+project's machines, so pulling them would only fail.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ def docker_available() -> bool:
         import docker
         import testcontainers  # noqa: F401
 
-        docker.from_env(timeout=2).ping()
+        client = docker.from_env(timeout=2)
+        client.ping()
+        for image in (NatsContainer.image, RedisContainer.image):
+            client.images.get(image)
         return True
     except Exception:  # noqa: BLE001 - no SDK, no engine, no permission: local binaries then
         return False
