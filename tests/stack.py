@@ -35,7 +35,7 @@ SERVICES = {"gateway": "cox_gateway", "guard": "cox_guard", "judge": "cox_judge"
 
 class Stack:
     def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
-                 lease_ms: int = 2000) -> None:
+                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.runners = runners
@@ -46,6 +46,8 @@ class Stack:
         self.lease_ms = lease_ms
         self.config_text = config
         self.extra_env = env or {}
+        self.runner_env = runner_env or {}
+        """Environment only the turn-runners get (e.g. a PATH without bwrap)."""
         docker = docker_available()
         self.nats: Any = (NatsContainer if docker else NatsServer)(tmp / "nats")
         self.redis: Any = (RedisContainer if docker else RedisServer)(tmp / "redis")
@@ -75,7 +77,8 @@ class Stack:
 
     def spawn(self, instance: str, module: str) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{instance}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", module], env={**self.env, "COX_INSTANCE": instance},
+        env = {**self.env, **(self.runner_env if module == "cox_runner" else {}), "COX_INSTANCE": instance}
+        proc = subprocess.Popen([sys.executable, "-m", module], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=die_with_parent)
         log.close()
