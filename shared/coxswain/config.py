@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -162,6 +162,12 @@ class Settings(BaseSettings):
 
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("COX_NATS_URL", "NATS_URL"))
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("COX_REDIS_URL", "REDIS_URL"))
+    # This process's user on each server (``cox up`` gives every service its own); unset: the
+    # URL's ``user:pass@``, if any. Never logged: URLs are redacted, passwords are SecretStr.
+    nats_user: str | None = Field(None, validation_alias=AliasChoices("COX_NATS_USER", "NATS_USER"))
+    nats_password: SecretStr | None = Field(None, validation_alias=AliasChoices("COX_NATS_PASSWORD", "NATS_PASSWORD"))
+    redis_user: str | None = Field(None, validation_alias=AliasChoices("COX_REDIS_USER", "REDIS_USER"))
+    redis_password: SecretStr | None = Field(None, validation_alias=AliasChoices("COX_REDIS_PASSWORD", "REDIS_PASSWORD"))
     host: str = "127.0.0.1"
     port: int = 8765
     token: str | None = None
