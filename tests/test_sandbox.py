@@ -120,9 +120,13 @@ def test_a_command_cannot_read_write_or_see_outside_its_workspace(sandboxed: Sta
         f"cat {cox_state}",
         f"echo escaped > {host_tmp}; echo escaped > {sandboxed.tmp}/written.txt",
         "ls -a ~ /root /home 2>&1; cat /etc/shadow /etc/gshadow 2>&1 | head -c 300",
+        "ls /proc | grep -c '^[0-9]'; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c '^COX_'",
     ))
     out = outputs(evs)
-    assert len(out) == 7, out
+    assert len(out) == 8, out
+    procs, cox_vars = out[7].split()[-2:]
+    assert int(procs) <= 4, f"only the command's own processes are visible: {out[7]}"
+    assert cox_vars == "0", "no process a command can see holds the runner's credentials"
     for text in out[:5]:
         assert "PLANTED-SECRET" not in text and "OTHER-PRIVATE" not in text and "[approval]" not in text, text
         assert "No such file" in text, text
