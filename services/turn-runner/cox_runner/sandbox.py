@@ -107,6 +107,11 @@ class Sandbox:
     def mode(self) -> str:
         return self.cfg.mode
 
+    @property
+    def confined(self) -> bool:
+        """Commands run through bwrap (which makes them die with this process by itself)."""
+        return self.cfg.mode == "bwrap"
+
     def status(self) -> SandboxStatus:
         if self.cfg.mode == "none":
             return SandboxStatus("none", True, "commands run without a sandbox ([sandbox] mode = \"none\")")
