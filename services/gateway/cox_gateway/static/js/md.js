@@ -27,7 +27,7 @@ function link(text, url) {
 const INLINE = [
   { re: /`([^`\n]+)`/y, make: (m) => h("code", {}, m[1]) },
   { re: /\*\*([^*\n](?:[^*\n]|\*(?!\*))*?)\*\*/y, make: (m) => h("strong", {}, inline(m[1])) },
-  { re: /__([^_\n]+?)__/y, make: (m) => h("strong", {}, inline(m[1])) },
+  { re: /(?<![\w])__([^_\n]+?)__(?![\w])/y, make: (m) => h("strong", {}, inline(m[1])) },
   { re: /\*([^*\s](?:[^*\n]*?[^*\s])?)\*/y, make: (m) => h("em", {}, inline(m[1])) },
   { re: /(?<![\w])_([^_\s](?:[^_\n]*?[^_\s])?)_(?![\w])/y, make: (m) => h("em", {}, inline(m[1])) },
   { re: /\[([^\]\n]+)\]\(([^()\s]+)\)/y, make: (m) => link(m[1], m[2]) },

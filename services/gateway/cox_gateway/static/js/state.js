@@ -235,7 +235,11 @@ const HANDLERS = {
     const t = m.tool(ev.call_id);
     t.policy = t.policy || [];
     t.policy.push(`${ev.verdict} by ${ev.actor}${ev.security ? " (security)" : ""}: ${ev.reason}`);
-    if (ev.verdict === "refuse") { t.status = "refused"; t.detail = `by ${ev.actor}`; }
+    // A refusal the person gave (their Deny, recorded again as the call's decision) is "denied".
+    if (ev.verdict === "refuse") {
+      if (ev.actor === "person") { t.status = "denied"; t.detail = null; }
+      else if (t.status !== "closed") { t.status = "refused"; t.detail = `by ${ev.actor}`; }
+    }
     m.touch(t);
   },
   "approval.pending"(m, ev) {
