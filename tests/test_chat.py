@@ -201,7 +201,12 @@ async def test_stop_security_confirm_and_a_refused_lead_in_the_terminal(up: CoxU
         assert "Plan (carried from an unfinished turn): 1. ✓ edit the Makefile  2. run make" in shown(app, "#plan")
         await paste(pilot, "no: leave it")
         await pilot.press("ctrl+n")
+        assert "Press Ctrl+N again to DENY run_command: touch x with “no: leave it”" in shown(app, "#note")
+        await pilot.pause(0.5)
+        assert "touch x" in shown(app, "#approvals"), "one key press in the text box answered the approval"
+        await pilot.press("ctrl+n")
         await until(pilot, lambda: "Denied by person — “no: leave it”" in shown(app, "#transcript Static"), "denied")
+        assert "[denied by you]" in shown(app, "#transcript Static")
         await until(pilot, lambda: "idle" in shown(app, "#head"), "idle")
         assert not (up.root / "tui-stop" / "x").exists()
 
@@ -211,3 +216,46 @@ def test_cox_chat_refuses_to_start_without_a_token(tmp_path: Path) -> None:
                        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert r.returncode == 2
     assert "no token" in r.stderr
+
+
+async def test_chat_keys_need_a_second_press_status_line_queue_list_and_discarded_texts(up: CoxUp) -> None:
+    with up.client() as api:
+        sid = api.create("tui-queue")["id"]
+    app = ChatApp(ChatApi(up.url, up.token), sid)
+    async with app.run_test(size=(160, 44)) as pilot:
+        await until(pilot, lambda: app.stream_status == "live", "the stream is live")
+        await paste(pilot, said("Hold", {"text": "holding", "tokens": 321, "tools": [tool("run_command", command="touch held")]}))
+        await pilot.press("enter")
+        await until(pilot, lambda: "touch held" in shown(app, "#approvals"), "the approval")
+        # The status line: what the turn waits for, its tool calls and tokens.
+        await until(pilot, lambda: "waiting for: approval" in shown(app, "#head"), "waiting for the approval")
+        head = shown(app, "#head")
+        assert "1 tool calls" in head and "tokens" in head, head
+        # Ctrl+Y once, with "No, don't" typed, does not allow.
+        await paste(pilot, "No, don't")
+        await pilot.press("ctrl+y")
+        await pilot.pause(0.5)
+        assert "touch held" in shown(app, "#approvals")
+        assert "Press Ctrl+Y again to ALLOW" in shown(app, "#note")
+        # The queue list, numbered; /move and /drop record events.
+        for text in ("alpha", "beta", "gamma"):
+            await paste(pilot, text)
+            await pilot.press("ctrl+o")
+        await until(pilot, lambda: "#3 [queued] Queue: gamma" in shown(app, "#outbox"), "three numbered")
+        await paste(pilot, "/move 3 1")
+        await pilot.press("enter")
+        await until(pilot, lambda: "#1 [queued] Queue: gamma" in shown(app, "#outbox"), "gamma first")
+        await paste(pilot, "/drop 2")
+        await pilot.press("enter")
+        await until(pilot, lambda: "Removed from the queue before it started: “alpha”" in shown(app, "#transcript Static"),
+                    "alpha removed")
+        with up.client() as api:
+            assert [q["text"] for q in api.session(sid)["queue"]] == ["gamma", "beta"]
+        await pilot.press("escape")
+        await until(pilot, lambda: "idle" in shown(app, "#head"), "stopped")
+        save(app, "queue-status")
+    # A fresh client has only the log: the discarded messages are named by their text.
+    app2 = ChatApp(ChatApi(up.url, up.token), sid)
+    async with app2.run_test(size=(160, 44)) as pilot:
+        await until(pilot, lambda: app2.stream_status == "live", "the stream is live")
+        assert "Stop discarded 2 queued: “gamma”, “beta”" in shown(app2, "#transcript Static")

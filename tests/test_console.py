@@ -99,9 +99,11 @@ def login(page: Page, up: CoxUp) -> None:
     expect(page.locator("#app")).to_be_visible()
 
 
-def new_session(page: Page, workspace: str) -> str:
+def new_session(page: Page, workspace: str, create: bool = True) -> str:
     page.fill("#new-workspace", workspace)
-    page.click("#new-session button")
+    if create:
+        page.check("#new-create")
+    page.click("#new-session button[type=submit]")
     expect(page.locator("#session")).to_be_visible()
     expect(page.locator("#stream")).to_have_text("live")
     m = re.search(r"#/s/([A-Za-z0-9_-]+)$", page.url)

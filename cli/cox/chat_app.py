@@ -23,11 +23,11 @@ REFUSALS = {
     "no_turn": "No turn is running, so there is nothing to Lead: press Enter to send it. The text is kept.",
     "lead_closed": "This turn is finishing and takes no more Leads: Ctrl+O to queue it. The text is kept.",
 }
-HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop · Ctrl+Y/Ctrl+N allow/deny · "
-        "/allow [msg] /deny [msg] /always [msg] · /undo · /versions PATH · /diff VID · /restore VID · "
+HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop · Ctrl+Y/Ctrl+N allow/deny (press twice) · "
+        "/allow [msg] /deny [msg] /always [msg] · /drop N · /move N M · /undo · /versions PATH · /diff VID · /restore VID · "
         "/title NEW · /model NAME · /dontask on|off · /clear · /quit")
 STATUS = {"proposed": "proposed", "running": "running", "waiting": "waiting for you", "ok": "done",
-          "fail": "failed", "denied": "denied", "refused": "refused", "skipped": "skipped", "closed": "closed"}
+          "fail": "failed", "denied": "denied by you", "refused": "refused", "skipped": "skipped", "closed": "closed"}
 VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval"}
 KIND = {"queue": "Queue", "steer": "Steer", "lead": "Lead"}
 
@@ -58,7 +58,8 @@ def render_item(it: Item) -> Text:
         t.append(f"⚙ {it.name or 'tool'} ", style="bold")
         t.append(args_text(it.name, it.args)[:200], style="dim")
         status = STATUS.get(it.status, it.status) + (f" ({it.detail})" if it.detail else "")
-        t.append(f"  [{status}]", style="red" if it.status in ("fail", "denied", "refused") else "yellow"
+        t.append(f"  [{status}]", style="bold red" if it.status == "fail" else "magenta" if it.status == "denied"
+                 else "dark_orange" if it.status == "refused" else "yellow"
                  if it.status in ("waiting", "skipped", "closed") else "green")
         for p in it.policy:
             t.append(f"\n    {p}", style="dim")
@@ -108,6 +109,8 @@ class ChatApp(App[int]):
         self.stream_status = "connecting"
         self.widgets: dict[str, Static] = {}
         self.ready = asyncio.Event()
+        self.confirm: tuple[str, str, str, float] | None = None
+        """A Ctrl+Y/Ctrl+N waiting for its second press: (decision, approval id, message, when)."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="head")
@@ -140,6 +143,12 @@ class ChatApp(App[int]):
         self.run_worker(self.api.follow(self.sid, m.last_seq, self.on_api_event, self.on_stream_status), group="stream",
                         exclusive=True, exit_on_error=False)
         self.ready.set()
+        self.set_interval(1.0, self._tick)
+
+    def _tick(self) -> None:
+        """The running turn's time moves on without an event."""
+        if self.m is not None and self.m.info.get("busy"):
+            self.query_one("#head", Static).update(self.head_text())
 
     async def on_api_event(self, ev: dict[str, Any]) -> None:
         assert self.m is not None
@@ -208,6 +217,25 @@ class ChatApp(App[int]):
         t.append("working" if i.get("busy") else "idle", style="bold yellow" if i.get("busy") else "green")
         t.append(f" · stream {self.stream_status} · don't ask {'on' if i.get('dont_ask') else 'off'}")
         t.append(f" · {Path(str(i.get('workspace') or '')).name}", style="dim")
+        t.append_text(self.status_text())
+        return t
+
+    def status_text(self) -> Text:
+        """The turn at a glance: what it waits for, its time, tool calls and tokens; the session's."""
+        assert self.m is not None
+        m, t = self.m, Text()
+        waiting = m.waiting_for()
+        if waiting:
+            t.append(f" · waiting for: {waiting}", style="bold yellow")
+        if m.turn is not None:
+            end = m.turn.get("ended") if not m.info.get("busy") else None
+            ms = (end or time.time() * 1000) - (m.turn.get("started") or 0)
+            what = "last turn" if end else "turn"
+            t.append(f" · {what} {max(0, round(ms / 1000))}s, {m.turn['tools']} tool calls, {int(m.turn['tokens'])} tokens")
+            if m.turn["cost"]:
+                t.append(f" ${m.turn['cost']:.4f}")
+        tot = m.totals
+        t.append(f" · session {int(tot['turns'])} turns {int(tot['tokens'])} tokens", style="dim")
         return t
 
     def plan_text(self) -> Text:
@@ -246,10 +274,12 @@ class ChatApp(App[int]):
         items: list[Waiting] = self.m.waiting()
         if not items:
             return Text("")
-        t = Text("Waiting and settled:\n", style="bold")
+        t = Text("Waiting and settled (/drop N, /move N M):\n", style="bold")
+        queued = self.m.queued()
         for w in items:
-            style = {"queued": "yellow", "pending": "yellow", "applied": "green"}.get(w.fate, "red")
-            t.append(f"  [{w.fate}] ", style=style)
+            style = {"queued": "yellow", "pending": "yellow", "applied": "green", "removed": "dim"}.get(w.fate, "red")
+            n = f"#{queued.index(w) + 1} " if w in queued else ""
+            t.append(f"  {n}[{w.fate}] ", style=style)
             t.append(f"{KIND.get(w.kind, w.kind)}: {(w.text or w.id).splitlines()[0][:120]}\n")
         return t
 
@@ -356,6 +386,19 @@ class ChatApp(App[int]):
             return
         aid = next(iter(m.approvals))
         text = self.draft.value.strip() if from_draft and message is None else (message or "")
+        if from_draft and message is None:
+            # A key press while typing must not answer by itself: the first Ctrl+Y/Ctrl+N says what
+            # it would do; only the same key again (same approval, same text, within 10 s) answers.
+            c = self.confirm
+            if c is None or c[:3] != (decision, aid, text) or time.monotonic() - c[3] > 10:
+                self.confirm = (decision, aid, text, time.monotonic())
+                a = m.approvals[aid]
+                key = "Ctrl+Y" if decision == "allow" else "Ctrl+N"
+                what = f"{a.get('name')}: {args_text(a.get('name'), a.get('args'))}"
+                self.say(f"Press {key} again to {'ALLOW' if decision == 'allow' else 'DENY'} {what}"
+                         + (f" with “{text}”" if text else "") + " — or answer with /allow, /deny.", error=True)
+                return
+            self.confirm = None
         try:
             await self.api.answer(m.sid, aid, decision, scope, text or None)
         except ApiError as exc:
@@ -364,6 +407,30 @@ class ChatApp(App[int]):
         if from_draft and message is None and text:
             self.draft.value = ""
         self.say(f"{'Allowed' if decision == 'allow' else 'Denied'}" + (f" with “{text}”" if text else "") + ".")
+
+    async def queue_command(self, name: str, rest: str) -> None:
+        """/drop N removes the N-th queued message; /move N M puts it at place M (recorded events)."""
+        m = self.m
+        assert m is not None
+        queued = m.queued()
+        try:
+            nums = [int(x) for x in rest.split()]
+            if len(nums) != (1 if name == "drop" else 2) or not all(1 <= n <= len(queued) for n in nums):
+                raise ValueError
+        except ValueError:
+            raise ApiError(0, "usage",
+                           f"/{name} {'N' if name == 'drop' else 'N M'}: N among 1..{len(queued)} queued") from None
+        w = queued[nums[0] - 1]
+        if name == "drop":
+            await self.api.queue_remove(m.sid, w.id)
+            self.say(f"Removed “{w.text.splitlines()[0][:80] if w.text else w.id}” from the queue.")
+        else:
+            ids = [x.id for x in queued]
+            ids.remove(w.id)
+            ids.insert(nums[1] - 1, w.id)
+            await self.api.queue_order(m.sid, ids)
+            self.say(f"Moved #{nums[0]} to #{nums[1]}.")
+        self.draft.value = ""
 
     # ------------------------------------------------------------------ slash commands
     async def command(self, line: str) -> None:
@@ -377,6 +444,9 @@ class ChatApp(App[int]):
                 decision = "deny" if name == "deny" else "allow"
                 await self.action_answer(decision, "session" if name == "always" else "once", rest, from_draft=False)
                 self.draft.value = ""
+                return
+            if name in ("drop", "move"):
+                await self.queue_command(name, rest)
                 return
             if name == "undo":
                 r = await self.api.undo(m.sid)

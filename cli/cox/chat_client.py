@@ -81,6 +81,12 @@ class ChatApi:
             body["message"] = message
         return dict(await self.call("POST", self.s(sid, f"/approvals/{aid}"), body))
 
+    async def queue_remove(self, sid: str, message_id: str) -> dict[str, Any]:
+        return dict(await self.call("DELETE", self.s(sid, f"/queue/{message_id}")))
+
+    async def queue_order(self, sid: str, message_ids: list[str]) -> dict[str, Any]:
+        return dict(await self.call("PUT", self.s(sid, "/queue/order"), {"message_ids": message_ids}))
+
     async def versions(self, sid: str, path: str) -> dict[str, Any]:
         return dict(await self.call("GET", self.s(sid, "/versions"), params={"path": path}))
 

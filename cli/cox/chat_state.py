@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Event = dict[str, Any]
-FINAL = frozenset({"applied", "discarded", "unapplied"})
+FINAL = frozenset({"applied", "discarded", "unapplied", "removed"})
 
 
 @dataclass
@@ -60,6 +60,24 @@ class ChatModel:
         self.streaming: Item | None = None
         self.changed: set[str] = set()
         self._n = 0
+        # The turn at a glance: start (server ms), tool calls, tokens and cost; session totals.
+        self.turn: dict[str, Any] | None = None
+        self.totals: dict[str, float] = {"turns": 0, "tools": 0, "tokens": 0, "cost": 0.0}
+
+    def waiting_for(self) -> str | None:
+        """What the running turn waits for: the model, a tool, an approval, a Lead boundary."""
+        if self.turn is None or not self.info.get("busy"):
+            return None
+        if self.approvals:
+            return "approval"
+        if any(t.turn_id == self.turn["turn_id"] and t.status == "running" for t in self.tools.values()):
+            lead = any(w.kind == "lead" and w.fate == "pending" for w in self.outbox.values())
+            return "tool, then the Lead boundary" if lead else "tool"
+        return "model"
+
+    def queued(self) -> list[Waiting]:
+        """The messages a person may still move or remove, in the order they will run."""
+        return [w for w in self.outbox.values() if w.fate == "queued" and w.kind == "queue"]
 
     # ------------------------------------------------------------------ building blocks
     def mark(self, *what: str) -> None:
@@ -167,6 +185,7 @@ class ChatModel:
             self.note(ev, str(ev.get("type")))
         else:
             handler(self, ev)
+        self.mark("head")
         return True
 
 
@@ -201,10 +220,12 @@ def _user(m: ChatModel, ev: Event) -> None:
 def _queue_added(m: ChatModel, ev: Event) -> None:
     mid = ev["message_id"]
     w = m.outbox.get(mid)
+    text = ev.get("text") or m.local_texts.get(mid, "")  # the log carries it (older logs did not)
     if w is None:
-        m.outbox[mid] = Waiting(mid, ev.get("mode") or "queue", m.local_texts.get(mid, ""), "queued")
+        m.outbox[mid] = Waiting(mid, ev.get("mode") or "queue", text, "queued")
     else:
         w.kind = ev.get("mode") or w.kind
+        w.text = w.text or text
     if not m.outbox[mid].text:
         m.mark("need-session")
     m.mark("outbox", "head")
@@ -220,7 +241,23 @@ def _discarded(m: ChatModel, ev: Event) -> None:
                    text=f"Stop discarded {len(texts)} queued: " + ", ".join(f"“{t}”" for t in texts)))
 
 
+def _queue_removed(m: ChatModel, ev: Event) -> None:
+    w = m.settle(ev["message_id"], "removed")
+    text = ev.get("text") or (w.text if w else "") or ev["message_id"]
+    m.add(Item(key=f"f{ev['seq']}", kind="fate", text=f"Removed from the queue before it started: “{text}”"))
+
+
+def _queue_reordered(m: ChatModel, ev: Event) -> None:
+    moved = [m.outbox.pop(i) for i in ev.get("message_ids") or [] if i in m.outbox]
+    for w in moved:
+        m.outbox[w.id] = w
+    m.note(ev, f"Queue reordered ({len(moved)} waiting)")
+    m.mark("outbox")
+
+
 def _turn_start(m: ChatModel, ev: Event) -> None:
+    m.turn = {"turn_id": ev.get("turn_id"), "started": ev.get("ts", 0), "tools": 0, "tokens": 0, "cost": 0.0}
+    m.totals["turns"] += 1
     m.info.update(busy=True, turn_id=ev.get("turn_id"), model=ev.get("model") or m.info.get("model"))
     m.plan = None
     m.note(ev, f"Turn started ({ev.get('model')})")
@@ -237,6 +274,8 @@ def _turn_end(m: ChatModel, ev: Event) -> None:
     busy = m.queued_count() > 0
     m.info.update(busy=busy, turn_id=m.info.get("turn_id") if busy else None)
     detail = f" — {ev['detail']}" if ev.get("detail") else ""
+    if m.turn is not None and m.turn["turn_id"] == ev.get("turn_id"):
+        m.turn["ended"] = ev.get("ts", 0)
     m.note(ev, f"Turn ended: {ev.get('outcome')}{detail}", "bad" if ev.get("outcome") != "completed" else "")
     m.mark("head")
 
@@ -249,6 +288,12 @@ def _delta(m: ChatModel, ev: Event) -> None:
 
 
 def _assistant(m: ChatModel, ev: Event) -> None:
+    u = ev.get("usage") or {}
+    n = int(u.get("input_tokens") or 0) + int(u.get("output_tokens") or 0)
+    for tgt in (m.turn, m.totals):
+        if tgt is not None:
+            tgt["tokens"] += n
+            tgt["cost"] += float(u.get("cost") or 0)
     item, m.streaming = m.streaming, None
     if item is not None:
         item.text, item.streaming = ev.get("text", ""), False
@@ -265,6 +310,9 @@ def _tool_call(m: ChatModel, ev: Event) -> None:
     t = m.tool(ev["call_id"], ev.get("name"), ev.get("args"))
     t.turn_id, t.status = ev.get("turn_id"), "running"
     m.touch(t)
+    if m.turn is not None and m.turn["turn_id"] == ev.get("turn_id"):
+        m.turn["tools"] += 1
+    m.totals["tools"] += 1
 
 
 def _policy(m: ChatModel, ev: Event) -> None:
@@ -272,7 +320,8 @@ def _policy(m: ChatModel, ev: Event) -> None:
     sec = " (security)" if ev.get("security") else ""
     t.policy.append(f"{ev.get('verdict')} by {ev.get('actor')}{sec}: {ev.get('reason')}")
     if ev.get("verdict") == "refuse":
-        t.status = "refused"
+        # A person's Deny is recorded again as a refusing decision by the person: "denied".
+        t.status = "denied" if ev.get("actor") == "person" else "refused"
     m.touch(t)
 
 
@@ -292,14 +341,16 @@ def _approval_resolved(m: ChatModel, ev: Event) -> None:
             msg = f" — “{ev['message']}”" if ev.get("message") else ""
             why = f": {ev['reason']}" if ev.get("actor") != "person" and ev.get("reason") else ""
             t.answer = f"{'Allowed' if ev.get('decision') == 'allow' else 'Denied'} by {ev.get('actor')}{scope}{msg}{why}"
-            t.status = "running" if ev.get("decision") == "allow" else "denied"
+            ended = ev.get("actor") == "policy" and ev.get("reason") == "the turn ended"
+            t.status = ("running" if ev.get("decision") == "allow" else "denied" if ev.get("actor") == "person"
+                        else "closed" if ended else "refused")
             m.touch(t)
     m.mark("approvals")
 
 
 def _tool_result(m: ChatModel, ev: Event) -> None:
     t = m.tool(ev["call_id"])
-    if t.status != "denied":
+    if t.status not in ("denied", "refused"):
         t.status = "ok" if ev.get("ok") else "fail"
     t.output = ev.get("output")
     m.touch(t)
@@ -379,7 +430,8 @@ def _limit(m: ChatModel, ev: Event) -> None:
 
 HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "session.created": _created, "title.set": _title, "session.updated": _updated, "user.msg": _user,
-    "queue.added": _queue_added, "queue.discarded": _discarded, "turn.start": _turn_start,
+    "queue.added": _queue_added, "queue.discarded": _discarded, "queue.removed": _queue_removed,
+    "queue.reordered": _queue_reordered, "turn.start": _turn_start,
     "turn.end": _turn_end, "assistant.delta": _delta, "assistant.msg": _assistant, "tool.call": _tool_call,
     "policy.decision": _policy, "approval.pending": _approval_pending, "approval.resolved": _approval_resolved,
     "tool.result": _tool_result, "tool.skipped": _tool_skipped, "version.kept": _kept, "file.written": _written,

@@ -67,6 +67,24 @@ class QueueAdded(_Event):
     message_id: str
     position: int
     mode: Literal["queue", "steer"] = "queue"
+    text: str = ""
+    """What was queued, so the log alone tells a later reader (another tab, a reload) its fate."""
+
+
+class QueueRemoved(_Event):
+    """A person removed a queued message before it started (``DELETE /queue/{message_id}``)."""
+
+    type: Literal["queue.removed"] = "queue.removed"
+    message_id: str
+    text: str = ""
+    mode: Literal["queue", "steer"] = "queue"
+
+
+class QueueReordered(_Event):
+    """A person reordered the queue: ``message_ids`` is every queued message, in its new order."""
+
+    type: Literal["queue.reordered"] = "queue.reordered"
+    message_ids: list[str]
 
 
 class QueueDiscarded(_Event):
@@ -242,7 +260,8 @@ class LimitHard(_Event):
 
 
 Event = Annotated[
-    SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueDiscarded | TurnStart
+    SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
+    | QueueDiscarded | TurnStart
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard,

@@ -73,6 +73,12 @@ class ApprovalAnswer(_Body):
     message: Text | None = None
 
 
+class QueueOrder(_Body):
+    """``PUT /v1/sessions/{sid}/queue/order``: every queued message, in the order they should run."""
+
+    message_ids: Annotated[list[Id], Field(max_length=10_000)]
+
+
 class ObserveBody(_Body):
     command: Annotated[Text, Field(min_length=1, max_length=8192)]
 
@@ -200,6 +206,33 @@ class StopCmd(SessionRef):
 
 class ApprovalCmd(SessionRef, ApprovalAnswer):
     approval_id: Id
+
+
+class QueueRemoveCmd(SessionRef):
+    message_id: Id
+
+
+class QueueOrderCmd(SessionRef, QueueOrder):
+    pass
+
+
+class QueueResult(_Out):
+    """The queue after a removal or a reorder: the waiting message ids, in order."""
+
+    queue: list[str]
+    removed: str | None = None
+    changed: bool = True
+
+
+class WorkspacesCmd(_Body):
+    principal: Id
+
+
+class WorkspacesResult(_Out):
+    """The folders directly under the root a session may use (hidden and denylisted ones left out)."""
+
+    root: str
+    workspaces: list[str]
 
 
 class ObserveCmd(SessionRef, ObserveBody):
@@ -362,6 +395,25 @@ class UndoRequest(_Body):
     token: int | None = None
 
 
+class UndoFile(_Out):
+    """One file undo would put back: to the content kept as ``version_id`` (``existed`` false: the
+    file did not exist before that write, so undo deletes it)."""
+
+    path: str
+    version_id: str
+    reason: str
+    created: float
+    existed: bool
+    turn_id: str | None = None
+    call_id: str | None = None
+
+
+class UndoTarget(_Out):
+    """What ``POST /undo`` would do now; empty when the session has no write left to undo."""
+
+    files: list[UndoFile]
+
+
 class FileOutcome(_Out):
     path: str
     kept: KeepResult
@@ -393,6 +445,7 @@ class ChangesRequest(_Body):
 
 
 PREVIEW_LABEL = "Approved preview — not proof of a successful write"
+WRITTEN_LABEL = "Recorded write — diff: the version kept before it → the file now"
 PREVIEW_UNAVAILABLE = "preview unavailable"
 
 
@@ -410,6 +463,14 @@ class ChangeEntry(_Out):
     preview: dict[str, Any] | None = None
     note: str | None = None
     """``"preview unavailable"`` for a record without detail; nothing is invented in its place."""
+    via: Literal["tool", "command", "restore", "undo"] = "tool"
+    """``tool``: an approved ``write_file`` (its preview). Otherwise a write recorded by
+    ``file.written`` (a command, a restore, an undo): no preview exists, ``version_id`` names the
+    content kept before it, and its diff is that version → the file now (``/versions/{vid}/diff``)."""
+    version_id: str | None = None
+    added: int | None = None
+    removed: int | None = None
+    deleted: bool = False
 
 
 class ChangesResult(_Out):

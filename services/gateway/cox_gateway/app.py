@@ -34,6 +34,10 @@ from coxswain.models import (
     ObserveCmd,
     PatchCmd,
     PatchSession,
+    QueueOrder,
+    QueueOrderCmd,
+    QueueRemoveCmd,
+    QueueResult,
     RestoreCmd,
     SendCmd,
     SendMessage,
@@ -42,6 +46,10 @@ from coxswain.models import (
     StopCmd,
     StopResult,
     UndoCmd,
+    UndoRequest,
+    UndoTarget,
+    WorkspacesCmd,
+    WorkspacesResult,
     WriteOutcome,
 )
 
@@ -126,6 +134,21 @@ def create_app(gw: Gateway) -> FastAPI:
         await runner("answer", ApprovalCmd(principal=who, sid=sid, approval_id=aid, **body.model_dump()), _Ok)
         return {"ok": True, "approval_id": aid, "decision": body.decision}
 
+    @app.delete("/v1/sessions/{sid}/queue/{mid}")
+    async def queue_remove(sid: Sid, mid: VersionId, who: Principal) -> QueueResult:
+        """Remove a queued message before it starts (recorded as ``queue.removed``); 409 ``not_queued`` after."""
+        return await runner("queue_remove", QueueRemoveCmd(principal=who, sid=sid, message_id=mid), QueueResult)
+
+    @app.put("/v1/sessions/{sid}/queue/order")
+    async def queue_order(sid: Sid, body: QueueOrder, who: Principal) -> QueueResult:
+        """Reorder the queue: every queued message id once, in the new order (``queue.reordered``)."""
+        return await runner("queue_order", QueueOrderCmd(principal=who, sid=sid, **body.model_dump()), QueueResult)
+
+    @app.get("/v1/workspaces")
+    async def list_workspaces(who: Principal) -> WorkspacesResult:
+        """The folders under the root a new session may use (so a typo need not make a new one)."""
+        return await runner("workspaces", WorkspacesCmd(principal=who), WorkspacesResult)
+
     @app.post("/v1/sessions/{sid}/observe", status_code=202)
     async def observe(sid: Sid, body: ObserveBody, who: Principal) -> dict[str, Any]:
         await runner("observe", ObserveCmd(principal=who, sid=sid, **body.model_dump()), _Ok, timeout=90)
@@ -157,6 +180,12 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/sessions/{sid}/versions/{vid}/restore")
     async def restore(sid: Sid, vid: VersionId, who: Principal) -> WriteOutcome:
         return await runner("restore", RestoreCmd(principal=who, sid=sid, version_id=vid), WriteOutcome)
+
+    @app.get("/v1/sessions/{sid}/undo")
+    async def undo_target(sid: Sid, who: Principal) -> UndoTarget:
+        """What undo would put back now (read only), so a client can name it before the person asks."""
+        h = await owned(sid, who)
+        return await versions("undo_target", UndoRequest(sid=sid, workspace=h["workspace"]), UndoTarget)
 
     @app.post("/v1/sessions/{sid}/undo")
     async def undo(sid: Sid, who: Principal) -> WriteOutcome:

@@ -250,12 +250,12 @@ local function cox_send(keys, args)
   elseif mode == 'queue' then
     redis.call('RPUSH', base .. ':q', cjson.encode(msg))
     local pos = redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')
-    emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'queue' }, now)
+    emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'queue', text = text }, now)
     res = { message_id = message_id, disposition = 'queued', position = pos }
   else
     redis.call('RPUSH', base .. ':sq', cjson.encode(msg))
     local pos = redis.call('LLEN', base .. ':sq')
-    emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'steer' }, now)
+    emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'steer', text = text }, now)
     if redis.call('HGET', base, 'stop') == '' then redis.call('HSET', base, 'stop', 'steer') end
     redis.call('HSET', base, 'lead_closed', '1')
     res = { message_id = message_id, disposition = 'steered', position = pos,
@@ -613,3 +613,75 @@ redis.register_function('cox_claim', cox_claim)
 redis.register_function('cox_pub_done', cox_pub_done)
 redis.register_function('cox_dirty', cox_dirty)
 redis.register_function('cox_pub_claim', cox_pub_claim)
+
+-- ------------------------------------------------------------------ queue management
+-- A person may remove or reorder queued messages before they start. Each is one call that
+-- changes the queue and records it (queue.removed / queue.reordered): never silent. A message
+-- that has left the queue (it started, or Stop discarded it) is refused with not_queued; a
+-- steer is not in the queue a person manages (it starts as soon as the turn stops).
+
+-- ARGV: sid, principal, message_id, owner
+local function cox_queue_remove(keys, args)
+  local base = keys[1]
+  local sid, principal, message_id, owner = unpack(args)
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  local q = redis.call('LRANGE', base .. ':q', 0, -1)
+  for i = 1, #q do
+    local msg = cjson.decode(q[i])
+    if msg.message_id == message_id then
+      redis.call('LREM', base .. ':q', 1, q[i])
+      local now = now_ms()
+      local t = { type = 'queue.removed', message_id = message_id, text = msg.text, mode = 'queue' }
+      local tid = redis.call('HGET', base, 'turn_id')
+      if tid and tid ~= '' then t.turn_id = tid end
+      emit_t(base, sid, t, now)
+      return with_pub(base, owner, reply({ message_id = message_id, removed = true,
+                                           queue = ids_of(redis.call('LRANGE', base .. ':q', 0, -1)) }))
+    end
+  end
+  local sq = redis.call('LRANGE', base .. ':sq', 0, -1)
+  for i = 1, #sq do
+    if cjson.decode(sq[i]).message_id == message_id then
+      return refuse('not_queued', 'a steer starts as soon as the running turn stops; it cannot be removed')
+    end
+  end
+  return refuse('not_queued', 'that message is not waiting in the queue (it has started, or Stop discarded it)')
+end
+
+-- ARGV: sid, principal, owner, then every queued message_id in the new order (a permutation of
+-- the queue as it is now; otherwise not_queued: a message started meanwhile, or the list is wrong)
+local function cox_queue_order(keys, args)
+  local base = keys[1]
+  local sid, principal, owner = args[1], args[2], args[3]
+  if not session_of(base, principal) then return refuse('not_found', 'no such session') end
+  local q = redis.call('LRANGE', base .. ':q', 0, -1)
+  local by_id = {}
+  for i = 1, #q do by_id[cjson.decode(q[i]).message_id] = q[i] end
+  local want = {}
+  local seen = {}
+  for i = 4, #args do
+    local id = args[i]
+    if by_id[id] == nil or seen[id] then
+      return refuse('not_queued', 'the order must list each queued message once; ' .. id ..
+                    ' is not waiting in the queue (it may have started)')
+    end
+    seen[id] = true
+    want[#want + 1] = id
+  end
+  if #want ~= #q then
+    return refuse('not_queued', 'the order must list every queued message (the queue changed: read it again)')
+  end
+  local same = true
+  for i = 1, #q do if cjson.decode(q[i]).message_id ~= want[i] then same = false end end
+  if same then return { reply({ queue = want, changed = false }) } end
+  redis.call('DEL', base .. ':q')
+  for i = 1, #want do redis.call('RPUSH', base .. ':q', by_id[want[i]]) end
+  local t = { type = 'queue.reordered', message_ids = want }
+  local tid = redis.call('HGET', base, 'turn_id')
+  if tid and tid ~= '' then t.turn_id = tid end
+  emit_t(base, sid, t, now_ms())
+  return with_pub(base, owner, reply({ queue = want, changed = true }))
+end
+
+redis.register_function('cox_queue_remove', cox_queue_remove)
+redis.register_function('cox_queue_order', cox_queue_order)

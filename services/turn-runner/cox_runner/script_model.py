@@ -192,6 +192,10 @@ class ScriptModel(Model):
         if isinstance(last, ModelRequest) and (last.metadata or {}).get("cox_purpose") == "title":
             return Plan(ScriptStep(text=title_for(messages)), "title"), []
         plan = plan_for(messages)
+        if plan.call_prefix == "err":
+            # A broken script is the request failing, not an answer: the turn ends ``error`` with
+            # the reason, rather than "completed" with the error text as if the model said it.
+            raise ScriptError(plan.step.text or "script error")
         return plan, _parts(plan)
 
     async def request(

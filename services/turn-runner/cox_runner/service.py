@@ -45,6 +45,7 @@ from .clients import Clients
 from .drive import Drive
 from .errors import StopRequested
 from .providers import Models
+from .queue_ops import QueueOps
 from .sandbox import Sandbox
 from .store import Store
 
@@ -85,6 +86,7 @@ class Runner(Service):
             ("observe", ObserveCmd, a.observe), ("restore", RestoreCmd, a.restore), ("undo", UndoCmd, a.undo),
         ):
             await self.add_endpoint(op, model, handler)
+        await QueueOps(self).register()
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)

@@ -1,26 +1,35 @@
-"""The Changes view: the latest recorded approval preview per file (ADR 0035, 2026-10-05).
+"""The Changes view: the latest change per file in a session (ADR 0035, 2026-10-05).
 
 The source is the session's event log, not the workspace: the log is written only by the
 runner holding the session's lease (through Redis), so a command cannot forge or edit a preview
-the way it could a file in the store folder. Guard's ``policy.decision`` of a write carries its
-preview (:func:`coxswain.textdiff.preview`; a later decision of the same call by the judge, the
-person or the don't-ask switch refers to it by ``call_id``); the latest *allowing* decision per
-path is listed,
-newest first, labelled as an approved preview: guard decides before the write runs, so it is not
-proof that the write happened. A decision recorded without a preview (an older record) says
-"preview unavailable"; nothing is computed from the current file to stand in for it.
+the way it could a file in the store folder.
+
+Two kinds of record, the latest per path wins:
+
+- an approved ``write_file``: guard's ``policy.decision`` of a write carries its preview
+  (:func:`coxswain.textdiff.preview`; a later decision of the same call by the judge, the person
+  or the don't-ask switch refers to it by ``call_id``); the latest *allowing* decision is listed,
+  labelled as an approved preview: guard decides before the write runs, so it is not proof that
+  the write happened. A decision recorded without a preview says "preview unavailable"; nothing
+  is computed from the current file to stand in for it.
+- a write the log records as ``file.written`` by a command, a restore or an undo: every one is
+  versioned first (``version.kept`` of the same path just before it), so the entry names that
+  version; its diff is the kept version → the file now, which a client asks for by id.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from coxswain.models import PREVIEW_UNAVAILABLE, ChangeEntry, ChangesResult
+from coxswain.models import PREVIEW_UNAVAILABLE, WRITTEN_LABEL, ChangeEntry, ChangesResult
+
+NOT_TOOL = ("command", "restore", "undo")
 
 
 def build(events: list[dict[str, Any]]) -> ChangesResult:
     write_paths: dict[str, str] = {}
     previews: dict[str, dict[str, Any]] = {}
+    kept: dict[str, str] = {}
     latest: dict[str, ChangeEntry] = {}
     for e in events:
         kind = e.get("type")
@@ -28,6 +37,19 @@ def build(events: list[dict[str, Any]]) -> ChangesResult:
             args = e.get("args")
             if isinstance(args, dict) and isinstance(args.get("path"), str):
                 write_paths[str(e.get("call_id"))] = args["path"]
+            continue
+        if kind == "version.kept" and isinstance(e.get("path"), str):
+            kept[e["path"]] = str(e.get("version_id"))
+            continue
+        if kind == "file.written" and e.get("via") in NOT_TOOL and isinstance(e.get("path"), str):
+            path = e["path"]
+            latest.pop(path, None)
+            latest[path] = ChangeEntry(
+                path=path, call_id="", turn_id=e.get("turn_id"), seq=int(e.get("seq", 0)), ts=int(e.get("ts", 0)),
+                actor="person" if e.get("via") in ("restore", "undo") else "command", label=WRITTEN_LABEL,
+                available=False, via=e["via"], version_id=kept.get(path), added=e.get("added"),
+                removed=e.get("removed"), deleted=bool(e.get("deleted")),
+            )
             continue
         if kind != "policy.decision":
             continue

@@ -34,7 +34,9 @@ from coxswain.models import (
     RestoreRequest,
     SnapshotRequest,
     SnapshotResult,
+    UndoFile,
     UndoRequest,
+    UndoTarget,
     VersionInfo,
     WriteOutcome,
 )
@@ -68,6 +70,7 @@ class Versions(Service):
             ("keep", KeepRequest, self.keep), ("list", ListVersionsRequest, self.list),
             ("diff", DiffRequest, self.diff), ("restore", RestoreRequest, self.restore),
             ("undo", UndoRequest, self.undo), ("changes", ChangesRequest, self.changes),
+            ("undo_target", UndoRequest, self.undo_target),
             ("snapshot", SnapshotRequest, self.snapshot), ("after", CommandChangesRequest, self.after),
         ):
             await self.add_endpoint(op, model, handler)
@@ -153,9 +156,9 @@ class Versions(Service):
         async with self._lock(ws):
             return await asyncio.to_thread(self._undo, ws, req.sid)
 
-    def _undo(self, ws: Path, sid: str) -> WriteOutcome:
-        st = self.store(ws)
-        recs, undone = st.records()
+    def _undo_group(self, ws: Path, sid: str) -> list[Record]:
+        """The versions undo puts back: the session's latest write; for a command, all of its."""
+        recs, undone = self.store(ws).records()
         mine = [r for r in recs if r.sid == sid and r.reason != "undo" and r.version_id not in undone]
         if not mine:
             raise NotFound("this session has no write left to undo")
@@ -163,6 +166,22 @@ class Versions(Service):
         group = [last]
         if last.reason == "command" and last.call_id:
             group = [r for r in mine if r.reason == "command" and r.call_id == last.call_id]
+        return group
+
+    async def undo_target(self, req: UndoRequest) -> UndoTarget:
+        """What undo would put back now (a read: nothing is written), so a client can say so first."""
+        ws = self.workspace(req.workspace)
+        try:
+            group = await asyncio.to_thread(self._undo_group, ws, req.sid)
+        except NotFound:
+            return UndoTarget(files=[])
+        return UndoTarget(files=[UndoFile(path=r.path, version_id=r.version_id, reason=r.reason, created=r.created,
+                                          existed=r.store != "absent", turn_id=r.turn_id, call_id=r.call_id)
+                                 for r in reversed(group)])
+
+    def _undo(self, ws: Path, sid: str) -> WriteOutcome:
+        st = self.store(ws)
+        group = self._undo_group(ws, sid)
         files: list[FileOutcome] = []
         for rec in reversed(group):
             files.append(self._restore(ws, sid, rec.version_id, "undo"))

@@ -54,6 +54,10 @@ export class Api {
   versions(sid, path) { return this.call("GET", this.s(sid, `/versions?path=${encodeURIComponent(path)}`)); }
   diff(sid, vid) { return this.call("GET", this.s(sid, `/versions/${encodeURIComponent(vid)}/diff`)); }
   restore(sid, vid) { return this.call("POST", this.s(sid, `/versions/${encodeURIComponent(vid)}/restore`)); }
+  workspaces() { return this.call("GET", "/v1/workspaces"); }
+  queueRemove(sid, mid) { return this.call("DELETE", this.s(sid, `/queue/${encodeURIComponent(mid)}`)); }
+  queueOrder(sid, message_ids) { return this.call("PUT", this.s(sid, "/queue/order"), { message_ids }); }
+  undoTarget(sid) { return this.call("GET", this.s(sid, "/undo")); }
   undo(sid) { return this.call("POST", this.s(sid, "/undo")); }
   events(sid, after, limit = 1000) {
     return this.call("GET", this.s(sid, `/events?format=json&after=${after}&limit=${limit}`));

@@ -1,43 +1,19 @@
 // The right-hand pane: the plan, Changes (latest recorded preview per file) and History (kept
 // versions of a file: diff to current, Restore, Undo). The pane is narrow, so diffs wrap.
 
+import { changeView } from "./diff.js";
 import { $, $$, ago, clear, h } from "./dom.js";
-
-/** Unified diff text -> rows with old/new line numbers. */
-export function diffRows(text) {
-  const rows = [];
-  let a = 0, b = 0;
-  for (const line of String(text || "").split("\n")) {
-    if (line === "" ) continue;
-    if (line.startsWith("---") || line.startsWith("+++")) continue;
-    const m = /^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@/.exec(line);
-    if (m) { a = +m[1]; b = +m[2]; rows.push({ cls: "hunk", old: "", new: "", text: line }); continue; }
-    if (line.startsWith("+")) rows.push({ cls: "add", old: "", new: b++, text: line.slice(1) });
-    else if (line.startsWith("-")) rows.push({ cls: "del", old: a++, new: "", text: line.slice(1) });
-    else if (line.startsWith("\\")) rows.push({ cls: "meta", old: "", new: "", text: line });
-    else rows.push({ cls: "ctx", old: a++, new: b++, text: line.slice(1) });
-  }
-  return rows;
-}
-
-export function diffView(text) {
-  return h("div", { class: "diff" }, diffRows(text).map((r) =>
-    h("div", { class: `ln ${r.cls}` },
-      h("span", { class: "num old" }, r.old), h("span", { class: "num new" }, r.new),
-      h("span", { class: "text" }, (r.cls === "add" ? "+" : r.cls === "del" ? "-" : r.cls === "ctx" ? " " : "") + r.text))));
-}
 
 function counts(added, removed) {
   if (added === undefined && removed === undefined) return null;
   return h("span", { class: "counts" }, h("span", { class: "add" }, `+${added ?? 0}`), " ", h("span", { class: "del" }, `−${removed ?? 0}`));
 }
 
-/** A change record, read tolerantly: the preview may sit under `preview` or on the record. */
-function previewOf(f) {
-  const p = f.preview && typeof f.preview === "object" ? f.preview : f;
-  const diff = typeof f.preview === "string" ? f.preview : p.diff ?? p.text ?? null;
-  return { diff, added: p.added ?? f.added, removed: p.removed ?? f.removed, oversized: p.oversized, empty: p.empty };
-}
+const VIA_LABEL = {
+  command: "Changed by a command", restore: "Restored by you", undo: "Put back by Undo",
+};
+
+function when(ts) { return ts ? ago(ts < 1e12 ? ts * 1000 : ts) : ""; }
 
 export class Inspector {
   constructor(api, getSid, onError) {
@@ -49,14 +25,17 @@ export class Inspector {
     this.generation = 0;         // bumped per session: a reply for an older session is dropped
     this.seqChanges = 0;         // and per request, so a slower older reply cannot win
     this.seqHistory = 0;
-    for (const b of $$(".tabs button")) b.addEventListener("click", () => this.show(b.dataset.tab));
+    for (const b of $$(".tabs [role=tab]")) b.addEventListener("click", () => this.show(b.dataset.tab));
   }
 
   reset() { this.open.clear(); this.historyPath = ""; this.selected = null; this.generation += 1; this.show("plan"); }
 
   show(tab) {
     this.tab = tab;
-    for (const b of $$(".tabs button")) b.classList.toggle("active", b.dataset.tab === tab);
+    for (const b of $$(".tabs [role=tab]")) {
+      b.classList.toggle("active", b.dataset.tab === tab);
+      b.setAttribute("aria-selected", String(b.dataset.tab === tab));
+    }
     for (const s of $$(".inspector .tab")) s.hidden = s.dataset.tab !== tab;
     if (tab === "changes") this.loadChanges();
     if (tab === "history") this.drawHistory();
@@ -89,32 +68,68 @@ export class Inspector {
   }
 
   changeRow(f) {
-    const p = previewOf(f);
-    const det = h("details", { class: "file", open: this.open.has(f.path), dataset: { path: f.path } },
-      h("summary", {}, h("span", { class: "path" }, f.path), counts(p.added, p.removed),
-        f.created ? h("span", { class: "muted" }, ago(f.created * (f.created < 1e12 ? 1000 : 1))) : null),
-      h("div", { class: "preview-label" }, "Approved preview — not proof of a successful write"),
-      p.oversized ? h("div", { class: "diff" }, h("div", { class: "flag" }, "Too large to preview."))
-        : p.empty ? h("div", { class: "diff" }, h("div", { class: "flag" }, "No difference."))
-        : p.diff ? diffView(p.diff)
-        : h("div", { class: "diff" }, h("div", { class: "flag" }, "Preview unavailable for this record.")),
-      h("div", { class: "row" }, h("button", { class: "link", onclick: () => { this.historyPath = f.path; this.selected = null; this.show("history"); } }, "History of this file")));
-    det.addEventListener("toggle", () => { if (det.open) this.open.add(f.path); else this.open.delete(f.path); });
+    const tool = !f.via || f.via === "tool";
+    const p = f.preview || {};
+    const added = tool ? p.added : f.added, removed = tool ? p.removed : f.removed;
+    const body = h("div", { class: "change-body" });
+    const det = h("details", { class: "file", open: this.open.has(f.path), dataset: { path: f.path, via: f.via || "tool" } },
+      h("summary", {}, h("span", { class: "path" }, f.path), counts(added, removed),
+        tool ? null : h("span", { class: `via-badge via-${f.via}` }, VIA_LABEL[f.via] || f.via),
+        f.deleted ? h("span", { class: "via-badge via-deleted" }, "deleted") : null,
+        f.ts ? h("span", { class: "muted" }, when(f.ts)) : null),
+      h("div", { class: "preview-label" }, f.label || (tool ? "Approved preview — not proof of a successful write" : "")),
+      body,
+      h("div", { class: "row" }, h("button", { type: "button", class: "link", onclick: () => { this.historyPath = f.path; this.selected = null; this.show("history"); } }, "History of this file")));
+    const fill = () => {
+      if (body.dataset.filled) return;
+      body.dataset.filled = "1";
+      if (tool) { body.append(changeView(f.preview, `change to ${f.path}`)); return; }
+      if (!f.version_id) { body.append(changeView(null)); return; }
+      body.append(h("div", { class: "flag muted" }, "Loading the diff…"));
+      const gen = this.generation;
+      this.api.diff(this.getSid(), f.version_id).then((d) => {
+        if (gen !== this.generation) return;
+        clear(body, d.deleted ? h("div", { class: "flag" }, "The file no longer exists.") : null,
+          changeView(d, `change to ${f.path}`));
+      }, (err) => { if (gen === this.generation) clear(body, h("p", { class: "error" }, err.detail || err.message)); });
+    };
+    if (det.open) fill();
+    det.addEventListener("toggle", () => { if (det.open) { this.open.add(f.path); fill(); } else this.open.delete(f.path); });
     return det;
   }
 
   drawHistory() {
     const box = $("#tab-history");
-    const input = h("input", { value: this.historyPath, placeholder: "path in the workspace", "aria-label": "file path" });
+    const input = h("input", { id: "history-path", value: this.historyPath, placeholder: "path in the workspace", "aria-label": "file path" });
     const form = h("form", {}, input, h("button", { type: "submit" }, "Versions"));
     form.addEventListener("submit", (e) => { e.preventDefault(); this.historyPath = input.value.trim(); this.selected = null; this.drawHistory(); });
-    const undo = h("button", { id: "btn-undo", title: "Put back this session's latest write" }, "Undo last write");
+    const undo = h("button", { type: "button", id: "btn-undo", disabled: true }, "Undo last write");
     undo.onclick = () => this.undo();
+    this.undoButton = undo;
+    this.undoTarget = h("div", { id: "undo-target", class: "muted undo-target", role: "status" });
     this.result = h("div", { class: "result", role: "status" });
     this.list = h("ul", { class: "versions" });
     this.diffBox = h("div", { class: "diff-box" });
-    clear(box, h("div", { class: "history" }, form, h("div", { class: "row" }, undo), this.result, this.list, this.diffBox));
+    clear(box, h("div", { class: "history" }, form, h("div", { class: "row" }, undo), this.undoTarget, this.result, this.list, this.diffBox));
+    this.loadUndoTarget();
     if (this.historyPath) this.loadVersions();
+  }
+
+  /** Say which write Undo puts back before the person presses it (GET /undo reads, never writes). */
+  async loadUndoTarget() {
+    const sid = this.getSid(); const gen = this.generation;
+    if (!sid || !this.undoTarget) return;
+    let t;
+    try { t = await this.api.undoTarget(sid); } catch (err) { if (gen === this.generation) this.undoTarget.textContent = err.detail || err.message; return; }
+    if (gen !== this.generation) return;
+    const files = t.files || [];
+    this.undoButton.disabled = !files.length;
+    if (!files.length) { this.undoTarget.textContent = "Nothing to undo: this session has no write left to undo."; this.undoButton.title = ""; return; }
+    const what = files[0].reason === "command" ? "the command's changes" : files[0].reason === "restore" ? "the restore" : "the write";
+    const parts = files.map((f) => f.existed ? `put back ${f.path} as it was before` : `delete ${f.path} (it did not exist before)`);
+    const text = `Undo will undo ${what} of ${when(files[0].created)}: ${parts.join("; ")}.`;
+    this.undoTarget.textContent = text;
+    this.undoButton.title = text;
   }
 
   async loadVersions() {
@@ -145,12 +160,11 @@ export class Inspector {
     let d;
     try { d = await this.api.diff(sid, vid); } catch (err) { clear(this.diffBox, h("p", { class: "error" }, err.detail || err.message)); return; }
     if (gen !== this.generation || n !== this.seqHistory || vid !== this.selected) return;
-    const flag = d.oversized ? "Too large to compare." : d.empty ? "No difference: the current file is this version."
-      : d.binary ? "Binary content differs." : null;
     clear(this.diffBox, h("div", { class: "file", dataset: { version: vid } },
       h("div", { class: "row" }, h("span", { class: "path" }, `${d.path}: version → current`), counts(d.added, d.removed)),
       d.deleted ? h("div", { class: "flag" }, "The current file is missing (a deletion).") : null,
-      flag ? h("div", { class: "diff" }, h("div", { class: "flag" }, flag)) : diffView(d.diff)));
+      d.empty ? h("div", { class: "diff" }, h("div", { class: "flag" }, "No difference: the current file is this version."))
+        : changeView(d, `${d.path}: version to current`)));
   }
 
   async restore(vid) {
@@ -161,6 +175,7 @@ export class Inspector {
       this.result.textContent = `Restored ${out.path} from ${out.restored_from} (+${out.added} −${out.removed}); the content it replaced is kept as ${out.kept?.version_id}.`;
       this.selected = vid;
       await this.loadVersions();
+      this.loadUndoTarget();
     } catch (err) {
       this.result.className = "result error";
       this.result.textContent = err.detail || err.message;
@@ -171,18 +186,22 @@ export class Inspector {
     const sid = this.getSid();
     try {
       const out = await this.api.undo(sid);
+      const files = out.files?.length ? out.files : [out];
       this.result.className = "result";
-      this.result.textContent = `Undid the latest write: ${out.path} put back (+${out.added} −${out.removed}).`;
+      this.result.textContent = "Undid the latest write: " + files.map((f) => f.deleted
+        ? `deleted ${f.path} (it did not exist before that write)`
+        : `${f.path} put back as it was before (+${f.added} −${f.removed})`).join("; ") + ".";
       if (!this.historyPath) this.historyPath = out.path;
       await this.loadVersions();
     } catch (err) {
       this.result.className = "result error";
       this.result.textContent = err.detail || err.message;
     }
+    this.loadUndoTarget();
   }
 
   refresh(what) {
     if (what.has("changes") && this.tab === "changes") this.loadChanges();
-    if (what.has("history") && this.tab === "history" && this.historyPath) this.loadVersions();
+    if (what.has("history") && this.tab === "history") { if (this.historyPath) this.loadVersions(); this.loadUndoTarget(); }
   }
 }

@@ -6,14 +6,14 @@ import { $, clear, h } from "./dom.js";
 import { Inspector } from "./inspector.js";
 import { EventStream } from "./sse.js";
 import { SessionModel } from "./state.js";
-import { View } from "./view.js";
+import { tickElapsed, View } from "./view.js";
 
 const TOKEN_KEY = "cox.token";
 const HINT_BUSY = "A turn is running: Send is refused. Choose Queue (Ctrl+O) or Steer (Ctrl+S), or Lead (Ctrl+L) to join this turn.";
 
 const app = {
   api: null, model: null, stream: null, view: null, inspector: null, models: [],
-  drawTimer: null, sessionTimer: null,
+  drawTimer: null, sessionTimer: null, workspaces: [], noteCtx: null,
 };
 window.cox = app; // for a person's console and the browser tests
 
@@ -62,6 +62,22 @@ async function loadModels() {
   }
 }
 
+async function loadWorkspaces() {
+  try {
+    const r = await app.api.workspaces();
+    app.workspaces = r.workspaces || [];
+  } catch { app.workspaces = []; }
+  clear($("#workspace-list"), app.workspaces.map((w) => h("option", { value: w })));
+  clear($("#workspace-pick"), h("option", { value: "" }, app.workspaces.length ? "existing workspaces…" : "no workspaces yet"),
+    app.workspaces.map((w) => h("option", { value: w }, w)));
+}
+
+$("#workspace-pick").addEventListener("change", () => {
+  if ($("#workspace-pick").value) { $("#new-workspace").value = $("#workspace-pick").value; $("#new-create").checked = false; }
+  $("#new-error").textContent = "";
+});
+$("#new-workspace").addEventListener("input", () => { $("#new-error").textContent = ""; });
+
 async function loadSessions() {
   let list;
   try { list = await app.api.sessions(); } catch { return; }
@@ -75,13 +91,22 @@ async function loadSessions() {
 $("#new-session").addEventListener("submit", async (e) => {
   e.preventDefault();
   $("#new-error").textContent = "";
-  const workspace = $("#new-workspace").value.trim();
+  const workspace = $("#new-workspace").value.trim().replace(/\/+$/, "");
   const model = $("#new-model").value || undefined;
+  // A typo must not quietly make a new folder: a name that is not an existing workspace needs
+  // the explicit "Create a new folder".
+  if (!app.workspaces.includes(workspace) && !$("#new-create").checked) {
+    $("#new-error").textContent = `No workspace “${workspace}” under the root. Pick one from the list, or tick “Create a new folder”.`;
+    return;
+  }
   try {
     const s = await app.api.create({ workspace, ...(model ? { model } : {}) });
     $("#new-workspace").value = "";
+    $("#new-create").checked = false;
     location.hash = `#/s/${s.id}`;
+    closeDrawers();
     await loadSessions();
+    loadWorkspaces();
   } catch (err) {
     $("#new-error").textContent = err.detail || err.message;
   }
@@ -90,12 +115,18 @@ $("#new-session").addEventListener("submit", async (e) => {
 function route() {
   const m = /^#\/s\/([A-Za-z0-9_-]+)$/.exec(location.hash);
   if (m) openSession(m[1]);
-  else { $("#session").hidden = true; $("#inspector").hidden = true; $("#empty").hidden = false; }
+  else {
+    // Leave the session entirely, so coming back (Back/Forward) opens it again from the log.
+    app.stream?.stop();
+    app.stream = null;
+    app.model = null;
+    $("#session").hidden = true; $("#inspector").hidden = true; $("#empty").hidden = false;
+  }
 }
 window.addEventListener("hashchange", route);
 
 async function openSession(sid) {
-  if (app.model?.sid === sid) return;
+  if (app.model?.sid === sid && !$("#session").hidden) return;
   app.stream?.stop();
   const model = new SessionModel(sid);
   app.model = model;
@@ -148,7 +179,11 @@ function flush() {
   const model = app.model;
   if (!model) return;
   const changed = model.changed;
-  app.view.draw(model, { answer: (aid, body) => app.api.answer(model.sid, aid, body) });
+  app.view.draw(model, {
+    answer: (aid, body) => app.api.answer(model.sid, aid, body),
+    queue: (op, id, pos) => queueOp(model, op, id, pos),
+  });
+  checkNote(model);
   if (changed.has("plan")) app.inspector.drawPlan(model.plan);
   app.inspector.refresh(changed);
   if (changed.has("sessions")) loadSessions();
@@ -165,10 +200,41 @@ function refreshSession() {
 }
 
 // ---------------------------------------------------------------- composer
-function note(text, error = false) {
+/** A note under the composer describes a state; it goes when that state does. ``about`` names
+ * the waiting message it reports on (cleared when its fate changes); any note also goes when
+ * another turn starts, and a "busy" refusal when the session is idle again. */
+function note(text, error = false, about = {}) {
   const el = $("#composer-note");
   el.textContent = text;
   el.className = "note" + (error ? " error" : "");
+  const m = app.model;
+  app.noteCtx = text && m ? { turn: m.info.turn_id || null, id: about.id, fate: about.id ? m.outbox.get(about.id)?.fate : undefined,
+    untilIdle: !!about.untilIdle } : null;
+}
+
+function checkNote(model) {
+  const c = app.noteCtx;
+  if (!c || model !== app.model) return;
+  const turn = model.info.turn_id || null;
+  const gone = (c.id && model.outbox.get(c.id)?.fate !== c.fate)
+    || (turn && turn !== c.turn)
+    || (c.untilIdle && !model.info.busy);
+  if (gone) note("");
+}
+
+async function queueOp(model, op, id, pos) {
+  try {
+    if (op === "remove") await app.api.queueRemove(model.sid, id);
+    else {
+      const ids = [...model.outbox.values()].filter((o) => o.fate === "queued" && o.kind === "queue").map((o) => o.id);
+      const from = ids.indexOf(id);
+      if (from < 0 || pos < 0 || pos >= ids.length) return;
+      ids.splice(from, 1); ids.splice(pos, 0, id);
+      await app.api.queueOrder(model.sid, ids);
+    }
+  } catch (err) {
+    note(err.status === 409 ? `Too late: ${err.detail || "that message has already started"}.` : `Queue not changed: ${err.detail || err.message}`, true);
+  }
 }
 
 const REFUSALS = {
@@ -189,13 +255,13 @@ async function act(kind) {
   if (kind === "stop") return stop();
   const text = draftText();
   if (text === null) return;
-  if (kind === "send" && model.info.busy) { note(HINT_BUSY, true); return; }
+  if (kind === "send" && model.info.busy) { note(HINT_BUSY, true, { untilIdle: true }); return; }
   const box = $("#draft");
   try {
     if (kind === "lead") {
       const r = await app.api.lead(model.sid, text);
       model.sent(r.lead_id, "lead", text);
-      note(`Lead saved: it joins this turn at its next safe boundary (${r.pending} pending).`);
+      note(`Lead saved: it joins this turn at its next safe boundary (${r.pending} pending).`, false, { id: r.lead_id });
     } else {
       const mode = kind === "send" ? undefined : kind;
       const r = await app.api.send(model.sid, text, mode);
@@ -203,13 +269,14 @@ async function act(kind) {
       else {
         model.sent(r.message_id, mode === "steer" ? "steer" : "queue", text);
         note(r.disposition === "steered" ? "Steering: the running turn stops and this runs next."
-          : `Queued (position ${r.position}): it runs when this turn ends.`);
+          : `Queued (position ${r.position}): it runs when this turn ends.`, false, { id: r.message_id });
       }
     }
     if (box.value === text) box.value = ""; // only now: a refused message stays in the box
     flush();
   } catch (err) {
-    note(REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true);
+    note(REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true,
+      err.code === "busy" ? { untilIdle: true } : {});
   }
 }
 
@@ -232,20 +299,53 @@ for (const [id, kind] of [["#btn-send", "send"], ["#btn-queue", "queue"], ["#btn
 }
 
 // Enter sends; Ctrl+O queue, Ctrl+S steer, Ctrl+L Lead, Esc stop (the terminal chat's keys).
+// The keys work wherever the composer has focus (the box or one of its buttons) or nothing does.
 const KEYS = { o: "queue", s: "steer", l: "lead" };
 document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && openDrawer()) { e.preventDefault(); closeDrawers(true); return; }
   if ($("#session").hidden || !app.model) return;
   const inDraft = e.target === $("#draft");
+  const inComposer = inDraft || !!e.target.closest?.("#composer") || e.target === document.body || e.target === document.documentElement;
   if (inDraft && e.key === "Enter" && !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey && !e.isComposing) {
     e.preventDefault(); act("send"); return;
   }
-  if (e.ctrlKey && !e.altKey && !e.metaKey && KEYS[e.key.toLowerCase()] && (inDraft || e.target === document.body)) {
-    e.preventDefault(); act(KEYS[e.key.toLowerCase()]); return;
+  const k = e.key.toLowerCase();
+  if (e.ctrlKey && !e.altKey && !e.metaKey && !e.shiftKey && KEYS[k]) {
+    e.preventDefault(); // never the browser's Open File / Save Page / address bar while a session is open
+    if (inComposer) act(KEYS[k]);
+    return;
   }
-  if (e.key === "Escape" && (inDraft || e.target === document.body) && app.model.info.busy) {
+  if (e.key === "Escape" && inComposer && app.model.info.busy) {
     e.preventDefault(); act("stop");
   }
 });
+
+// ---------------------------------------------------------------- drawers (narrow screens)
+function openDrawer() { return ["sidebar", "inspector"].find((id) => $(`#${id}`).classList.contains("open")) || null; }
+function closeDrawers(restoreFocus = false) {
+  const was = openDrawer();
+  for (const id of ["sidebar", "inspector"]) $(`#${id}`).classList.remove("open");
+  $("#scrim").hidden = true;
+  $("#toggle-sidebar").setAttribute("aria-expanded", "false");
+  $("#toggle-inspector").setAttribute("aria-expanded", "false");
+  if (restoreFocus && was) $(`#toggle-${was}`).focus();
+}
+function toggleDrawer(id) {
+  const open = !$(`#${id}`).classList.contains("open");
+  closeDrawers();
+  if (!open) return;
+  $(`#${id}`).classList.add("open");
+  $("#scrim").hidden = false;
+  $(`#toggle-${id}`).setAttribute("aria-expanded", "true");
+  $(`#${id}`).querySelector("input, select, button, [tabindex]")?.focus();
+}
+$("#toggle-sidebar").addEventListener("click", () => toggleDrawer("sidebar"));
+$("#toggle-inspector").addEventListener("click", () => toggleDrawer("inspector"));
+$("#scrim").addEventListener("click", () => closeDrawers(true));
+for (const b of document.querySelectorAll(".drawer-close")) b.addEventListener("click", () => closeDrawers(true));
+$("#sessions").addEventListener("click", (e) => { if (e.target.closest("a")) closeDrawers(); });
+$("#draft").addEventListener("input", () => { if (app.noteCtx && $("#composer-note").classList.contains("error") && !app.noteCtx.untilIdle) note(""); });
+setInterval(tickElapsed, 1000);
 
 $("#outbox-clear").addEventListener("click", () => { app.model?.clearSettled(); flush(); });
 
@@ -257,16 +357,27 @@ function startRename() {
   input.value = app.model?.info.title || "";
   input.focus(); input.select();
 }
-function endRename() { $("#rename-form").hidden = true; $("#title").hidden = false; }
+function endRename() {
+  const wasOpen = !$("#rename-form").hidden;
+  $("#rename-form").hidden = true; $("#title").hidden = false;
+  if (wasOpen && document.activeElement === document.body) $("#rename").focus();
+}
+let renaming = false;
+async function saveRename() {
+  if (renaming || $("#rename-form").hidden) return;
+  const title = $("#rename-input").value.trim();
+  if (!title || title === (app.model?.info.title || "")) { endRename(); return; }
+  renaming = true;
+  try { await patch({ title }); endRename(); } catch { /* patch showed it; the form stays open */ } finally { renaming = false; }
+}
 $("#title").addEventListener("click", startRename);
 $("#rename").addEventListener("click", startRename);
-$("#rename-input").addEventListener("keydown", (e) => { if (e.key === "Escape") { e.preventDefault(); endRename(); } });
-$("#rename-form").addEventListener("submit", async (e) => {
-  e.preventDefault();
-  const title = $("#rename-input").value.trim();
-  if (!title) { endRename(); return; }
-  try { await patch({ title }); endRename(); } catch { /* patch showed it; the form stays open */ }
+// Enter or leaving the box saves; Esc cancels (and is not a Stop).
+$("#rename-input").addEventListener("keydown", (e) => {
+  if (e.key === "Escape") { e.preventDefault(); e.stopPropagation(); $("#rename-input").value = app.model?.info.title || ""; endRename(); }
 });
+$("#rename-input").addEventListener("blur", () => { saveRename(); });
+$("#rename-form").addEventListener("submit", (e) => { e.preventDefault(); saveRename(); });
 $("#model").addEventListener("change", () => patch({ model: $("#model").value }).catch(() => {}));
 $("#dont-ask").addEventListener("change", () => patch({ dont_ask: $("#dont-ask").checked }).catch(() => {}));
 
@@ -293,7 +404,7 @@ async function start(token) {
   $("#login").hidden = true;
   $("#app").hidden = false;
   await loadModels();
-  await loadSessions();
+  await Promise.all([loadSessions(), loadWorkspaces()]);
   app.model = null;
   route();
 }

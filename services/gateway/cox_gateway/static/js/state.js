@@ -2,7 +2,7 @@
 // messages, Leads) with its fate, and the plan — all built from the event log, in seq order.
 // No DOM here: the view reads this model and redraws what `changed` names.
 
-const FINAL = new Set(["applied", "discarded", "unapplied", "skipped"]);
+const FINAL = new Set(["applied", "discarded", "unapplied", "skipped", "removed"]);
 
 export class SessionModel {
   constructor(sid) {
@@ -20,6 +20,20 @@ export class SessionModel {
     this.streaming = null;      // the assistant item receiving deltas
     this.seen = [];             // every seq applied, for the no-duplicate/no-gap check
     this.changed = new Set();
+    // Turn status at a glance, from what the log carries today: the turn's start, its tool
+    // calls, the usage of its model responses, and what it waits for now.
+    this.turn = null;           // {turn_id, started, tools, input, output, cost, waiting}
+    this.totals = { turns: 0, tools: 0, input: 0, output: 0, cost: 0 };
+  }
+
+  /** What the running turn waits for: "model", "tool", "approval" or "Lead boundary". */
+  waitingFor() {
+    const t = this.turn;
+    if (!t || !this.info.busy) return null;
+    if (this.approvals.size) return "approval";
+    const running = [...this.tools.values()].some((x) => x.turn_id === t.turn_id && x.status === "running");
+    if (running) return [...this.outbox.values()].some((o) => o.kind === "lead" && o.fate === "pending") ? "tool, then the Lead boundary" : "tool";
+    return "model";
   }
 
   mark(...what) { for (const w of what) this.changed.add(w); }
@@ -90,6 +104,7 @@ export class SessionModel {
     const fn = HANDLERS[ev.type];
     if (fn) fn(this, ev);
     else this.note(ev, `${ev.type}`);
+    this.mark("head"); // the turn status (what it waits for, counts) follows every event
     return true;
   }
 
@@ -133,9 +148,10 @@ const HANDLERS = {
     if (o && !o.text) o.text = ev.text;
   },
   "queue.added"(m, ev) {
-    const text = m.localTexts.get(ev.message_id) || "";
+    // The log carries the text (older logs did not: then only the tab that sent it knew it).
+    const text = ev.text || m.localTexts.get(ev.message_id) || "";
     const o = m.outbox.get(ev.message_id);
-    if (o) { o.kind = ev.mode || o.kind; }
+    if (o) { o.kind = ev.mode || o.kind; o.text = o.text || text; }
     else m.outbox.set(ev.message_id, { id: ev.message_id, kind: ev.mode || "queue", text, fate: "queued", live: true });
     m.mark("outbox", "head");
     if (!text && !o?.text) m.mark("need-session");
@@ -149,9 +165,26 @@ const HANDLERS = {
     if (texts.length) m.add({ kind: "fate", key: `f${ev.seq}`, text: `Stop discarded ${texts.length} queued: ${texts.map((t) => `“${t}”`).join(", ")}` });
     m.mark("head");
   },
+  "queue.removed"(m, ev) {
+    const o = m.settle(ev.message_id, "removed");
+    const text = ev.text || o?.text || m.localTexts.get(ev.message_id) || ev.message_id;
+    m.add({ kind: "fate", key: `f${ev.seq}`, text: `Removed from the queue before it started: “${text}”` });
+    m.mark("head", "outbox");
+  },
+  "queue.reordered"(m, ev) {
+    // Re-insert the waiting entries in the new order (a Map keeps insertion order).
+    const order = ev.message_ids || [];
+    const moved = order.map((id) => m.outbox.get(id)).filter(Boolean);
+    for (const o of moved) m.outbox.delete(o.id);
+    for (const o of moved) m.outbox.set(o.id, o);
+    m.note(ev, `Queue reordered (${order.length} waiting)`, "small");
+    m.mark("outbox");
+  },
   "turn.start"(m, ev) {
     m.info.busy = true; m.info.turn_id = ev.turn_id; m.info.model = ev.model || m.info.model;
     m.plan = null;
+    m.turn = { turn_id: ev.turn_id, started: ev.ts, tools: 0, input: 0, output: 0, cost: 0 };
+    m.totals.turns += 1;
     m.note(ev, `Turn started (${ev.model})`, "turn-start");
     m.mark("head", "plan");
   },
@@ -166,7 +199,8 @@ const HANDLERS = {
     m.info.busy = m.queuedCount() > 0;
     m.info.turn_id = m.info.busy ? m.info.turn_id : null;
     const bad = ev.outcome !== "completed";
-    m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? " bad" : ""));
+    if (m.turn && m.turn.turn_id === ev.turn_id) { m.turn.ended = ev.ts; m.turn.outcome = ev.outcome; }
+    m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? ` bad outcome-${ev.outcome}` : ""));
     m.mark("head", "sessions", "changes");
   },
   "assistant.delta"(m, ev) {
@@ -174,6 +208,12 @@ const HANDLERS = {
     m.streaming.text += ev.text; m.touch(m.streaming);
   },
   "assistant.msg"(m, ev) {
+    const u = ev.usage || {};
+    for (const tgt of [m.turn, m.totals]) {
+      if (!tgt) continue;
+      tgt.input += u.input_tokens || 0; tgt.output += u.output_tokens || 0; tgt.cost += u.cost || 0;
+    }
+    m.mark("head");
     const item = m.streaming;
     m.streaming = null;
     if (item) {
@@ -187,12 +227,19 @@ const HANDLERS = {
   "tool.call"(m, ev) {
     const t = m.tool(ev.call_id, ev.name, ev.args);
     t.turn_id = ev.turn_id; t.status = "running"; m.touch(t);
+    if (m.turn && m.turn.turn_id === ev.turn_id) m.turn.tools += 1;
+    m.totals.tools += 1;
+    m.mark("head");
   },
   "policy.decision"(m, ev) {
     const t = m.tool(ev.call_id);
     t.policy = t.policy || [];
     t.policy.push(`${ev.verdict} by ${ev.actor}${ev.security ? " (security)" : ""}: ${ev.reason}`);
-    if (ev.verdict === "refuse") t.status = "refused";
+    // A refusal the person gave (their Deny, recorded again as the call's decision) is "denied".
+    if (ev.verdict === "refuse") {
+      if (ev.actor === "person") { t.status = "denied"; t.detail = null; }
+      else if (t.status !== "closed") { t.status = "refused"; t.detail = `by ${ev.actor}`; }
+    }
     m.touch(t);
   },
   "approval.pending"(m, ev) {
@@ -208,7 +255,11 @@ const HANDLERS = {
         t.answer = `${ev.decision === "allow" ? "Allowed" : "Denied"} by ${ev.actor}` +
           (ev.scope && ev.scope !== "once" ? ` (${ev.scope})` : "") + (ev.message ? ` — “${ev.message}”` : "") +
           (ev.actor !== "person" && ev.reason ? `: ${ev.reason}` : "");
-        t.status = ev.decision === "allow" ? "running" : "denied";
+        // Three different things: a person's Deny, a refusal by policy/judge/setting, a failure.
+        const ended = ev.actor === "policy" && ev.reason === "the turn ended";
+        t.status = ev.decision === "allow" ? "running" : ev.actor === "person" ? "denied" : ended ? "closed" : "refused";
+        if (t.status === "refused") t.detail = `by ${ev.actor}`;
+        if (ended) t.detail = "the turn ended";
         m.touch(t);
       }
     }
@@ -216,7 +267,7 @@ const HANDLERS = {
   },
   "tool.result"(m, ev) {
     const t = m.tool(ev.call_id);
-    if (t.status !== "denied") t.status = ev.ok ? "ok" : "fail";
+    if (t.status !== "denied" && t.status !== "refused") t.status = ev.ok ? "ok" : "fail";
     t.output = ev.output; m.touch(t);
   },
   "tool.skipped"(m, ev) {

@@ -1,12 +1,18 @@
 // Drawing the session model: each transcript item is one element, redrawn only when it changed.
 
+import { changeView, contentView } from "./diff.js";
 import { $, clear, h, short } from "./dom.js";
+import { markdown } from "./md.js";
 
 const VIA = { send: "", queue: "queued", steer: "steered", lead: "Lead", approval: "with an approval" };
+// A person's Deny, a refusal by policy (guard, the judge, a setting) and a failure of a call
+// that ran are three different things, and look different.
 const STATUS = {
   proposed: "proposed", running: "running", waiting: "waiting for you", ok: "done", fail: "failed",
-  denied: "denied", refused: "refused", skipped: "skipped", closed: "closed",
+  denied: "denied by you", refused: "refused", skipped: "skipped", closed: "closed",
 };
+const LONG_OUTPUT_LINES = 12;
+const LONG_OUTPUT_CHARS = 1500;
 const KIND = { queue: "Queue", steer: "Steer", lead: "Lead" };
 
 export function argsText(name, args) {
@@ -19,15 +25,25 @@ export function argsText(name, args) {
   return JSON.stringify(args);
 }
 
+/** A tool's output: short output shown as is; long output folded, its size in the summary. */
+function output(it) {
+  const text = String(it.output);
+  const lines = text.replace(/\n$/, "").split("\n").length;
+  const long = lines > LONG_OUTPUT_LINES || text.length > LONG_OUTPUT_CHARS;
+  if (!long) return h("pre", { class: "output" }, text);
+  return h("details", { class: "output", open: it.open },
+    h("summary", {}, `output: ${lines} lines, ${text.length} chars (show)`), h("pre", {}, text));
+}
+
 function renderItem(it) {
   const attrs = { class: `item ${it.kind}`, dataset: { key: it.key } };
   switch (it.kind) {
     case "user":
       return h("div", attrs, it.via && VIA[it.via] ? h("span", { class: "via" }, VIA[it.via]) : null, it.text);
     case "assistant":
-      return h("div", { ...attrs, class: `item assistant${it.streaming ? " streaming" : ""}` }, it.text);
+      return h("div", { ...attrs, class: `item assistant md${it.streaming ? " streaming" : ""}` }, markdown(it.text));
     case "agent":
-      return h("div", attrs, it.text);
+      return h("div", { ...attrs, class: "item agent md" }, markdown(it.text));
     case "fate":
       return h("div", attrs, it.text);
     case "note":
@@ -41,7 +57,7 @@ function renderItem(it) {
           h("span", { class: `status ${it.status}` }, status + (it.detail ? ` (${it.detail})` : ""))),
         (it.policy || []).map((p) => h("div", { class: "policy" }, p)),
         it.answer ? h("div", { class: "policy answer" }, it.answer) : null,
-        it.output ? h("details", { open: it.open }, h("summary", {}, "output"), h("pre", {}, it.output)) : null);
+        it.output ? output(it) : null);
       el.querySelector("details")?.addEventListener("toggle", (e) => { it.open = e.target.open; });
       return el;
     }
@@ -73,7 +89,7 @@ export class View {
     }
     if (model.changed.has("head")) this.head(model);
     if (model.changed.has("approvals")) this.approvals(model, handlers);
-    if (model.changed.has("outbox")) this.outbox(model);
+    if (model.changed.has("outbox")) this.outbox(model, handlers);
     this.transcript.dataset.lastSeq = String(model.lastSeq);
     if (atBottom) this.transcript.scrollTop = this.transcript.scrollHeight;
   }
@@ -91,6 +107,7 @@ export class View {
     sel.value = i.next_model || i.model || "";
     $("#next-model").textContent = i.next_model && i.next_model !== i.model ? `next turn: ${i.next_model}` : "";
     $("#workspace").textContent = i.workspace || "";
+    this.turnStatus(model);
     const busy = !!i.busy;
     $("#btn-send").classList.toggle("primary", !busy);
     $("#btn-send").disabled = busy;
@@ -99,6 +116,30 @@ export class View {
     $("#btn-steer").classList.toggle("primary", busy);
     $("#btn-lead").disabled = !busy;
     $("#btn-stop").disabled = !busy;
+  }
+
+  /** Elapsed time, tool calls, tokens and cost of the turn and the session; what the turn waits for. */
+  turnStatus(model) {
+    const t = model.turn, tot = model.totals;
+    const box = $("#turn-status");
+    const tokens = (n) => (n >= 10000 ? `${Math.round(n / 1000)}k` : String(n));
+    const cost = (c) => (c ? ` · $${c.toFixed(c < 0.01 ? 4 : 2)}` : "");
+    const waiting = model.waitingFor();
+    const busy = !!model.info.busy && t;
+    box.dataset.waiting = waiting || "";
+    box.dataset.started = t && busy ? String(t.started) : "";
+    box.dataset.ended = t && !busy && t.ended ? String(t.ended - t.started) : "";
+    const parts = [];
+    if (t) {
+      parts.push(h("span", { class: "elapsed", dataset: {} }, ""));
+      parts.push(h("span", { class: "turn-tools" }, `${t.tools} tool call${t.tools === 1 ? "" : "s"}`));
+      parts.push(h("span", { class: "turn-tokens" }, `${tokens(t.input + t.output)} tokens${cost(t.cost)}`));
+    }
+    parts.push(h("span", { class: "session-totals muted" },
+      `session: ${tot.turns} turn${tot.turns === 1 ? "" : "s"}, ${tot.tools} tool calls, ${tokens(tot.input + tot.output)} tokens${cost(tot.cost)}`));
+    if (waiting) parts.unshift(h("span", { class: `waiting waiting-${waiting.split(/[ ,]/)[0]}` }, `waiting for: ${waiting}`));
+    clear(box, parts);
+    tickElapsed();
   }
 
   approvals(model, handlers) {
@@ -112,21 +153,63 @@ export class View {
     }
   }
 
-  outbox(model) {
+  outbox(model, handlers) {
     const items = model.waiting();
     $("#outbox").hidden = items.length === 0;
-    clear($("#outbox-list"), items.map((o) =>
-      h("li", { dataset: { id: o.id, fate: o.fate, kind: o.kind } },
+    const queued = items.filter((o) => o.fate === "queued" && o.kind === "queue");
+    const focused = document.activeElement?.closest?.("#outbox li")?.dataset.id;
+    const focusAct = document.activeElement?.dataset?.act;
+    clear($("#outbox-list"), items.map((o) => {
+      const label = o.text ? short(o.text.split("\n")[0], 80) : o.id;
+      const n = queued.indexOf(o);
+      // Before it starts, a queued message can be moved or removed (recorded as events).
+      const tools = n >= 0 && handlers?.queue ? h("span", { class: "q-tools" },
+        h("button", { type: "button", class: "icon", "data-act": "up", disabled: n === 0, "aria-label": `Move “${label}” up`, title: "Move up",
+          onclick: () => handlers.queue("move", o.id, n - 1) }, "↑"),
+        h("button", { type: "button", class: "icon", "data-act": "down", disabled: n === queued.length - 1, "aria-label": `Move “${label}” down`, title: "Move down",
+          onclick: () => handlers.queue("move", o.id, n + 1) }, "↓"),
+        h("button", { type: "button", class: "icon danger", "data-act": "remove", "aria-label": `Remove “${label}” from the queue`, title: "Remove from the queue",
+          onclick: () => handlers.queue("remove", o.id) }, "✕")) : null;
+      return h("li", { dataset: { id: o.id, fate: o.fate, kind: o.kind } },
         h("span", { class: `fate-badge fate-${o.fate}` }, o.fate),
         h("span", { class: "kind-badge" }, KIND[o.kind] || o.kind),
         o.text ? h("span", { class: "text", title: o.text }, short(o.text.split("\n")[0], 200))
-          : h("span", { class: "muted" }, o.id))));
+          : h("span", { class: "muted" }, o.id),
+        tools);
+    }));
+    if (focused && focusAct) {
+      const btn = $(`#outbox li[data-id="${CSS.escape(focused)}"] [data-act="${focusAct}"]`);
+      if (btn && !btn.disabled) btn.focus();
+    }
   }
+}
+
+/** What an approval lets happen, shown before its buttons: the command, or the write's diff. */
+function approvalSubject(a) {
+  const args = a.args && typeof a.args === "object" ? a.args : {};
+  if (a.name === "run_command" && args.command) {
+    return h("div", { class: "allows" }, h("div", { class: "allows-label" }, "Allowing runs this command:"),
+      h("pre", { class: "call" }, String(args.command)));
+  }
+  if (a.name === "write_file" || a.name === "edit_file") {
+    const label = `change to ${args.path || "the file"}`;
+    const body = a.preview ? changeView(a.preview, label)
+      : args.content !== undefined ? contentView(args.content, label) : changeView(null, label);
+    return h("div", { class: "allows" },
+      h("div", { class: "allows-label" }, `Allowing writes ${args.path || "a file"}`,
+        a.preview ? ` (+${a.preview.added ?? 0} −${a.preview.removed ?? 0})` : "", ":"), body);
+  }
+  return h("div", { class: "allows" }, h("div", { class: "allows-label" }, "Allowing runs:"),
+    h("pre", { class: "call" }, argsText(a.name, a.args) || JSON.stringify(a.args)));
 }
 
 function approvalCard(a, handlers) {
   const security = !!a.security;
-  const msg = h("input", { placeholder: "Message (optional): with Deny it redirects, with Allow it adds", "aria-label": "approval message" });
+  const id = `appr-${a.approval_id}`;
+  const msg = h("input", {
+    id: `${id}-msg`, placeholder: "Message (optional): with Deny it redirects, with Allow it adds",
+    "aria-label": "Message sent with your answer (optional). Enter does not answer: choose Allow or Deny.",
+  });
   const status = h("span", { class: "error", role: "alert" });
   const answer = async (decision, scope, btns) => {
     btns.forEach((b) => (b.disabled = true));
@@ -139,23 +222,42 @@ function approvalCard(a, handlers) {
       btns.forEach((b) => (b.disabled = false));
     }
   };
-  const allow = h("button", { class: "primary", "data-act": "allow" }, "Allow");
-  const deny = h("button", { class: "danger", "data-act": "deny" }, "Deny");
-  const always = security ? null : h("button", { "data-act": "always", title: "Allow, and do not ask again this session for this command" }, "Always this session");
+  const allow = h("button", { type: "button", class: "primary", "data-act": "allow" }, security ? "Allow this change" : "Allow");
+  const deny = h("button", { type: "button", class: "danger", "data-act": "deny" }, "Deny");
+  const always = security ? null : h("button", { type: "button", "data-act": "always", title: "Allow, and do not ask again this session for this command" }, "Always this session");
   const btns = [allow, deny, always].filter(Boolean);
   allow.onclick = () => answer("allow", "once", btns);
   deny.onclick = () => answer("deny", "once", btns);
   if (always) always.onclick = () => answer("allow", "session", btns);
-  msg.addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); allow.click(); } });
+  // A key press in the text box never answers: what the text says ("No, don't …") is not a
+  // decision. Enter only says so; Allow and Deny are buttons the person chooses.
+  msg.addEventListener("keydown", (e) => {
+    if (e.key === "Enter") {
+      e.preventDefault();
+      status.textContent = "Enter does not answer an approval: choose Allow or Deny (your message goes with it).";
+    }
+  });
   const j = a.judge;
-  return h("div", { class: `approval${security ? " security" : ""}`, dataset: { approval: a.approval_id } },
+  return h("div", { class: `approval${security ? " security" : ""}`, dataset: { approval: a.approval_id },
+    role: "group", "aria-label": security ? "Security confirm" : "Approval needed" },
     h("div", { class: "kind" }, security ? "Security confirm" : "Approval needed",
       h("span", { class: "muted" }, ` — ${a.name || "tool"}`)),
-    h("div", { class: "call" }, argsText(a.name, a.args) || JSON.stringify(a.args)),
+    approvalSubject(a),
     a.reason ? h("div", { class: "reason" }, "Why: ", a.reason) : null,
     j ? h("div", { class: "judge" }, `Judge (${j.kind || "judge"}) said ${j.verdict || "?"}` +
       (j.score !== undefined && j.score !== null ? ` (score ${j.score})` : "") + (j.reason ? `: ${j.reason}` : "")) : null,
     security ? h("div", { class: "muted" }, "A security confirm is always asked; no standing approval waives it.") : null,
     h("div", { class: "row" }, msg, ...btns),
     status);
+}
+
+/** The elapsed time of the running (or last) turn, ticking once a second without a redraw. */
+export function tickElapsed() {
+  const box = document.getElementById("turn-status");
+  const el = box?.querySelector(".elapsed");
+  if (!el) return;
+  const fmt = (ms) => { const s = Math.max(0, Math.round(ms / 1000)); return s >= 60 ? `${Math.floor(s / 60)}m ${s % 60}s` : `${s}s`; };
+  if (box.dataset.started) el.textContent = `turn running ${fmt(Date.now() - Number(box.dataset.started))}`;
+  else if (box.dataset.ended) el.textContent = `last turn took ${fmt(Number(box.dataset.ended))}`;
+  else el.textContent = "";
 }
