@@ -1,4 +1,4 @@
-"""The Changes view: the latest recorded approval preview per file (ADR 0035, 2026-10-05).
+"""The Changes view: the latest recorded approval preview per file (docs/design.md, "Versions").
 
 The source is the session's event log, not the workspace: the log is written only by the
 runner holding the session's lease (through Redis), so a command cannot forge or edit a preview
