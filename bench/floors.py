@@ -111,7 +111,7 @@ def composite(f: dict[str, Any], q: str) -> dict[str, float]:
         "send": http + rr + cas,
         # ... and the event published to JetStream so a client can see it.
         "send_seen": http + rr + cas + js,
-        # one guard request-reply, one versions request-reply, one event publish (issue 6).
+        # one guard request-reply, one versions request-reply, one event publish (bench/README.md).
         "tool_call": 2 * rr + js,
         # HTTP in, NATS hop, Redis script to save it, Redis script to apply it at the boundary.
         "lead": http + rr + 2 * cas,

@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 
 def script(steps: list[dict[str, Any]], text: str = "bench") -> str:
-    """A message for the built-in ``script`` model (API.md)."""
+    """A message for the built-in ``script`` model (docs/api.md)."""
     return f"{text}\n```script\n{json.dumps(steps)}\n```"
 
 

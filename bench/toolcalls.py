@@ -4,7 +4,7 @@ The no-op tool is ``list_dir`` of an empty folder (a different folder per call, 
 guard never sees the same call twice). Its own time is measured here, in this process, with the
 runner's own function on the same files through ``asyncio.to_thread`` as the runner calls it.
 
-Per call = (turn time - N x tool time) / N, the issue's figure; "marginal" takes a one-call turn
+Per call = (turn time - N x tool time) / N, the headline figure; "marginal" takes a one-call turn
 of the same shape off first, so the turn's fixed cost (transcript load, two model requests,
 turn end) is not spread over the calls. Turn time is server-side (turn.start -> turn.end ts).
 The event ts also split each call: tool.call -> policy.decision (guard), policy.decision ->

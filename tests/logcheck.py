@@ -1,4 +1,4 @@
-"""Checks of one session's event log against the state-machine table (DESIGN "the heart").
+"""Checks of one session's event log against the state-machine table (docs/design.md, "The session state machine").
 
 The log is the record every client reads, so the FIFO, no-overlap and fencing tests judge the
 system by it alone: they replay the queue events through the table and fail on the first event

@@ -1,4 +1,4 @@
-"""Issue 4: approval gates (ADR 0028, ADR-0067) — a pending approval stays open while Leads wait;
+"""Approval gates (docs/design.md, "The turn loop" 5-6) — a pending approval stays open while Leads wait;
 an answer may carry a message (deny+message redirects, allow+message augments) that becomes a
 real user message after the tool result; answering twice is 409 ``resolved``.
 

@@ -1,4 +1,4 @@
-"""Issue 7: ``cox chat``, the terminal client, driven by Textual's headless pilot against a real
+"""``cox chat``, the terminal client, driven by Textual's headless pilot against a real
 ``cox up``: every steering action by its key, approvals answered inline, /versions, /undo,
 /title, and assertions on what the screen shows. Screenshots (SVG) go to ``tests/artifacts/``.
 """

@@ -1,4 +1,4 @@
-"""Issue 7: the web console, driven in headless Chromium against a real ``cox up``.
+"""The web console, driven in headless Chromium against a real ``cox up``.
 
 A person's whole path, asserted on what the page shows: create a session, send, queue two,
 steer, Lead (and a Lead that fails to save), answer an approval with a message, Stop, the plan,
@@ -178,7 +178,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     page.press("#draft", "Control+l")
     expect(outbox(page, "lead", "pending")).to_have_count(1)
     expect(page.locator("#composer-note")).to_contain_text("Lead saved")
-    # The Lead waits: the pending approval stays open (ADR-0067).
+    # The Lead waits: the pending approval stays open.
     expect(card).to_be_visible()
     shot(page, "mid-turn")  # docs/console.png is this view
 

@@ -1,4 +1,4 @@
-"""Issue 5, guard: refusals, security confirms, standing approvals and settings, through HTTP.
+"""Guard: refusals, security confirms, standing approvals and settings, through HTTP.
 
 The stack runs with ``commands = "allow"`` so that whatever still reaches the person here does so
 because of a refusal or a security confirm, not because of the setting; every session turns the

@@ -1,4 +1,4 @@
-"""Issue 5, judge: the model judge against a real local OpenAI-compatible HTTP server, the rules
+"""The judge: the model judge against a real local OpenAI-compatible HTTP server, the rules
 judge, no judge, the don't-ask switch and standing approvals, through HTTP.
 
 The canned server (started by this module on a free port, configured as a provider) answers

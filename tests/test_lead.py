@@ -1,4 +1,4 @@
-"""Issue 4: Lead — saved durably, applied at the next safe boundary, never lost (DESIGN "A turn" 5-7).
+"""Lead — saved durably, applied at the next safe boundary, never lost (docs/design.md, "The turn loop" 5-8).
 
 Windows for a Lead to land in are made with the script model's ``delay_ms`` (generation time) and
 ``run_command`` ``sleep`` (an action in flight); ``Api.wait_type`` synchronises on events.

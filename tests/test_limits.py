@@ -1,4 +1,4 @@
-"""Issue 4: hard and soft limits, spend, and the plans of turns they end (DESIGN "A turn" 8-9).
+"""Hard and soft limits, spend, and the plans of turns they end (docs/design.md, "The turn loop").
 
 The stack here lowers the hard limits so a test reaches them quickly, sets a soft tool-call
 limit of 2 (a checkpoint that asks the person) and a priced copy of the script model so a turn

@@ -1,5 +1,5 @@
-"""Issue 4: the turn loop through the HTTP API — respond, observe, finish reasons, the progress
-guard, no round cap, titles and plans (DESIGN "A turn")."""
+"""The turn loop through the HTTP API — respond, observe, finish reasons, the progress
+guard, no round cap, titles and plans (docs/design.md, "The turn loop")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 4: real providers through pydantic-ai, against real HTTP model servers (tests/fake_providers.py).
+"""Real providers through pydantic-ai, against real HTTP model servers (tests/fake_providers.py).
 
 The OpenAI-compatible server streams chat-completion chunks with tool calls and a
 ``finish_reason: "length"`` case; the Anthropic one streams the messages API. Both refuse a

@@ -1,7 +1,7 @@
 """The session state machine, transition by transition, through HTTP on a two-runner stack.
 
 Each test drives one session and judges it by its event log (``logcheck.replay``): the table of
-DESIGN "Session state machine" for send / queue / steer / Stop / turn end, idle and busy, and
+docs/design.md "The session state machine" for send / queue / steer / Stop / turn end, idle and busy, and
 that a stopped or steered turn leaves no tool call without its result, whatever it was doing.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 5, versions and the Changes view, through HTTP against a real stack.
+"""Versions and the Changes view, through HTTP against a real stack.
 
 Keep before every write (git-aware), list, diff (numbered, deletion/empty/oversized as flags),
 restore and undo as writes, command snapshots (what ``run_command`` changed is kept and can be

@@ -1,4 +1,4 @@
-"""Issue 2: one real turn flows through every service, visible as events."""
+"""One real turn flows through every service, visible as events."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The v1 API (API.md) as the terminal chat uses it: JSON calls and a resuming event follower."""
+"""The v1 API (docs/api.md) as the terminal chat uses it: JSON calls and a resuming event follower."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Typed settings, read once per process: flags > environment > TOML file > defaults.
 
-The TOML file is the one API.md describes (``[approval]``, ``[judge]``, ``[limits]``,
+The TOML file is the one docs/api.md describes under Configuration (``[approval]``, ``[judge]``, ``[limits]``,
 ``[limits.soft]``, ``[lead]``, ``[model]``) plus a few operational tables (``[runner]``,
 ``[auth]``, ``[[model.providers]]``). Environment variables use the ``COX_`` prefix with ``__``
 between levels (``COX_LIMITS__TOOL_CALLS=50``); ``NATS_URL`` and ``REDIS_URL`` are honoured too.
@@ -66,7 +66,7 @@ class LimitsConfig(_Section):
         return None if value is None else float(value)
 
     def soft_value(self, name: str) -> float | None:
-        """A soft limit follows its hard one unless set lower (ADR 0035 §4); a spend limit may be soft only."""
+        """A soft limit follows its hard one unless set lower (so no checkpoint interrupts by default); a spend limit may be soft only."""
         hard = self.hard_value(name)
         soft = getattr(self.soft, name)
         if soft is None:

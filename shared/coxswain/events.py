@@ -17,7 +17,7 @@ Outcome = Literal[
     "hard_budget", "spend_limit", "stuck", "crashed",
 ]
 UNFINISHED: frozenset[str] = frozenset({"error", "stopped", "hard_budget", "spend_limit", "canceled", "crashed"})
-"""Outcomes whose plan is carried into the next turn (DESIGN: A turn, step 9)."""
+"""Outcomes whose plan is carried into the next turn (docs/design.md, The turn loop: Plan)."""
 SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", "canceled", "error"]
 """Why a tool call never started. ``approval``: an approval answer carried a message (a newer
 instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``: the turn ended so."""

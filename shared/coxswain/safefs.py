@@ -31,7 +31,7 @@ CREDENTIAL_DENYLIST: tuple[str, ...] = (
     "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ed25519*", "id_ecdsa*", "id_dsa*",
     ".env", ".env.*", "*.env",
 )
-"""Never read, written or versioned, whatever the settings (DESIGN: Policy, always refused)."""
+"""Never read, written or versioned, whatever the settings (docs/design.md, Policy: refused outright)."""
 
 
 def _matches(rel: str, patterns: tuple[str, ...]) -> str | None:

@@ -2,8 +2,8 @@
 
 Entering connects to NATS (and Redis when the service needs it) with bounded retries, registers
 the service with nats micro (``$SRV.PING.<name>`` answers health), subscribes the service's
-request-reply endpoints and starts its background tasks. Leaving shuts down in the order
-STYLE.md gives: stop taking work (unsubscribe) -> bounded wait for requests in flight -> cancel
+request-reply endpoints and starts its background tasks. Leaving shuts down in this order:
+stop taking work (unsubscribe) -> bounded wait for requests in flight -> cancel
 what is left -> await it -> the service's own cleanup -> drain NATS -> close Redis.
 Leaving twice is safe.
 

@@ -1,4 +1,4 @@
-"""The HTTP API of API.md. Reads come from Redis and JetStream; every change is a NATS request
+"""The HTTP API (docs/api.md). Reads come from Redis and JetStream; every change is a NATS request
 to a turn-runner (or versions), which decides it atomically in Redis."""
 
 from __future__ import annotations

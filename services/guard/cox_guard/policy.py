@@ -1,4 +1,4 @@
-"""Guard's policy for one tool call (DESIGN "Policy"), as a function of settings + request.
+"""Guard's policy for one tool call (docs/design.md, "Policy"), as a function of settings + request.
 
 Order, first match wins:
 

@@ -1,6 +1,6 @@
 """Taint: a command built from text the turn read in a tool result is a security confirm.
 
-The rule (DESIGN "Policy"; a prompt injection in a file or a command's output must not become a
+The rule (docs/design.md, "Policy"; a prompt injection in a file or a command's output must not become a
 command nobody looked at):
 
 1. Sources: the output of ``read_file`` and ``run_command`` in the running turn (the runner

@@ -1,4 +1,4 @@
-"""The judge service: decides ordinary command approvals (DESIGN "Policy").
+"""The judge service: decides ordinary command approvals (docs/design.md, "Policy").
 
 ``kind = "rules"`` (default) approves known read-only commands (a real shell parser, see
 :mod:`cox_judge.rules`); ``"model"`` asks a model for a structured verdict

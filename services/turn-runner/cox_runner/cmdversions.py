@@ -1,4 +1,4 @@
-"""What a command changes is versioned like a write (DESIGN "Versions"; issue 5).
+"""What a command changes is versioned like a write (docs/design.md, "Versions").
 
 Before an allowed ``run_command`` the versions service snapshots the workspace (a shadow git
 index); after it, the service keeps the previous content of every file the command created,

@@ -1,6 +1,6 @@
 """The approval gate of one tool call: guard, then the judge, then the person.
 
-DESIGN "Policy": guard decides allow/ask/refuse (pin, denylist, protected paths, credential
+docs/design.md, "Policy": guard decides allow/ask/refuse (pin, denylist, protected paths, credential
 content, taint, the writes/commands settings, standing approvals). An ``ask`` that is not a
 security confirm is answered by the don't-ask switch when it is on, else by the judge when guard
 routes it there; what the judge refuses or fails on goes to the person with the judge's answer.
@@ -169,7 +169,7 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
                      security: bool | None = None) -> GateOutcome:
     """Open an approval and wait for its answer (or Stop/steer, which dismisses it).
 
-    Leads saved meanwhile wait: the approval stays open (ADR-0067) and the loop applies them at
+    Leads saved meanwhile wait: the approval stays open (a Lead never dismisses it) and the loop applies them at
     the boundary after this call. Turning the don't-ask switch on answers a pending approval that
     is not a security confirm. Time spent here does not count against the turn's time limit.
     """

@@ -1,4 +1,4 @@
-"""The turn loop (DESIGN "A turn"): model request, tool calls, safe boundaries, limits, plan.
+"""The turn loop (docs/design.md, "The turn loop"): model request, tool calls, safe boundaries, limits, plan.
 
 One :class:`TurnLoop` runs one turn to its end and returns an :class:`Ending`; the drive
 (``drive.py``) records it and starts whatever waits next. There is no response-round cap: the
@@ -8,7 +8,7 @@ Safe boundaries are after each model response and after each tool call. At a bou
 Lead saved (read from Redis, so a late doorbell never makes a Lead miss one), the in-flight action
 has finished; the unstarted calls of the response are skipped (each still gets a result), the
 Leads become user messages and the next request goes out. An approval that is pending stays
-open while Leads wait (ADR-0067). An approval answered with a message is a newer instruction too:
+open while Leads wait (the person's question stays answerable). An approval answered with a message is a newer instruction too:
 the message is recorded right after the call's result and the rest of that response is skipped
 (reason ``approval``). Before the turn's final work Lead admission closes atomically with the
 check for pending Leads: a Lead saved before is applied and the turn goes on.
@@ -483,7 +483,8 @@ class TurnLoop:
         return False
 
     async def _user_message(self, text: str, message_id: str) -> None:
-        """An approval's message: a real user message, right after the tool result (ADR 0028)."""
+        """An approval's message: a real user message, right after the tool result (a model
+        heeds a user turn more reliably than a note inside a tool result)."""
         self.pending_user.append((text, "approval"))
         await self.emit(ev.UserMsg(**self._e(), message_id=message_id, text=text, via="approval"))
 
@@ -693,7 +694,7 @@ class TurnLoop:
 
     async def _soft_checks(self) -> None:
         """A soft limit set lower than its hard one is a checkpoint: the person is asked whether
-        the turn goes on (ADR 0035 §4). The don't-ask switch answers yes; no means ``canceled``."""
+        the turn goes on (docs/design.md, soft limits). The don't-ask switch answers yes; no means ``canceled``."""
         values = {"tool_calls": self.tool_calls, "tokens": self.tokens, "actions": self.actions,
                   "seconds": self.elapsed(), "spend": self.spend}
         for name, value in values.items():

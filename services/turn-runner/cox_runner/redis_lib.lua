@@ -196,7 +196,7 @@ local function cox_patch(keys, args)
       emit_t(base, sid, { type = 'title.set', title = v, source = 'manual' }, now)
     elseif f == 'model' then
       if is_busy then
-        -- applied before the next queued message runs (ADR 40 via ADR 0035 amendment)
+        -- applied before the next queued message runs, so that message runs on the model chosen
         redis.call('HSET', base, 'next_model', v)
         changes.next_model = v
       else

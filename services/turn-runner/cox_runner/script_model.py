@@ -174,7 +174,7 @@ def _finish(plan: Plan) -> Any:
 
 
 class ScriptModel(Model):
-    """A scripted model with no network and no key (API.md, "The script model")."""
+    """A scripted model with no network and no key (docs/api.md, "The script model")."""
 
     def __init__(self) -> None:
         super().__init__(profile=ModelProfile(supports_tools=True))

@@ -1,4 +1,4 @@
-"""The tools the model has (API.md): their definitions and how the workspace ones run.
+"""The tools the model has (docs/api.md, "Tools the model has"): their definitions and how the workspace ones run.
 
 Policy is not decided here (that is guard's, via ``gate``); these functions do the I/O once a
 call is allowed, through :mod:`coxswain.safefs` so every path is opened beneath the workspace.

@@ -1,4 +1,4 @@
-"""The Changes view: the latest change per file in a session (ADR 0035, 2026-10-05).
+"""The Changes view: the latest change per file in a session (docs/design.md, "Versions").
 
 The source is the session's event log, not the workspace: the log is written only by the
 runner holding the session's lease (through Redis), so a command cannot forge or edit a preview

@@ -1,4 +1,4 @@
-// The v1 API (API.md), as the console uses it. Every call sends the bearer token; an error
+// The v1 API (docs/api.md), as the console uses it. Every call sends the bearer token; an error
 // answer becomes an ApiError carrying the server's {error, detail}.
 
 export class ApiError extends Error {
