@@ -25,6 +25,7 @@ import httpx
 
 from cox.creds import Credentials
 from cox.servers import NatsServer, RedisServer, free_port
+from coxswain import events
 from coxswain.proc import die_with_parent
 
 from .containers import NatsContainer, RedisContainer, docker_available
@@ -186,7 +187,10 @@ class Api:
         r = self.http.get(f"/v1/sessions/{sid}/events", params={"format": "json", "after": after, "wait": wait},
                           timeout=wait + 30)
         assert r.status_code == 200, r.text
-        return list(r.json())
+        out = list(r.json())
+        for e in out:
+            check_event(e)
+        return out
 
     def all_events(self, sid: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -221,6 +225,14 @@ class Api:
                 return s
             time.sleep(0.05)
         raise AssertionError(f"session {sid} still busy after {timeout}s")
+
+
+def check_event(e: dict[str, Any]) -> None:
+    """Every event any process recorded (the Lua library's included) is one of the union's types
+    with exactly its fields: a field the contract does not know is a bug, not an extra."""
+    parsed = events.EVENT.validate_python(e)
+    unknown = set(e) - set(type(parsed).model_fields)
+    assert not unknown, f"{e['type']} event has fields the contract does not declare: {sorted(unknown)}: {e}"
 
 
 def tool(name: str, **args: Any) -> dict[str, Any]:

@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from cox_judge import rules
-
 from .flow import answer, call_ids, final_decision, next_approval, patch, respawn, result, run_turn
 from .stack import Api, Stack, script
 
@@ -278,13 +276,3 @@ def test_rules_judge_then_no_judge(stack: Stack, api: Api, canned: Canned) -> No
     evs = api.all_events(s["id"])
     assert final_decision(evs, call_ids(evs, "run_command")[-1])["actor"] == "person"
     respawn(stack, ["guard", "judge"], {"COX_JUDGE__KIND": "model"})
-
-
-def test_rules_units() -> None:
-    ok = ["ls -la", "cat a | grep x | wc -l", "git status", "git log --oneline -5", "git branch -a",
-          "sed -n 1,10p f", "echo hi 2>/dev/null", "head -n 5 f && tail f", "cat <<EOF\nhi\nEOF"]
-    bad = ["rm -rf x", "echo hi > f", "git branch -D x", "git diff --output=x", "sort -o out in",
-           'sed "s/a/b/w out" f', "sed -i s/a/b/ f", "ls $(whoami)", "find . -delete", "python3 x.py",
-           "X=1 ls", "sleep 1 &", "git tag v1", "uniq a b", "rg --pre=sh x"]
-    assert [c for c in ok if not rules.judge(c).ok] == []
-    assert [c for c in bad if rules.judge(c).ok] == []

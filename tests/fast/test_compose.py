@@ -14,7 +14,7 @@ import yaml
 
 from coxswain import access, subjects
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _schema() -> dict:  # type: ignore[type-arg]

@@ -1,0 +1,48 @@
+"""The Lua library speaks the Python contract: no server needed.
+
+The Redis functions (``redis_lib.lua``) build keys, events and error codes as plain strings. Each
+of those must be one the Python side knows: a key suffix of :mod:`coxswain.keys`, an event type
+of the union in :mod:`coxswain.events`, an error code the runner's store maps to a status and
+the gateway maps to HTTP. A typo on either side shows here in seconds, not as a 500 in a slow test.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from cox_runner import store
+from coxswain import errors, events, keys
+
+LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis_lib.lua").read_text()
+SUFFIXES = {v for k, v in vars(keys).items() if k.isupper() and isinstance(v, str) and v.startswith(":")}
+
+
+def test_every_key_suffix_the_lua_library_uses_is_a_python_key() -> None:
+    used = set(re.findall(r"base \.\. '(:[a-z_]+)'", LUA))
+    used |= set(re.findall(r"\['(:[a-z_]+)'\] = true", LUA))  # the suffixes cox_emit's ops may touch
+    assert used, "the pattern found no key suffix: the test no longer reads the library"
+    assert used <= SUFFIXES, f"key suffixes Lua uses that coxswain.keys lacks: {sorted(used - SUFFIXES)}"
+
+
+def test_the_global_keys_are_the_same_strings() -> None:
+    assert f"local LEASES = '{keys.LEASES}'" in LUA
+    assert f"local DIRTY = '{keys.DIRTY}'" in LUA
+    base = re.search(r"'(cox:s:\{)' \.\. sid \.\. '(\})'", LUA)
+    assert base is not None and base[1] + "x" + base[2] == keys.session("x")
+
+
+def test_every_event_the_lua_library_builds_is_in_the_union() -> None:
+    built = set(re.findall(r"type = '([a-z_.]+)'", LUA))
+    assert "turn.start" in built, "the pattern found no event: the test no longer reads the library"
+    assert built <= events.EVENT_TYPES, f"events Lua builds that the union lacks: {sorted(built - events.EVENT_TYPES)}"
+
+
+def test_every_error_code_the_lua_library_answers_has_a_status_and_a_class() -> None:
+    codes = set(re.findall(r"refuse\('([a-z_]+)'", LUA))
+    assert "busy" in codes, "the pattern found no refusal: the test no longer reads the library"
+    unmapped = {c for c in codes if store._status(c) == 500}
+    assert not unmapped, f"Lua error codes the runner's store maps to 500: {sorted(unmapped)}"
+    for code in codes:
+        err = errors.from_wire({"error": code, "detail": "x", "status": store._status(code)})
+        assert err.code == code and err.status == store._status(code), code

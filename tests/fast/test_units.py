@@ -1,0 +1,105 @@
+"""Units that need no server: the rules judge, the judge's confinement rule, guard's command
+policy, tool argument checks, the script model's parser and the sandbox's argv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cox_guard import policy
+from cox_judge import rules
+from cox_judge.service import confined_only
+from cox_runner import sandbox, tools
+from cox_runner.errors import SandboxUnavailable
+from cox_runner.script_model import ScriptError, parse_script
+from coxswain.config import SandboxConfig, Settings
+from coxswain.models import STANDING_NETWORK, CallSpec, GuardRequest, JudgeRequest, JudgeResult
+
+
+def test_rules_units() -> None:
+    ok = ["ls -la", "cat a | grep x | wc -l", "git status", "git log --oneline -5", "git branch -a",
+          "sed -n 1,10p f", "echo hi 2>/dev/null", "head -n 5 f && tail f", "cat <<EOF\nhi\nEOF"]
+    bad = ["rm -rf x", "echo hi > f", "git branch -D x", "git diff --output=x", "sort -o out in",
+           'sed "s/a/b/w out" f', "sed -i s/a/b/ f", "ls $(whoami)", "find . -delete", "python3 x.py",
+           "X=1 ls", "sleep 1 &", "git tag v1", "uniq a b", "rg --pre=sh x"]
+    assert [c for c in ok if not rules.judge(c).ok] == []
+    assert [c for c in bad if rules.judge(c).ok] == []
+
+
+def _judged(sandboxed: bool, network: bool) -> JudgeResult:
+    req = JudgeRequest(sid="s_1", workspace="/w", call=CallSpec(call_id="c", name="run_command",
+                                                                 args={"command": "ls"}),
+                       sandboxed=sandboxed, network=network)
+    return confined_only(req, JudgeResult(verdict="allow", score=1.0, reason="only read-only commands", kind="rules"))
+
+
+def test_the_judge_allows_unasked_only_what_runs_confined() -> None:
+    assert _judged(True, False).verdict == "allow"
+    net = _judged(True, True)
+    assert net.verdict == "refuse" and "network" in net.reason and net.reason.startswith("only read-only")
+    bare = _judged(False, False)
+    assert bare.verdict == "refuse" and "without a sandbox" in bare.reason
+
+
+def _guard(tmp_path: Path, args: dict[str, object], standing: list[str] | None = None, **cfg: object) -> object:
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    settings = Settings(root=tmp_path, sandbox=SandboxConfig(**cfg))  # type: ignore[arg-type]
+    return policy.check(settings, GuardRequest(sid="s_1", workspace=str(tmp_path / "ws"),
+                                               call=CallSpec(call_id="c", name="run_command", args=args),
+                                               standing=standing or []))
+
+
+def test_guard_makes_a_network_request_a_security_confirm_unless_granted(tmp_path: Path) -> None:
+    asked = _guard(tmp_path, {"command": "ls", "network": True})
+    assert (asked.verdict, asked.security, asked.route) == ("ask", True, "judge")  # type: ignore[attr-defined]
+    standing = _guard(tmp_path, {"command": "ls", "network": True}, [STANDING_NETWORK])
+    assert standing.security is False  # type: ignore[attr-defined]
+    config = _guard(tmp_path, {"command": "ls", "network": True}, network=True)
+    assert config.security is False  # type: ignore[attr-defined]
+    plain = _guard(tmp_path, {"command": "ls"})
+    assert plain.security is False  # type: ignore[attr-defined]
+
+
+def test_a_network_standing_approval_is_not_a_command_prefix(tmp_path: Path) -> None:
+    res = _guard(tmp_path, {"command": "network-tool --all"}, [STANDING_NETWORK])
+    assert res.actor != "standing"  # type: ignore[attr-defined]
+
+
+def test_tool_arguments_are_checked() -> None:
+    assert tools.check_args("run_command", {"command": "ls", "network": True}) is None
+    assert tools.check_args("run_command", {"command": "ls", "network": "yes"}) == "argument 'network' has the wrong type"
+    assert tools.check_args("run_command", {"command": "ls", "timeout_s": True}) is not None
+    assert tools.check_args("run_command", {"command": "ls", "timeout_s": 5}) is None
+    assert tools.check_args("nope", {}) is not None
+    assert tools.check_args("write_file", {"path": "a"}) == "missing argument 'content'"
+
+
+def test_the_script_model_parses_its_block() -> None:
+    steps = parse_script('go\n```script\n[{"text": "hi", "tools": [{"name": "list_dir", "args": {"path": "."}}]}]\n```')
+    assert steps is not None and steps[0].text == "hi" and steps[0].tools[0].name == "list_dir"
+    assert parse_script("no block") is None
+    with pytest.raises(ScriptError):
+        parse_script("```script\nnot json\n```")
+
+
+def test_the_sandbox_hides_what_others_may_not_read_in_etc(tmp_path: Path) -> None:
+    etc = tmp_path / "etc"
+    (etc / "open").mkdir(parents=True)
+    (etc / "open" / "public.conf").write_text("x")
+    (etc / "open" / "secret.key").write_text("x")
+    (etc / "open" / "secret.key").chmod(0o600)
+    (etc / "closed").mkdir()
+    (etc / "closed").chmod(0o700)
+    dirs, files = sandbox.hidden_in_etc(str(etc))
+    assert dirs == [str(etc / "closed")]
+    assert files == [str(etc / "open" / "secret.key")]
+
+
+def test_the_sandbox_fails_closed_without_bwrap(tmp_path: Path) -> None:
+    sb = sandbox.Sandbox(SandboxConfig(bwrap="no-such-bwrap-here"), ".coxswain")
+    with pytest.raises(SandboxUnavailable, match="not found"):
+        sb.argv(tmp_path, "true", network=False)
+    bare = sandbox.Sandbox(SandboxConfig(mode="none"), ".coxswain")
+    assert bare.argv(tmp_path, "true", network=False) == ["/bin/bash", "-c", "true"]
+    assert bare.status().available and not bare.confined
