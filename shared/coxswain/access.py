@@ -73,7 +73,7 @@ OWN_STREAM: Final = tuple(f"{_JS}.STREAM.{op}.{_STREAM}" for op in ("INFO", "CRE
 
 NATS: Final[Mapping[str, NatsPermissions]] = {
     GATEWAY: NatsPermissions(
-        publish=(subjects.rpc(RUNNER, "*"), *_rpcs(VERSIONS, "list", "diff", "changes"),
+        publish=(subjects.rpc(RUNNER, "*"), *_rpcs(VERSIONS, "list", "diff", "changes", "undo_target"),
                  subjects.rpc("*", "health"), *READ_EVENTS),
         subscribe=(*_serves(GATEWAY), *_calls(GATEWAY), subjects.EVENTS_WILDCARD),
     ),
