@@ -51,22 +51,80 @@ async def ensure_stream(js: JetStreamContext) -> None:
         await js.update_stream(cfg)
 
 
-async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: float = 5.0) -> None:
-    """Publish outbox entries (JSON strings holding ``seq``) in order, deduplicated by seq."""
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code when ``Nats-Expected-Last-Subject-Sequence`` does not hold."""
+CURSORS_MAX = 10_000
+
+
+class OutOfOrder(Exception):
+    """The stream's last event of the session is not the one before this batch: someone else
+    publishes the session now (or holds the events in between); this publisher stops."""
+
+
+Cursors = dict[str, tuple[int, int]]
+"""sid -> (event seq, stream seq) of the session's last event in the stream, as last seen."""
+
+
+async def last_in_stream(js: JetStreamContext, sid: str) -> tuple[int, int]:
+    """(event seq, stream seq) of the session's last event in the stream; (0, 0) if none."""
+    try:
+        msg = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.events(sid), direct=True)
+    except nats.js.errors.NotFoundError:
+        return 0, 0
+    return _seq_of(msg.data.decode() if msg.data else "{}"), int(msg.seq or 0)
+
+
+async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: float = 5.0,
+                  cursors: Cursors | None = None) -> int:
+    """Publish outbox entries (JSON strings holding ``seq``) in order; the last seq now in the stream.
+
+    Each publish is conditional (``Nats-Expected-Last-Subject-Sequence``): it lands only right
+    after the event before it. A lock can lapse while its publisher is paused or slow, and two
+    publishers of one session then run at once; unconditioned, they interleaved and the stream
+    held 465 before 448 (a reader skipping back never saw 448..464). Now the second one finds
+    the subject moved, stops (:class:`OutOfOrder`), and the log is in seq order, gap-free.
+    """
     subject = subjects.events(sid)
+    cursors = {} if cursors is None else cursors
+    pos = cursors.get(sid)
     for raw in entries:
         seq = _seq_of(raw)
-        await js.publish(subject, raw.encode(), timeout=timeout, headers={"Nats-Msg-Id": f"{sid}:{seq}"})
+        for attempt in (0, 1):
+            if pos is None or (seq != pos[0] + 1 and seq > pos[0]):
+                pos = await last_in_stream(js, sid)
+            if seq <= pos[0]:
+                break  # already in the stream (published by someone else, or before a crash)
+            if seq != pos[0] + 1:
+                cursors.pop(sid, None)
+                raise OutOfOrder(f"{sid}: the stream ends at seq {pos[0]}, this batch holds {seq}")
+            try:
+                ack = await js.publish(subject, raw.encode(), timeout=timeout, headers={
+                    "Nats-Msg-Id": f"{sid}:{seq}", "Nats-Expected-Last-Subject-Sequence": str(pos[1])})
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE or attempt:
+                    cursors.pop(sid, None)
+                    raise
+                pos = None  # another publisher moved the subject: look again
+                continue
+            pos = (seq, int(ack.seq))
+            break
+    if pos is not None:
+        if len(cursors) >= CURSORS_MAX:
+            cursors.clear()
+        cursors[sid] = pos
+    return pos[0] if pos is not None else 0
 
 
 def _seq_of(raw: str) -> int:
+    if not raw.startswith("{"):
+        return 0
     # The Lua library writes seq first: {"seq":N,...}; parse fully only if that ever changes.
     if raw.startswith('{"seq":'):
         end = raw.find(",", 7)
         if end > 0:
             with contextlib.suppress(ValueError):
                 return int(raw[7:end])
-    return int(json.loads(raw)["seq"])
+    return int(json.loads(raw).get("seq", 0))
 
 
 class EventFeed:

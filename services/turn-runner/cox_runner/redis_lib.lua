@@ -558,12 +558,20 @@ end
 
 -- ------------------------------------------------------------------ outbox publishing
 
--- The caller published the first n entries of the batch it was handed. ARGV: sid, owner, n
+-- The stream now holds the session's events up to seq last (published in order, so every one
+-- before it too). ARGV: sid, owner, last. Trimmed by seq, not by a count: a publisher whose
+-- lock lapsed under it can never drop an entry nobody published.
 local function cox_pub_done(keys, args)
   local base = keys[1]
-  local sid, owner, n = args[1], args[2], tonumber(args[3])
+  local sid, owner, last = args[1], args[2], tonumber(args[3])
   if redis.call('GET', base .. ':publock') ~= owner then return refuse('lost', 'publish lock lost') end
-  if n > 0 then redis.call('LTRIM', base .. ':outbox', n, -1) end
+  while true do
+    local head = redis.call('LINDEX', base .. ':outbox', 0)
+    if not head then break end
+    local seq = tonumber(string.match(head, '^{"seq":(%d+),'))
+    if seq == nil or seq > last then break end
+    redis.call('LPOP', base .. ':outbox')
+  end
   if redis.call('LLEN', base .. ':outbox') > 0 then
     redis.call('PEXPIRE', base .. ':publock', PUB_LOCK_MS)
     local out = { reply({ more = true }) }
