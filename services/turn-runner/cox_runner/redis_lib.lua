@@ -383,7 +383,8 @@ end
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
 -- then nops*4 op fields (op, suffix, field, value), then event bodies.
 -- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop); suffix in the allowed set.
-local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true }
+local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
+                  [':wip'] = true }
 local function cox_emit(keys, args)
   local base = keys[1]
   local sid, token, owner, nops = args[1], args[2], args[3], tonumber(args[4])
@@ -423,8 +424,12 @@ end
 
 -- Is token still the lease? For a side effect outside Redis (a file write), checked just before
 -- it. ARGV: sid, token
+-- Is token still the lease? ARGV: sid, token[, call_id, intent]. With an intent (a staged file
+-- write: {path, tmp, ...}), it is recorded in :wip under the same check, before the rename: a
+-- takeover finds it there and settles it (cox_runner.drive._settle_writes) before anything else.
 local function cox_fence(keys, args)
   if not hold(keys[1], args[2]) then return refuse('fenced', 'lease lost') end
+  if args[3] ~= nil and args[3] ~= '' then redis.call('HSET', keys[1] .. ':wip', args[3], args[4]) end
   return { reply({ ok = true }) }
 end
 
