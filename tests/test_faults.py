@@ -146,3 +146,35 @@ def test_paused_runner_writes_nothing_after_the_takeover(paused: Stack, trial: i
 def test_paused_runner_writes_nothing_after_the_takeover_repeated(paused: Stack, trial: int) -> None:
     with paused.client(timeout=60) as api:
         pause_trial(paused, api, trial)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Whatever is answered 202 can be recorded: size limits before acceptance.
+
+small = stack_fixture("faults-small", runners=1)
+
+
+def test_a_message_at_the_recordable_limit_runs_and_one_over_is_413(small: Stack) -> None:
+    from coxswain.events import MAX_TEXT_BYTES
+
+    with small.client(timeout=60) as api:
+        sid = api.create("size")["id"]
+        for text in ("/" * 600_000, "a" * 1_048_400, "a" * (MAX_TEXT_BYTES + 1),
+                     "/" * (MAX_TEXT_BYTES // 2) + "a"):
+            r = api.send(sid, text)
+            assert r.status_code == 413, (len(text), r.status_code, r.text[:300])
+            assert r.json()["error"] == "too_large" and str(MAX_TEXT_BYTES) in r.json()["detail"], r.text
+        assert api.session(sid)["busy"] is False, "nothing was accepted"
+        for text in ("a" * MAX_TEXT_BYTES, "/" * (MAX_TEXT_BYTES // 2)):
+            t0 = time.monotonic()
+            sent = ok(api.send(sid, text))
+            start = api.wait_type(sid, "turn.start", message_id=sent["message_id"], timeout=60)
+            end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=60)
+            measured("size.at_limit_turn_s", time.monotonic() - t0)
+            assert end["outcome"] == "completed", end
+            user = [e for e in log_of(api, sid) if e["type"] == "user.msg" and e["message_id"] == sent["message_id"]]
+            assert len(user) == 1 and user[0]["text"] == text, "the whole text is in the log"
+        # the log goes on: the next message runs
+        nxt = ok(api.send(sid, "after the large ones"))
+        st = api.wait_type(sid, "turn.start", message_id=nxt["message_id"], timeout=30)
+        assert api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=30)["outcome"] == "completed"

@@ -19,7 +19,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from . import subjects
+from . import events, subjects
 
 DUPLICATE_WINDOW_S = 300.0
 
@@ -98,7 +98,7 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
                 cursors.pop(sid, None)
                 raise OutOfOrder(f"{sid}: the stream ends at seq {pos[0]}, this batch holds {seq}")
             try:
-                ack = await js.publish(subject, raw.encode(), timeout=timeout, headers={
+                ack = await js.publish(subject, _recordable(raw), timeout=timeout, headers={
                     "Nats-Msg-Id": f"{sid}:{seq}", "Nats-Expected-Last-Subject-Sequence": str(pos[1])})
             except nats.js.errors.APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE or attempt:
@@ -113,6 +113,18 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
             cursors.clear()
         cursors[sid] = pos
     return pos[0] if pos is not None else 0
+
+
+def _recordable(raw: str) -> bytes:
+    """The entry, or when it is larger than the stream takes an ``event.omitted`` in its place
+    (same seq): a publish that can never succeed would block the session's log for good."""
+    data = raw.encode("utf-8", errors="surrogatepass")
+    if len(data) <= events.MAX_EVENT_BYTES:
+        return data
+    ev = json.loads(raw)
+    keep = {k: ev[k] for k in ("seq", "ts", "sid", "turn_id") if k in ev}
+    return json.dumps({**keep, "type": "event.omitted", "original_type": str(ev.get("type", "")),
+                       "bytes": len(data)}).encode()
 
 
 def _seq_of(raw: str) -> int:

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from coxswain import __version__, bus, eventlog, keys, session_view, subjects
 from coxswain.errors import Invalid, NotFound, Unavailable
+from coxswain.events import check_text
 from coxswain.ids import ID_RE
 from coxswain.models import (
     ApprovalAnswer,
@@ -111,6 +112,7 @@ def create_app(gw: Gateway) -> FastAPI:
     # ------------------------------------------------------------------ steering
     @app.post("/v1/sessions/{sid}/messages", status_code=202)
     async def send(sid: Sid, body: SendMessage, who: Principal) -> SendResult:
+        check_text(body.text)  # 413 before it travels: what is accepted must be recordable
         return await runner("send", SendCmd(principal=who, sid=sid, **body.model_dump()), SendResult)
 
     @app.post("/v1/sessions/{sid}/lead", status_code=202)
