@@ -151,7 +151,7 @@ def test_paused_runner_writes_nothing_after_the_takeover_repeated(paused: Stack,
 # ---------------------------------------------------------------------------------------------
 # 3. Whatever is answered 202 can be recorded: size limits before acceptance.
 
-small = stack_fixture("faults-small", runners=1)
+small = stack_fixture("faults-small", runners=1, config='[approval]\ncommands = "allow"\n')
 
 
 def test_a_message_at_the_recordable_limit_runs_and_one_over_is_413(small: Stack) -> None:
@@ -178,3 +178,23 @@ def test_a_message_at_the_recordable_limit_runs_and_one_over_is_413(small: Stack
         nxt = ok(api.send(sid, "after the large ones"))
         st = api.wait_type(sid, "turn.start", message_id=nxt["message_id"], timeout=30)
         assert api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=30)["outcome"] == "completed"
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. A cut command output counts what was cut, in the unit it names.
+
+def test_a_cut_command_output_counts_the_bytes_not_shown(small: Stack) -> None:
+    total = 1_224_895
+    with small.client(timeout=60) as api:
+        sid = api.create("cut")["id"]
+        sent = ok(api.send(sid, script({"tools": [{"name": "run_command",
+                                                   "args": {"command": f"head -c {total} /dev/zero | tr '\\0' x"}}]},
+                                       {"text": "done"})))
+        start = api.wait_type(sid, "turn.start", message_id=sent["message_id"], timeout=30)
+        api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=60)
+        res = next(e for e in log_of(api, sid) if e["type"] == "tool.result")
+        head, body = res["output"].split("\n", 1)
+        assert head == "exit code 0", head
+        shown = body.count("x")
+        note = body.rsplit("\n", 1)[-1]
+        assert note == f"[... {total - shown} more bytes of output not shown ({total} in all)]", note
