@@ -198,3 +198,34 @@ def test_a_cut_command_output_counts_the_bytes_not_shown(small: Stack) -> None:
         shown = body.count("x")
         note = body.rsplit("\n", 1)[-1]
         assert note == f"[... {total - shown} more bytes of output not shown ({total} in all)]", note
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. After Redis dies and comes back, writes work again by themselves, within seconds.
+
+def test_writes_from_12_sessions_after_redis_is_killed_and_restarted(small: Stack) -> None:
+    with small.client(timeout=60) as api:
+        sids = [api.create(f"redis-{i}")["id"] for i in range(12)]
+        for sid in sids:  # every service has pooled connections to the old server
+            st = api.wait_type(sid, "turn.start", message_id=ok(api.send(sid, script(
+                {"tools": [{"name": "write_file", "args": {"path": "before.txt", "content": "b"}}]},
+                {"text": "done"})))["message_id"])
+            api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=30)
+        small.redis.kill()
+        small.redis.start()
+        t0 = time.monotonic()
+        while True:  # the API answers again (the gateway retries its reads)
+            r = api.http.get(f"/v1/sessions/{sids[0]}")
+            if r.status_code == 200:
+                break
+            assert time.monotonic() - t0 < 30, r.text
+            time.sleep(0.1)
+        sent = [ok(api.send(sid, script(
+            {"tools": [{"name": "write_file", "args": {"path": f"after{j}.txt", "content": "a"}} for j in range(3)]},
+            {"text": "done"}))) for sid in sids]
+        for sid, s in zip(sids, sent, strict=True):
+            st = api.wait_type(sid, "turn.start", message_id=s["message_id"], timeout=30)
+            api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=60)
+        measured("redis_restart.writes_done_s", time.monotonic() - t0)
+        bad = [e["output"] for sid in sids for e in log_of(api, sid) if e["type"] == "tool.result" and not e["ok"]]
+        assert not bad, bad
