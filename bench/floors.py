@@ -56,7 +56,7 @@ def _probe(kind: str, n: int, warmup: int, procs: dict[str, psutil.Process], **k
 
 def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> dict[str, Any]:
     """Every floor, in turn, with nothing else running on the servers."""
-    nats_url, redis_url = servers.nats.url, servers.redis.url
+    nats_url, redis_url = servers.nats.admin_url, servers.redis.admin_url
     sp = servers.procs()
     responder = _spawn(["bench.floor.responder", "--nats", nats_url])
     port = free_port()

@@ -66,11 +66,11 @@ async def _js_bytes(url: str) -> int:
 
 
 async def measure(stack: Stack, pool: Pool, n: int, log: Any) -> dict[str, Any]:
-    r = aioredis.Redis.from_url(stack.servers.redis.url, decode_responses=True)
+    r = aioredis.Redis.from_url(stack.servers.redis.admin_url, decode_responses=True)
     try:
         rss0 = rss_mb(stack)
         mem0 = int((await r.info("memory"))["used_memory"])
-        js0 = await _js_bytes(stack.servers.nats.url)
+        js0 = await _js_bytes(stack.servers.nats.admin_url)
         t0 = time.perf_counter()
         sessions = await session.create(pool, n, "mem", concurrency=32, timeout=1200)
         create_s = time.perf_counter() - t0
@@ -80,15 +80,15 @@ async def measure(stack: Stack, pool: Pool, n: int, log: Any) -> dict[str, Any]:
         rss1 = rss_mb(stack)
         sample = sids[:SAMPLE]
         red1 = await _redis_state(r, sample)
-        js1 = await _js_bytes(stack.servers.nats.url)
+        js1 = await _js_bytes(stack.servers.nats.admin_url)
         log(f"  memory: {n} sessions in {create_s:.1f}s; redis +{(red1['used_memory'] - mem0) / n:.0f} B/session")
         turned = sample[:100]
         for sid in turned:
             await session.send(pool, sid, "hello")
-        await wait_all_idle(stack.servers.redis.url, turned, 120)
+        await wait_all_idle(stack.servers.redis.admin_url, turned, 120)
         await _wait_published(r)
         red2 = await _redis_state(r, turned)
-        js2 = await _js_bytes(stack.servers.nats.url)
+        js2 = await _js_bytes(stack.servers.nats.admin_url)
     finally:
         await r.aclose()
     return {

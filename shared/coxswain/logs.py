@@ -33,3 +33,21 @@ def setup(service: str, level: str = "info") -> None:
 def get(name: str | None = None, **bound: Any) -> Any:
     log = structlog.get_logger(name) if name else structlog.get_logger()
     return log.bind(**bound) if bound else log
+
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for a log line: the password of ``user:pass@`` (or a lone token) is ``***``.
+
+    A comma-separated list of URLs is redacted one by one; an ``@`` anywhere after the scheme
+    counts as the end of the user part, so an unescaped one never leaves a password behind.
+    """
+    if "," in url:
+        return ",".join(redact_url(part) for part in url.split(","))
+    scheme, sep, rest = url.rpartition("://")
+    userinfo, at, hostport = rest.rpartition("@")
+    if not at:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:***" if colon else "***"
+    return f"{scheme}{sep}{shown}@{hostport}"

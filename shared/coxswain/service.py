@@ -30,7 +30,7 @@ import redis.exceptions
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from . import __version__, bus, logs, subjects
 from .config import Settings
@@ -46,8 +46,14 @@ REDIS_MAX_CONNECTIONS = 256
 REDIS_POOL_WAIT_S = 10.0
 
 
-async def connect_nats(url: str, name: str, log: Any) -> Client:
-    """Connect with bounded retries (a log line each); afterwards nats-py reconnects forever."""
+async def connect_nats(
+    url: str, name: str, log: Any, *, user: str | None = None, password: str | None = None,
+    inbox_prefix: str = "_INBOX",
+) -> Client:
+    """Connect with bounded retries (a log line each); afterwards nats-py reconnects forever.
+
+    ``user``/``password`` win over a ``user:pass@`` in ``url``; the URL is logged redacted.
+    """
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats.error", error=repr(exc))
@@ -58,29 +64,40 @@ async def connect_nats(url: str, name: str, log: Any) -> Client:
     async def on_reconnect() -> None:
         log.info("nats.reconnected")
 
+    shown = logs.redact_url(url)
     last: Exception | None = None
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
             return await nats.connect(
                 url, name=name, connect_timeout=2, allow_reconnect=True, max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25, error_cb=on_error, disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnect,
+                reconnected_cb=on_reconnect, user=user, password=password, inbox_prefix=inbox_prefix,
             )
         except Exception as exc:  # noqa: BLE001 - any failure to connect is retried, then reported
             last = exc
-            log.warning("nats.connect_failed", url=url, attempt=attempt, error=repr(exc))
+            log.warning("nats.connect_failed", url=shown, attempt=attempt, error=repr(exc))
             await asyncio.sleep(CONNECT_WAIT_S)
-    raise Unavailable(f"could not connect to NATS at {url}: {last!r}")
+    raise Unavailable(f"could not connect to NATS at {shown}: {last!r}")
 
 
-async def connect_redis(url: str, log: Any) -> aioredis.Redis:
-    """A Redis client, checked with PING under bounded retries."""
+async def connect_redis(
+    url: str, log: Any, *, user: str | None = None, password: str | None = None
+) -> aioredis.Redis:
+    """A Redis client, checked with PING under bounded retries.
+
+    ``user``/``password`` win over a ``user:pass@`` in ``url``; the URL is logged redacted.
+    """
+    shown = logs.redact_url(url)
+    auth: dict[str, str] = {}
+    if password is not None:
+        url = _without_userinfo(url)  # redis-py lets the URL's credentials win over arguments
+        auth = {"password": password, **({"username": user} if user else {})}
     # redis-py 8's default pool refuses the 101st concurrent command ("Too many connections")
     # instead of waiting for a free connection: a runner driving ~100 sessions at once answered
     # sends with 503 and missed lease renewals (turns ended "crashed"). Wait, bounded, instead.
     pool = aioredis.BlockingConnectionPool.from_url(
         url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_POOL_WAIT_S, decode_responses=True,
-        socket_connect_timeout=2, socket_timeout=5, health_check_interval=5,
+        socket_connect_timeout=2, socket_timeout=5, health_check_interval=5, **auth,
     )
     client = aioredis.Redis.from_pool(pool)
     last: Exception | None = None
@@ -90,10 +107,15 @@ async def connect_redis(url: str, log: Any) -> aioredis.Redis:
             return client
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             last = exc
-            log.warning("redis.connect_failed", url=url, attempt=attempt, error=repr(exc))
+            log.warning("redis.connect_failed", url=shown, attempt=attempt, error=repr(exc))
             await asyncio.sleep(CONNECT_WAIT_S)
     await client.aclose()
-    raise Unavailable(f"could not connect to Redis at {url}: {last!r}")
+    raise Unavailable(f"could not connect to Redis at {shown}: {last!r}")
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return scheme + sep + rest.rpartition("@")[2] if sep else url
 
 
 class Service:
@@ -139,9 +161,15 @@ class Service:
     # ------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> Service:
         try:
-            self._nc = await connect_nats(self.settings.nats_url, self.instance, self.log)
+            s = self.settings
+            self._nc = await connect_nats(
+                s.nats_url, self.instance, self.log, user=s.nats_user, password=_secret(s.nats_password),
+                inbox_prefix=subjects.inbox(self.name),
+            )
             if self.uses_redis:
-                self._redis = await connect_redis(self.settings.redis_url, self.log)
+                self._redis = await connect_redis(
+                    s.redis_url, self.log, user=s.redis_user, password=_secret(s.redis_password)
+                )
             self._micro = await nats.micro.add_service(
                 self._nc, name=self.name, version=__version__, description=f"coxswain {self.name}",
                 metadata={"instance": self.instance},
@@ -301,6 +329,10 @@ class Service:
         detail = await self.health()
         detail.update(instance=self.instance, uptime_s=round(time.time() - self.started_at, 1))
         return Health(service=self.name, ok=True, detail=detail)
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
 
 
 def _short(exc: ValidationError) -> str:

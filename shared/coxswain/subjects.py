@@ -5,6 +5,7 @@ Layout:
     cox.ctl.<runner_id>        doorbell to the runner that holds a session's lease
     cox.ev.<sid>               a session's events, stored in the COX_EVENTS JetStream stream
     $SRV.PING.<service>        health (nats micro), one reply per replica
+    _INBOX.<service>.>         replies to a service's own requests (no other service may read them)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .ids import check_id
 
 EVENTS_STREAM: Final = "COX_EVENTS"
 EVENTS_WILDCARD: Final = "cox.ev.>"
+CONTROL_WILDCARD: Final = "cox.ctl.*"
 
 GATEWAY: Final = "gateway"
 RUNNER: Final = "turn-runner"
@@ -47,3 +49,9 @@ def events(sid: str) -> str:
 def ping(service: str) -> str:
     """nats micro's PING subject for every replica of ``service``."""
     return f"$SRV.PING.{service}"
+
+
+def inbox(service: str) -> str:
+    """The inbox prefix of ``service``'s connection: its NATS user may subscribe only below it,
+    so no other service can read the replies it is sent (approvals, versions, events)."""
+    return f"_INBOX.{service}"

@@ -1,0 +1,165 @@
+"""Who may do what on the servers: each service's NATS subject permissions and Redis ACL.
+
+Every service connects as its own user, named after the service; ``admin`` has every right (for
+``cox up``'s operator, the tests and the bench). Nobody else gets in: nats-server refuses a
+connection without a known user, and Redis answers ``NOAUTH`` to a client that has not logged in.
+
+NATS. A service may subscribe to its own request subjects (``cox.rpc.<service>.*``), to nats
+micro's ``$SRV`` subjects for it and to its own inbox (``_INBOX.<service>.>``, see
+:func:`coxswain.subjects.inbox`); it answers what it is asked (``allow_responses``) and publishes
+only the requests it makes. Only the runner publishes events (``cox.ev.>``), rings doorbells
+(``cox.ctl.*``) and owns the events stream; the gateway and versions read a session's events
+through ephemeral consumers filtered on its subject. Guard and judge publish nothing but replies.
+
+Redis. The gateway reads sessions; versions reads sessions and owns its MAC key; the runner
+reads and writes sessions and the global indexes, loads and calls the function library, and can
+neither read the versions key nor run an administrative command. ``default`` is admin under
+another name (see :func:`redis_users` for why it is not off).
+
+The same tables configure the servers ``cox up`` and the tests start (``cox.servers``) and the
+compose file (``deploy/nats.conf``, the redis command in ``docker-compose.yml``; a test keeps
+them equal).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from . import keys, subjects
+from .subjects import GATEWAY, GUARD, JUDGE, RUNNER, VERSIONS
+
+ADMIN: Final = "admin"
+NATS_USERS: Final = (ADMIN, *subjects.SERVICES)
+REDIS_USERS: Final = (ADMIN, GATEWAY, RUNNER, VERSIONS)
+"""Guard and judge do not use Redis, so they have no user there."""
+
+
+@dataclass(frozen=True)
+class NatsPermissions:
+    publish: tuple[str, ...]
+    """Subjects it may publish to; empty: none but replies to what it received."""
+    subscribe: tuple[str, ...]
+
+
+def _rpcs(service: str, *ops: str) -> tuple[str, ...]:
+    return tuple(subjects.rpc(service, op) for op in ops)
+
+
+def _serves(service: str) -> tuple[str, ...]:
+    """Its request subjects and nats micro's (``$SRV.PING``, ``$SRV.PING.<name>[.<id>]``, ...)."""
+    return (subjects.rpc(service, "*"), "$SRV.*", f"$SRV.*.{service}", f"$SRV.*.{service}.*")
+
+
+def _calls(service: str) -> tuple[str, ...]:
+    """The replies to its own requests (and the messages its JetStream consumers deliver)."""
+    return (f"{subjects.inbox(service)}.>",)
+
+
+_JS = "$JS.API"
+_STREAM = subjects.EVENTS_STREAM
+READ_EVENTS: Final = (
+    # nats-py names the consumer and puts its filter in the subject: only cox.ev.<sid> filters.
+    f"{_JS}.CONSUMER.CREATE.{_STREAM}.*.{subjects.EVENTS_WILDCARD}",
+    f"{_JS}.CONSUMER.MSG.NEXT.{_STREAM}.*",
+    f"{_JS}.CONSUMER.DELETE.{_STREAM}.*",
+)
+"""The JetStream API an events reader uses (``eventlog.EventFeed``)."""
+OWN_STREAM: Final = tuple(f"{_JS}.STREAM.{op}.{_STREAM}" for op in ("INFO", "CREATE", "UPDATE"))
+"""``eventlog.ensure_stream``: never DELETE, PURGE or MSG.DELETE."""
+
+NATS: Final[Mapping[str, NatsPermissions]] = {
+    GATEWAY: NatsPermissions(
+        publish=(subjects.rpc(RUNNER, "*"), *_rpcs(VERSIONS, "list", "diff", "changes"),
+                 subjects.rpc("*", "health"), *READ_EVENTS),
+        subscribe=(*_serves(GATEWAY), *_calls(GATEWAY), subjects.EVENTS_WILDCARD),
+    ),
+    RUNNER: NatsPermissions(
+        publish=(*_rpcs(GUARD, "check"), *_rpcs(JUDGE, "decide"),
+                 *_rpcs(VERSIONS, "keep", "restore", "undo", "diff", "snapshot", "after"),
+                 subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM, *READ_EVENTS),
+        subscribe=(*_serves(RUNNER), *_calls(RUNNER), subjects.CONTROL_WILDCARD),
+    ),
+    GUARD: NatsPermissions(publish=(), subscribe=_serves(GUARD)),
+    JUDGE: NatsPermissions(publish=(), subscribe=_serves(JUDGE)),
+    VERSIONS: NatsPermissions(publish=READ_EVENTS, subscribe=(*_serves(VERSIONS), *_calls(VERSIONS))),
+}
+
+
+def nats_string(value: str) -> str:
+    """``value`` as a quoted string of nats-server's config."""
+    return json.dumps(value)
+
+
+def nats_authorization(passwords: Mapping[str, str]) -> str:
+    """The ``authorization`` block of nats-server's config: ``admin`` and a user per service.
+
+    ``passwords`` maps each of :data:`NATS_USERS` to its password as the config spells it: a
+    quoted string (:func:`nats_string`) or a variable reference (``$COX_GATEWAY_PASSWORD``).
+    """
+    out = ["authorization {", "  users = ["]
+    for user in NATS_USERS:
+        head = f"    {{user: {nats_string(user)}, password: {passwords[user]}"
+        perms = NATS.get(user)
+        if perms is None:
+            out.append(head + "}")
+            continue
+        out.append(head + ", permissions: {")
+        if perms.publish:
+            out.append(f"      publish: {{allow: {_list(perms.publish)}}}")
+        out.append(f"      subscribe: {{allow: {_list(perms.subscribe)}}}")
+        out.append("      allow_responses: true")
+        out.append("    }}")
+    out += ["  ]", "}"]
+    return "\n".join(out) + "\n"
+
+
+def _list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(nats_string(i) for i in items) + "]"
+
+
+_SESSIONS = f"{keys.PREFIX}:s:*"
+_PRINCIPALS = f"{keys.PREFIX}:p:*"
+_CONNECTION = ("resetchannels", "-@all", "+@connection")
+
+REDIS: Final[Mapping[str, tuple[str, ...]]] = {
+    ADMIN: ("~*", "&*", "+@all"),
+    GATEWAY: (f"%R~{_SESSIONS}", f"%R~{_PRINCIPALS}", *_CONNECTION, "+@read", "+@transaction", "-@dangerous"),
+    VERSIONS: (f"%R~{_SESSIONS}", f"~{keys.VERSIONS_MAC_KEY}", *_CONNECTION, "+@read", "+set", "-@dangerous"),
+    RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{keys.LEASES}", f"~{keys.DIRTY}", *_CONNECTION,
+             "+@read", "+@write", "+@transaction", "+fcall", "+function|load", "+time", "-@dangerous",
+             # the runner's start-up check that Redis fsyncs every write (appendfsync always)
+             "+config|get"),
+}
+"""ACL rules per user (after ``on`` and its password). ``-@dangerous`` comes after the
+categories it trims (KEYS, FLUSHALL, CONFIG SET, ACL, DEBUG, ...)."""
+
+
+def redis_password_hash(password: str) -> str:
+    """An ACL password spec that holds only the password's SHA-256 (``#<hex>``)."""
+    return "#" + hashlib.sha256(password.encode()).hexdigest()
+
+
+def redis_users(passwords: Mapping[str, str]) -> list[list[str]]:
+    """Every ACL user as ``[name, rule, ...]``, ``default`` first.
+
+    ``passwords`` maps each of :data:`REDIS_USERS` to an ACL password spec: ``#<sha256>``
+    (:func:`redis_password_hash`) or ``>password``.
+
+    ``default`` is admin under another name (admin's password and rights), not off: Redis
+    replays its append-only file as ``default`` and refuses a replayed MULTI/EXEC (every runner
+    transition: a function call's writes are logged as one) that ``default`` may not run, so a
+    restart would silently lose them (redis/redis#14541, fixed after 7.4). A client without
+    credentials still gets ``NOAUTH``.
+    """
+    users = [["default", "on", passwords[ADMIN], *REDIS[ADMIN]]]
+    users += [[user, "on", passwords[user], *REDIS[user]] for user in REDIS_USERS]
+    return users
+
+
+def redis_user_args(passwords: Mapping[str, str]) -> list[str]:
+    """:func:`redis_users` as ``redis-server`` arguments (``--user NAME on ...`` each)."""
+    return [arg for user in redis_users(passwords) for arg in ("--user", *user)]
