@@ -8,16 +8,23 @@ printed (run with ``-s``); the heaviest repetitions are marked ``long`` (``./dev
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
+import socket
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
+import psutil
 import pytest
 
 from .logcheck import log_of, replay
 from .runners import records
-from .stack import Api, Stack, script, stack_fixture
+from .stack import OTHER_TOKEN, TOKEN, Api, Stack, script, stack_fixture
 
 pytestmark = pytest.mark.faults
 
@@ -229,3 +236,203 @@ def test_writes_from_12_sessions_after_redis_is_killed_and_restarted(small: Stac
         measured("redis_restart.writes_done_s", time.monotonic() - t0)
         bad = [e["output"] for sid in sids for e in log_of(api, sid) if e["type"] == "tool.result" and not e["ok"]]
         assert not bad, bad
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. A slow event reader hurts only itself: 200 readers that never read, one session's big turn.
+
+IDLE_READERS = 200
+FILES = 10
+FILE_BYTES = 60_000
+STREAMS_CONFIG = '[approval]\ncommands = "allow"\n[gateway]\nmax_streams_per_principal = 250\n'
+
+streams = stack_fixture("faults-streams", runners=2, config=STREAMS_CONFIG)
+
+
+def idle_reader(port: int, sid: str, after: int = 0) -> socket.socket:
+    """An SSE client that connects, asks, and never reads a byte (a 2 KB receive buffer)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET /v1/sessions/{sid}/events?after={after} HTTP/1.1\r\nHost: t\r\n"
+              f"Authorization: Bearer {TOKEN}\r\nAccept: text/event-stream\r\n\r\n".encode())
+    return s
+
+
+class SseReader(threading.Thread):
+    """A normal SSE client: reads as fast as events come and notes each seq (and when)."""
+
+    def __init__(self, url: str, sid: str, after: int, until: Callable[[dict[str, Any]], bool],
+                 token: str = TOKEN) -> None:
+        super().__init__(daemon=True)
+        self.url, self.sid, self.after, self.until, self.token = url, sid, after, until, token
+        self.seqs: list[int] = []
+        self.done = threading.Event()
+        self.error = ""
+        self.statuses: list[int] = []
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("GET", f"{self.url}/v1/sessions/{self.sid}/events",
+                              params={"after": self.after}, headers={"Authorization": f"Bearer {self.token}"},
+                              timeout=httpx.Timeout(120, connect=10)) as r:
+                self.statuses.append(r.status_code)
+                if r.status_code != 200:
+                    self.error = r.read().decode()
+                    return
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        ev = json.loads(line[6:])
+                        self.seqs.append(int(ev["seq"]))
+                        if self.until(ev):
+                            return
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            self.error = repr(exc)
+        finally:
+            self.done.set()
+
+
+class Sampler(threading.Thread):
+    """/healthz statuses and the gateway's RSS, every 0.2 s, until stopped."""
+
+    def __init__(self, stack: Stack) -> None:
+        super().__init__(daemon=True)
+        self.stack = stack
+        self.stop = threading.Event()
+        self.health: list[int] = []
+        self.rss: list[int] = []
+
+    def run(self) -> None:
+        gw = psutil.Process(self.stack.procs["gateway"].pid)
+        while not self.stop.is_set():
+            with contextlib.suppress(psutil.Error):
+                self.rss.append(gw.memory_info().rss)
+            try:
+                self.health.append(httpx.get(self.stack.url + "/healthz", timeout=5).status_code)
+            except httpx.HTTPError:
+                self.health.append(0)
+            self.stop.wait(0.2)
+
+
+def metric(stack: Stack, name: str) -> float:
+    text = httpx.get(stack.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and (line[len(name)] in " {"))
+
+
+def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack) -> None:
+    with streams.client(timeout=60) as api:
+        sid = api.create("streams-big")["id"]
+        other = api.create("streams-other")["id"]
+        ws = Path(api.session(sid)["workspace"])
+        ws.mkdir(parents=True, exist_ok=True)
+        for i in range(FILES):
+            (ws / f"big{i}.txt").write_text((f"line {i} " + "x" * 90 + "\n") * (FILE_BYTES // 100))
+        before = metric(streams, "cox_event_streams")
+        base_rss = psutil.Process(streams.procs["gateway"].pid).memory_info().rss / 2**20
+        measured("streams.gateway_rss_before_mb", base_rss)
+        idle = [idle_reader(streams.port, sid) for _ in range(IDLE_READERS)]
+        try:
+            t0 = time.monotonic()
+            while metric(streams, "cox_event_streams") < before + IDLE_READERS:
+                assert time.monotonic() - t0 < 30, "the idle readers' streams are open"
+                time.sleep(0.2)
+            sampler = Sampler(streams)
+            sampler.start()
+            start = api.session(sid)["last_seq"]
+            reader = SseReader(streams.url, sid, start, lambda e: e["type"] == "turn.end")
+            reader.start()
+            time.sleep(0.5)
+            t_send = time.monotonic()
+            ok(api.send(sid, script(
+                {"tools": [{"name": "read_file", "args": {"path": f"big{i}.txt"}} for i in range(FILES)]},
+                {"text": "read them all"})))
+            time.sleep(0.3)  # the big turn is under way: now a turn of another session
+            t_other = time.monotonic()
+            other_sent = ok(api.send(other, "a small turn"))
+            st = api.wait_type(other, "turn.start", message_id=other_sent["message_id"], timeout=60)
+            api.wait_type(other, "turn.end", turn_id=st["turn_id"], timeout=60)
+            other_s = time.monotonic() - t_other
+            measured("streams.other_session_turn_s", other_s)
+            assert reader.done.wait(60), f"the normal reader got {len(reader.seqs)} events, then nothing"
+            reader_s = time.monotonic() - t_send
+            measured("streams.normal_reader_all_s", reader_s)
+            # Idle readers are dropped: their buffer overflowed, or their socket stalled a send.
+            t1 = time.monotonic()
+            while metric(streams, "cox_event_streams_dropped_total") < IDLE_READERS * 0.9:
+                if time.monotonic() - t1 > 40:
+                    break
+                time.sleep(0.5)
+            measured("streams.drops_after_turn_s", time.monotonic() - t1)
+            sampler.stop.set()
+            sampler.join(10)
+            # A dropped reader's connection is closed (aborted): reading it ends, at once.
+            closed = 0
+            for s in idle[:5]:
+                s.settimeout(5)
+                with contextlib.suppress(ConnectionResetError):
+                    while s.recv(65536):
+                        pass
+                closed += 1
+            assert closed == 5
+        finally:
+            for s in idle:
+                s.close()
+        assert not reader.error, reader.error
+        evs = api.all_events(sid)
+        end = next(e["seq"] for e in evs if e["type"] == "turn.end" and e["seq"] > start)
+        want = [e["seq"] for e in evs if start < e["seq"] <= end]
+        assert reader.seqs == want, (f"the normal reader got {len(reader.seqs)} events "
+                                     f"{reader.seqs[:3]}..{reader.seqs[-3:]}, want {want[0]}..{want[-1]}")
+        assert reader_s < 20, f"the normal reader had every event {reader_s:.1f}s after the send"
+        assert other_s < 3, f"another session's turn took {other_s:.1f}s"
+        bad = [h for h in sampler.health if h != 200]
+        assert not bad, f"/healthz answered {bad} ({len(bad)} of {len(sampler.health)})"
+        peak = max(sampler.rss) / 2**20
+        measured("streams.gateway_rss_peak_mb", peak)
+        assert peak < base_rss + 200, f"the gateway's RSS reached {peak:.0f} MB (from {base_rss:.0f} MB)"
+        dropped = metric(streams, "cox_event_streams_dropped_total")
+        measured("streams.dropped", dropped)
+        assert dropped >= IDLE_READERS * 0.9, f"only {dropped} of {IDLE_READERS} idle readers were dropped"
+        logged = [r for r in records(streams, "gateway") if r.get("event") == "stream.dropped"]
+        assert len(logged) >= IDLE_READERS * 0.9, f"{len(logged)} stream.dropped lines in the gateway's log"
+        # Nothing of the idle readers is left: every stream and session subscription is closed.
+        t2 = time.monotonic()
+        while metric(streams, "cox_event_streams") > before or metric(streams, "cox_event_subscriptions") > 0:
+            assert time.monotonic() - t2 < 20, "the dropped streams are closed"
+            time.sleep(0.2)
+
+
+def test_a_principal_has_at_most_max_streams_per_principal(streams: Stack) -> None:
+    limit = 250
+    with streams.client(timeout=60) as api, streams.client(token=OTHER_TOKEN) as other:
+        sid = api.create("streams-limit")["id"]
+        socks = [idle_reader(streams.port, sid) for _ in range(limit)]
+        try:
+            t0 = time.monotonic()
+            while metric(streams, "cox_event_streams") < limit:
+                assert time.monotonic() - t0 < 30, "the readers' streams are open"
+                time.sleep(0.2)
+            r = api.http.get(f"/v1/sessions/{sid}/events", params={"after": 0})
+            assert r.status_code == 429, r.text[:300]
+            assert r.json()["error"] == "too_many_streams" and str(limit) in r.json()["detail"], r.text
+            r = api.http.get(f"/v1/sessions/{sid}/events", params={"format": "json", "wait": 1})
+            assert r.status_code == 429 and r.json()["error"] == "too_many_streams", r.text[:300]
+            assert api.http.get(f"/v1/sessions/{sid}/events", params={"format": "json"}).status_code == 200
+            # another principal is not limited by this one's streams
+            osid = other.create("streams-limit-other")["id"]
+            with other.http.stream("GET", f"/v1/sessions/{osid}/events") as r2:
+                assert r2.status_code == 200
+        finally:
+            for s in socks[:10]:
+                s.close()
+        # a closed stream gives its place back
+        t1 = time.monotonic()
+        while True:
+            r = api.http.get(f"/v1/sessions/{sid}/events", params={"format": "json", "wait": 0.1})
+            if r.status_code == 200:
+                break
+            assert time.monotonic() - t1 < 20, r.text
+            time.sleep(0.2)
+        for s in socks[10:]:
+            s.close()
