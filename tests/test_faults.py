@@ -22,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from .coxup import CoxUp, cox_up
 from .logcheck import log_of, replay
 from .runners import records
 from .stack import OTHER_TOKEN, TOKEN, Api, Stack, script, stack_fixture
@@ -436,3 +437,65 @@ def test_a_principal_has_at_most_max_streams_per_principal(streams: Stack) -> No
             time.sleep(0.2)
         for s in socks[10:]:
             s.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. cox up restarts the NATS and Redis servers it started: same port, data and credentials.
+
+def listen_port(p: psutil.Process) -> int:
+    ports = [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    assert ports, f"{p.name()} listens on no port"
+    return min(ports)
+
+
+def server_child(up: CoxUp, binary: str) -> psutil.Process | None:
+    assert up.proc is not None
+    for p in psutil.Process(up.proc.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE and p.name() == binary:
+                return p
+    return None
+
+
+def test_cox_up_restarts_its_nats_and_redis_killed_with_sigkill(tmp_path: Path) -> None:
+    with cox_up(tmp_path / "up", runners=1) as up, up.client() as api:
+        sid = api.create("servers")["id"]
+        # A turn that runs through the kill, and a message queued behind it: both answered 202.
+        first = ok(api.send(sid, script({"delay_ms": 4000, "text": "slow"}, {"text": "first done"})))
+        api.wait_type(sid, "turn.start", message_id=first["message_id"], timeout=30)
+        queued = ok(api.send(sid, script({"tools": [{"name": "write_file", "args": {"path": "q.txt", "content": "q"}}]},
+                                         {"text": "queued done"}), mode="queue"))
+        assert queued["disposition"] == "queued", queued
+        old = {b: server_child(up, b) for b in ("redis-server", "nats-server")}
+        ports = {b: listen_port(p) for b, p in old.items() if p is not None}
+        assert len(ports) == 2, old
+        for p in old.values():
+            assert p is not None
+            p.kill()
+        t0 = time.monotonic()
+        back: dict[str, float] = {}
+        while len(back) < 2:
+            assert time.monotonic() - t0 < 30, f"not restarted within 30 s: {set(ports) - set(back)}"
+            for b, port in ports.items():
+                p = server_child(up, b)
+                if b not in back and p is not None and p.pid != old[b].pid:  # type: ignore[union-attr]
+                    with contextlib.suppress(AssertionError, psutil.Error):
+                        if listen_port(p) == port:
+                            back[b] = time.monotonic() - t0
+            time.sleep(0.05)
+        for b, s in back.items():
+            measured(f"cox_up.{b}_back_s", s)
+        said = {r["server"]: r for r in up.said() if r.get("event") == "server.restarted"}
+        assert set(said) == {"nats", "redis"}, up.said()[-10:]
+        assert said["redis"]["port"] == ports["redis-server"] and said["nats"]["port"] == ports["nats-server"]
+        assert any(r.get("event") == "server.exited" and r.get("code") == -9 for r in up.said())
+        # What was answered 202 before the kill runs; a send after it works.
+        qs = api.wait_type(sid, "turn.start", message_id=queued["message_id"], timeout=60)
+        end = api.wait_type(sid, "turn.end", turn_id=qs["turn_id"], timeout=60)
+        assert end["outcome"] == "completed", end
+        measured("cox_up.queued_done_after_kill_s", time.monotonic() - t0)
+        assert (up.root / "servers" / "q.txt").read_text() == "q"
+        after = ok(api.send(sid, "after the restart"))
+        st = api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
+        assert api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=30)["outcome"] == "completed"
+        measured("cox_up.send_after_done_s", time.monotonic() - t0)
