@@ -8,6 +8,7 @@ can also kill the gateway and watch ``cox up`` restart it while a client is conn
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -40,14 +42,18 @@ class CoxUp:
         self.runners = runners
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
+        self.err_path = tmp / "cox-up.stderr"
+        """cox up's own structured log lines (child.exited, server.restarted, ...)."""
 
     def start(self, timeout: float = 90.0) -> CoxUp:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_URL", "REDIS_URL"))}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cox", "up", "--port", str(self.port), f"--token={self.token}",
-             "--root", str(self.root), "--config", str(self.config), "--runners", str(self.runners), "--no-demo"],
-            cwd=self.tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
+        with open(self.err_path, "ab") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cox", "up", "--port", str(self.port), f"--token={self.token}",
+                 "--root", str(self.root), "--config", str(self.config), "--runners", str(self.runners),
+                 "--no-demo"],
+                cwd=self.tmp, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+            )
         threading.Thread(target=self._pump, daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -75,6 +81,15 @@ class CoxUp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+    def said(self) -> list[dict[str, Any]]:
+        """cox up's log records so far."""
+        out = []
+        for line in self.err_path.read_text(errors="replace").splitlines() if self.err_path.exists() else []:
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
 
     def client(self) -> Api:
         return Api(self.url, self.token)

@@ -10,6 +10,9 @@
   same format), else the one user in those variables or in the URL's ``user:pass@``.
 - The five services (``--runners`` turn-runners) as ``python -m <package>`` children, each logging
   to ``.cox/logs/<instance>.log``. A child that dies is restarted with backoff (logged).
+- A NATS or Redis server it started that dies is restarted at once as it was: same port, data
+  dir and credentials (``server.exited``, ``server.restarted`` in its log; backoff if the
+  restart fails). The services reconnect by themselves.
 - ``ready: http://127.0.0.1:PORT`` once ``/healthz`` says every service answers over NATS.
 - SIGTERM/SIGINT stops every child it started, then the servers; children also carry
   ``PR_SET_PDEATHSIG`` so even a SIGKILL of ``cox up`` leaves no orphans.
@@ -80,6 +83,51 @@ class Child:
             log.close()
         self.started = time.monotonic()
         say("child.started", instance=self.instance, pid=self.proc.pid)
+
+
+@dataclass
+class Watched:
+    """A server cox up started: restarted as it was (same port, data dir, credentials) if it dies."""
+
+    name: str
+    server: NatsServer | RedisServer
+    restarts: int = 0
+    backoff: float = 0.0
+    next_start: float = 0.0
+    task: asyncio.Task[None] | None = None
+
+    def check(self) -> None:
+        """Start a restart if the server's process has exited (reaping it: no <defunct> left)."""
+        if self.task is not None:
+            return
+        proc = self.server.proc
+        now = time.monotonic()
+        if proc is not None:
+            if proc.poll() is None:
+                return
+            say("server.exited", server=self.name, pid=proc.pid, code=proc.returncode, port=self.server.port)
+            self.server.proc = None
+            self.next_start = now + self.backoff
+        if now >= self.next_start:
+            self.task = asyncio.create_task(self._restart(), name=f"restart-{self.name}")
+
+    async def _restart(self) -> None:
+        t0 = time.monotonic()
+        try:
+            await asyncio.to_thread(self.server.start)
+        except Exception as exc:  # noqa: BLE001 - logged, tried again with backoff
+            self.backoff = min(BACKOFF_MAX_S, max(0.5, self.backoff * 2))
+            self.next_start = time.monotonic() + self.backoff
+            say("server.restart_failed", server=self.name, port=self.server.port, error=str(exc)[-500:],
+                retry_in_s=self.backoff)
+        else:
+            self.restarts += 1
+            self.backoff = 0.0
+            proc = self.server.proc
+            say("server.restarted", server=self.name, url=self.server.url, port=self.server.port,
+                pid=proc.pid if proc else None, took_s=round(time.monotonic() - t0, 2), restarts=self.restarts)
+        finally:
+            self.task = None
 
 
 def build_parser(p: argparse.ArgumentParser) -> None:
@@ -174,7 +222,7 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
 
-    servers: list[Any] = []
+    servers: list[Watched] = []
     children: list[Child] = []
     code = 0
     try:
@@ -195,7 +243,7 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
             c.start()
 
         base = f"http://127.0.0.1:{port}"
-        ready = await _wait_ready(base, children, stop)
+        ready = await _wait_ready(base, children, servers, stop)
         if not ready:
             if not stop.is_set():
                 say("not_ready", logs=str(state / "logs"))
@@ -209,16 +257,19 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
         print(f"token: {token}", flush=True)
         if sid:
             print(demo.instructions(base, token, sid), flush=True)
-        await _supervise(children, stop)
+        await _supervise(children, servers, stop)
     finally:
         await asyncio.to_thread(_stop_all, children)
-        for s in reversed(servers):
-            await asyncio.to_thread(s.stop)
+        for w in reversed(servers):
+            if w.task is not None:
+                with contextlib.suppress(BaseException):
+                    await w.task  # a server being started is stopped after
+            await asyncio.to_thread(w.server.stop)
         say("stopped")
     return code
 
 
-async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: Path, servers: list[Any],
+async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: Path, servers: list[Watched],
                   auth: Auth) -> str:
     """The URL in ``<NAME>_URL`` (or ``COX_<NAME>_URL``), else a server of our own under ``state``."""
     url = os.environ.get(f"{name.upper()}_URL") or os.environ.get(f"COX_{name.upper()}_URL")
@@ -231,14 +282,16 @@ async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: 
     auth.own_servers.add(name)
     server = kind(workdir=state / name, port=free_port(), credentials=auth.own)
     await asyncio.to_thread(server.start)
-    servers.append(server)
+    servers.append(Watched(name, server))
     say(f"{name}.started", url=server.url)
     return server.url
 
 
-async def _wait_ready(base: str, children: list[Child], stop: asyncio.Event) -> bool:
+async def _wait_ready(base: str, children: list[Child], servers: list[Watched], stop: asyncio.Event) -> bool:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline and not stop.is_set():
+        for w in servers:
+            w.check()
         for c in children:
             if c.proc is not None and c.proc.poll() is not None:
                 _restart_later(c)
@@ -273,8 +326,10 @@ def _restart_later(c: Child) -> None:
     c.proc = None
 
 
-async def _supervise(children: list[Child], stop: asyncio.Event) -> None:
+async def _supervise(children: list[Child], servers: list[Watched], stop: asyncio.Event) -> None:
     while not stop.is_set():
+        for w in servers:
+            w.check()
         now = time.monotonic()
         for c in children:
             if c.proc is not None and c.proc.poll() is not None:

@@ -68,6 +68,9 @@ READ_EVENTS: Final = (
     f"{_JS}.CONSUMER.DELETE.{_STREAM}.*",
 )
 """The JetStream API an events reader uses (``eventlog.EventFeed``)."""
+LAST_EVENT: Final = f"{_JS}.DIRECT.GET.{_STREAM}.{subjects.EVENTS_WILDCARD}"
+"""``eventlog.last_in_stream``: a session's last event (a direct get by subject), which each
+conditional publish is checked against."""
 OWN_STREAM: Final = tuple(f"{_JS}.STREAM.{op}.{_STREAM}" for op in ("INFO", "CREATE", "UPDATE"))
 """``eventlog.ensure_stream``: never DELETE, PURGE or MSG.DELETE."""
 
@@ -80,7 +83,7 @@ NATS: Final[Mapping[str, NatsPermissions]] = {
     RUNNER: NatsPermissions(
         publish=(*_rpcs(GUARD, "check"), *_rpcs(JUDGE, "decide"),
                  *_rpcs(VERSIONS, "keep", "restore", "undo", "diff", "snapshot", "after"),
-                 subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM, *READ_EVENTS),
+                 subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM, LAST_EVENT, *READ_EVENTS),
         subscribe=(*_serves(RUNNER), *_calls(RUNNER), subjects.CONTROL_WILDCARD),
     ),
     GUARD: NatsPermissions(publish=(), subscribe=_serves(GUARD)),

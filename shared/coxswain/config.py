@@ -150,6 +150,17 @@ class SandboxConfig(_Section):
     """The bubblewrap program: a name looked up in ``PATH``, or a path."""
 
 
+class GatewayConfig(_Section):
+    max_streams_per_principal: int = Field(100, ge=1)
+    """Event streams (SSE, and JSON reads that wait) one principal may hold open at once; the
+    next is refused with 429 ``too_many_streams``."""
+    stream_buffer_bytes: int = Field(1_048_576, ge=65_536)
+    """Events buffered for one stream's client; a client that falls further behind is dropped
+    (its stream closed; it resumes with ``after`` or ``Last-Event-ID``)."""
+    stream_stall_s: float = Field(10.0, gt=0)
+    """A stream whose client has not taken one write for this long is dropped too."""
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
@@ -189,6 +200,7 @@ class Settings(BaseSettings):
     model: ModelConfig = Field(default_factory=ModelConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="after")

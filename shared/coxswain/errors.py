@@ -9,6 +9,7 @@
     │                                                   resolved, fenced
     ├── TooLarge                  too_large       413
     ├── TooManyPending            too_many_pending 429
+    ├── TooManyStreams            too_many_streams 429   max_streams_per_principal event streams open
     ├── Refused                   refused         403   policy refused a path or command
     └── Unavailable               unavailable     503   NATS, Redis or a service is down
 
@@ -102,6 +103,13 @@ class TooManyPending(CoxError):
     status = 429
 
 
+class TooManyStreams(CoxError):
+    """The principal holds ``[gateway] max_streams_per_principal`` event streams already."""
+
+    code = "too_many_streams"
+    status = 429
+
+
 class Refused(CoxError):
     code = "refused"
     status = 403
@@ -116,7 +124,7 @@ _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Conflict, Busy, NotAccepting, NoTurn,
-        LeadClosed, Resolved, Fenced, TooLarge, TooManyPending, Refused, Unavailable,
+        LeadClosed, Resolved, Fenced, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
     )
 }
 

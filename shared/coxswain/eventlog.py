@@ -9,9 +9,10 @@ stream's duplicate window, so the log never holds a seq twice.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -19,7 +20,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from . import subjects
+from . import events, subjects
 
 DUPLICATE_WINDOW_S = 300.0
 
@@ -51,22 +52,92 @@ async def ensure_stream(js: JetStreamContext) -> None:
         await js.update_stream(cfg)
 
 
-async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: float = 5.0) -> None:
-    """Publish outbox entries (JSON strings holding ``seq``) in order, deduplicated by seq."""
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code when ``Nats-Expected-Last-Subject-Sequence`` does not hold."""
+CURSORS_MAX = 10_000
+
+
+class OutOfOrder(Exception):
+    """The stream's last event of the session is not the one before this batch: someone else
+    publishes the session now (or holds the events in between); this publisher stops."""
+
+
+Cursors = dict[str, tuple[int, int]]
+"""sid -> (event seq, stream seq) of the session's last event in the stream, as last seen."""
+
+
+async def last_in_stream(js: JetStreamContext, sid: str) -> tuple[int, int]:
+    """(event seq, stream seq) of the session's last event in the stream; (0, 0) if none."""
+    try:
+        msg = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.events(sid), direct=True)
+    except nats.js.errors.NotFoundError:
+        return 0, 0
+    return _seq_of(msg.data.decode() if msg.data else "{}"), int(msg.seq or 0)
+
+
+async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: float = 5.0,
+                  cursors: Cursors | None = None) -> int:
+    """Publish outbox entries (JSON strings holding ``seq``) in order; the last seq now in the stream.
+
+    Each publish is conditional (``Nats-Expected-Last-Subject-Sequence``): it lands only right
+    after the event before it. A lock can lapse while its publisher is paused or slow, and two
+    publishers of one session then run at once; unconditioned, they interleaved and the stream
+    held 465 before 448 (a reader skipping back never saw 448..464). Now the second one finds
+    the subject moved, stops (:class:`OutOfOrder`), and the log is in seq order, gap-free.
+    """
     subject = subjects.events(sid)
+    cursors = {} if cursors is None else cursors
+    pos = cursors.get(sid)
     for raw in entries:
         seq = _seq_of(raw)
-        await js.publish(subject, raw.encode(), timeout=timeout, headers={"Nats-Msg-Id": f"{sid}:{seq}"})
+        for attempt in (0, 1):
+            if pos is None or (seq != pos[0] + 1 and seq > pos[0]):
+                pos = await last_in_stream(js, sid)
+            if seq <= pos[0]:
+                break  # already in the stream (published by someone else, or before a crash)
+            if seq != pos[0] + 1:
+                cursors.pop(sid, None)
+                raise OutOfOrder(f"{sid}: the stream ends at seq {pos[0]}, this batch holds {seq}")
+            try:
+                ack = await js.publish(subject, _recordable(raw), timeout=timeout, headers={
+                    "Nats-Msg-Id": f"{sid}:{seq}", "Nats-Expected-Last-Subject-Sequence": str(pos[1])})
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != WRONG_LAST_SEQUENCE or attempt:
+                    cursors.pop(sid, None)
+                    raise
+                pos = None  # another publisher moved the subject: look again
+                continue
+            pos = (seq, int(ack.seq))
+            break
+    if pos is not None:
+        if len(cursors) >= CURSORS_MAX:
+            cursors.clear()
+        cursors[sid] = pos
+    return pos[0] if pos is not None else 0
+
+
+def _recordable(raw: str) -> bytes:
+    """The entry, or when it is larger than the stream takes an ``event.omitted`` in its place
+    (same seq): a publish that can never succeed would block the session's log for good."""
+    data = raw.encode("utf-8", errors="surrogatepass")
+    if len(data) <= events.MAX_EVENT_BYTES:
+        return data
+    ev = json.loads(raw)
+    keep = {k: ev[k] for k in ("seq", "ts", "sid", "turn_id") if k in ev}
+    return json.dumps({**keep, "type": "event.omitted", "original_type": str(ev.get("type", "")),
+                       "bytes": len(data)}).encode()
 
 
 def _seq_of(raw: str) -> int:
+    if not raw.startswith("{"):
+        return 0
     # The Lua library writes seq first: {"seq":N,...}; parse fully only if that ever changes.
     if raw.startswith('{"seq":'):
         end = raw.find(",", 7)
         if end > 0:
             with contextlib.suppress(ValueError):
                 return int(raw[7:end])
-    return int(json.loads(raw)["seq"])
+    return int(json.loads(raw).get("seq", 0))
 
 
 class EventFeed:
@@ -158,48 +229,162 @@ async def backlog(js: JetStreamContext, sid: str, after: int, until: int, limit:
     return out[:limit]
 
 
+class Reader:
+    """One reader's share of a session's live events: a buffer bounded in bytes.
+
+    :class:`Hub` hands every message to every reader with :meth:`offer`, which never waits: a
+    reader whose buffer would pass ``max_bytes`` is marked ``overflowed`` (its buffer emptied,
+    ``on_overflow`` called) and takes nothing more until :meth:`reset`. One event larger than the
+    bound is taken when the buffer is empty. The buffered bytes are the message's own, shared by
+    every reader of the session, so readers that fall behind together cost one copy.
+    """
+
+    def __init__(self, max_bytes: int, on_overflow: Callable[[Reader], None] | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.on_overflow = on_overflow
+        self.overflowed = False
+        self._buf: collections.deque[bytes] = collections.deque()
+        self._bytes = 0
+        self._wake = asyncio.Event()
+
+    def offer(self, data: bytes) -> None:
+        if self.overflowed:
+            return
+        if self._buf and self._bytes + len(data) > self.max_bytes:
+            self.overflowed = True
+            self._buf.clear()
+            self._bytes = 0
+            self._wake.set()
+            if self.on_overflow is not None:
+                self.on_overflow(self)
+            return
+        self._buf.append(data)
+        self._bytes += len(data)
+        self._wake.set()
+
+    def reset(self) -> None:
+        """Take events again after an overflow (the caller reads what it missed from the stream)."""
+        self.overflowed = False
+
+    async def take(self, timeout: float, limit: int, max_bytes: int | None = None) -> list[bytes]:
+        """Up to ``limit`` buffered messages (and about ``max_bytes``), waiting up to ``timeout``
+        s for the first."""
+        if not self._buf and not self.overflowed:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+        out: list[bytes] = []
+        size = 0
+        while self._buf and len(out) < limit and (max_bytes is None or size < max_bytes):
+            data = self._buf.popleft()
+            self._bytes -= len(data)
+            size += len(data)
+            out.append(data)
+        return out
+
+
+class _Channel:
+    def __init__(self) -> None:
+        self.readers: set[Reader] = set()
+        self.sub: Any = None
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def deliver(self, msg: Any) -> None:
+        for r in tuple(self.readers):
+            r.offer(msg.data)
+
+
+class Hub:
+    """One plain NATS subscription per session, shared by all of its readers in this process.
+
+    A reader joins with :meth:`reader`; the first one subscribes, the last one to leave
+    unsubscribes. Each message is offered to every reader's bounded buffer (:class:`Reader`)
+    without waiting, so a reader that does not keep up never slows the others, the NATS
+    connection (a slow consumer is dropped by the server) or the process's memory.
+    """
+
+    def __init__(self, nc: Any) -> None:
+        self.nc = nc
+        self._channels: dict[str, _Channel] = {}
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._channels)
+
+    @contextlib.asynccontextmanager
+    async def reader(self, sid: str, max_bytes: int,
+                     on_overflow: Callable[[Reader], None] | None = None) -> AsyncIterator[Reader]:
+        reader = Reader(max_bytes, on_overflow)
+        ch = self._channels.get(sid)
+        first = ch is None
+        if ch is None:
+            ch = self._channels[sid] = _Channel()
+        ch.readers.add(reader)  # before the subscription exists: nothing it delivers is missed
+        try:
+            if first:
+                try:
+                    ch.sub = await self.nc.subscribe(subjects.events(sid), cb=ch.deliver)
+                    # Subscribed before the backlog is read: nothing falls between. Shielded: nats-py
+                    # answers a PONG by setting the oldest ping's future, and one cancelled with
+                    # its reader (a client that went away) raises there and ends the connection's
+                    # read loop: every later request of the process timed out.
+                    await asyncio.shield(self.nc.flush())
+                except BaseException as exc:
+                    ch.ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError("cancelled"))
+                    if self._channels.get(sid) is ch:
+                        del self._channels[sid]  # the next reader tries again
+                    raise
+                ch.ready.set_result(None)
+            else:
+                await asyncio.shield(ch.ready)
+            yield reader
+        finally:
+            ch.readers.discard(reader)
+            if not ch.readers and self._channels.get(sid) is ch:
+                del self._channels[sid]
+                if ch.sub is not None:
+                    with contextlib.suppress(Exception):
+                        await ch.sub.unsubscribe()
+
+
 class Tail:
     """A session's events after ``after``: the backlog from the stream, then live ones.
 
-    Live events come from a plain NATS subscription to the session's subject (every JetStream
-    publish is also a NATS message), so a reader holds no JetStream consumer while it waits and
-    sees an event as soon as it is published. The seq makes it exact: a repeat is dropped, and a
-    gap (a message lost while the connection blinked, or a full buffer) is filled from the
-    stream before anything after it is handed out.
+    Live events come from the session's plain NATS subscription (every JetStream publish is also
+    a NATS message), shared through a :class:`Hub`, so a reader holds no JetStream consumer
+    while it waits and sees an event as soon as it is published. The seq makes it exact: a
+    repeat is dropped, and a gap (a message lost while the connection blinked, an overflowed
+    buffer, or nothing heard for ``timeout``) is filled from the stream before anything after it
+    is handed out.
     """
 
-    QUEUE = 10_000
-
-    def __init__(self, nc: Any, js: JetStreamContext, sid: str, after: int,
-                 seq_now: Callable[[], Awaitable[int]]) -> None:
-        self.nc = nc
+    def __init__(self, hub: Hub, js: JetStreamContext, sid: str, after: int,
+                 seq_now: Callable[[], Awaitable[int]], max_bytes: int = 8 * 1_048_576,
+                 on_overflow: Callable[[Reader], None] | None = None) -> None:
+        self.hub = hub
         self.js = js
         self.sid = sid
         self.last = after
         self.seq_now = seq_now
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue(self.QUEUE)
-        self._overflow = False
-        self._sub: Any = None
+        self.max_bytes = max_bytes
+        self.on_overflow = on_overflow
+        self.reader: Reader | None = None
+        self._cm: Any = None
         self._caught_up = False
 
     async def __aenter__(self) -> Tail:
-        async def on_msg(msg: Any) -> None:
-            try:
-                self._queue.put_nowait(msg.data)
-            except asyncio.QueueFull:
-                self._overflow = True
-
-        self._sub = await self.nc.subscribe(subjects.events(self.sid), cb=on_msg)
-        await self.nc.flush()  # subscribed before the backlog is read: nothing falls between
+        self._cm = self.hub.reader(self.sid, self.max_bytes, self.on_overflow)
+        self.reader = await self._cm.__aenter__()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+        cm, self._cm = self._cm, None
+        if cm is not None:
+            await cm.__aexit__(exc_type, exc, tb)
 
     async def _fill(self, until: int, limit: int) -> list[dict[str, Any]]:
         evs = await backlog(self.js, self.sid, self.last, until, limit)
@@ -207,22 +392,30 @@ class Tail:
             self.last = int(evs[-1]["seq"])
         return evs
 
-    async def next(self, timeout: float, limit: int = 1000) -> list[dict[str, Any]]:
-        """The next events in order (at most ``limit``), waiting up to ``timeout`` s for one."""
-        if not self._caught_up or self._overflow:
-            self._overflow = False
-            target = await self.seq_now()
-            evs = await self._fill(target, limit)
-            if self.last >= target:
-                self._caught_up = True
+    async def _catch_up(self, limit: int) -> list[dict[str, Any]]:
+        """What the stream holds up to the session's seq now (after an overflow, take again first)."""
+        assert self.reader is not None
+        self.reader.reset()
+        target = await self.seq_now()
+        evs = await self._fill(target, limit) if target > self.last else []
+        self._caught_up = self.last >= target
+        return evs
+
+    async def next(self, timeout: float, limit: int = 1000, max_bytes: int | None = None) -> list[dict[str, Any]]:
+        """The next events in order (at most ``limit``), waiting up to ``timeout`` s for one.
+
+        ``max_bytes`` bounds what is taken of the live buffer at once (what a reader holds parsed
+        while its client is slow); the backlog is bounded by ``limit`` alone."""
+        assert self.reader is not None, "use Tail as an async context manager"
+        if not self._caught_up or self.reader.overflowed:
+            evs = await self._catch_up(limit)
             if evs:
                 return evs
-        try:
-            raw = [await asyncio.wait_for(self._queue.get(), timeout)]
-        except TimeoutError:
-            return []
-        while not self._queue.empty() and len(raw) < limit:
-            raw.append(self._queue.get_nowait())
+        raw = await self.reader.take(timeout, limit, max_bytes)
+        if not raw:
+            # Quiet for a while (or overflowed): a message lost while the connection blinked
+            # would leave the reader behind until the next event; the session's seq says.
+            return await self._catch_up(limit)
         out: list[dict[str, Any]] = []
         for data in raw:
             ev = json.loads(data)

@@ -7,6 +7,7 @@ change it describes, so producers build events without them (see :func:`body`).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -259,18 +260,59 @@ class LimitHard(_Event):
     value: float
 
 
+class EventOmitted(_Event):
+    """Stands in the log for an event too large for the stream (over :data:`MAX_EVENT_BYTES`):
+    same seq, what it was and how large. Only a last resort: what a person sends is refused
+    before it is accepted when it could not be recorded (``413``), and tool output is clipped."""
+
+    type: Literal["event.omitted"] = "event.omitted"
+    original_type: str
+    bytes: int
+
+
 Event = Annotated[
     SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
-    | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard,
+    | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
+    | EventOmitted,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 EVENT_TYPES: frozenset[str] = frozenset(
     m.model_fields["type"].default for m in _Event.__subclasses__()
 )
+
+
+MAX_EVENT_BYTES = 1_048_576 - 2048
+"""The largest event the log records: the stream's ``max_msg_size`` and NATS's ``max_payload``
+(both 1 MiB) less room for the publish headers."""
+MAX_TEXT_BYTES = MAX_EVENT_BYTES - 2048
+"""The largest message text, counted as it is recorded (JSON-escaped, see :func:`recorded_size`):
+a ``user.msg`` event around it stays under :data:`MAX_EVENT_BYTES`."""
+
+_ESCAPED_2 = '"\\/\b\f\n\r\t'
+_CONTROL = re.compile("[\x00-\x07\x0b\x0e-\x1f\x7f]")
+
+
+def recorded_size(text: str) -> int:
+    """Bytes ``text`` takes inside a recorded event: UTF-8, with JSON escaping as the Redis
+    library's cjson writes it (``"``, ``\\``, ``/`` and the short control escapes take 2 bytes;
+    other control characters and DEL 6). 600 KB of ``/`` is 1.2 MB recorded."""
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    size += sum(text.count(c) for c in _ESCAPED_2)
+    return size + 5 * len(_CONTROL.findall(text))
+
+
+def check_text(text: str, what: str = "a message") -> None:
+    """Refuse (413) a text that could not be recorded in the log: before it is accepted."""
+    from .errors import TooLarge
+
+    size = recorded_size(text)
+    if size > MAX_TEXT_BYTES:
+        raise TooLarge(f"{what} may take {MAX_TEXT_BYTES} bytes as recorded (UTF-8, JSON-escaped: "
+                       f"\" \\ / and control characters count twice or more); this one takes {size}")
 
 
 def body(event: _Event) -> str:

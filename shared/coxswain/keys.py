@@ -45,6 +45,9 @@ PUBLOCK: Final = ":publock"
 """string: the process draining :outbox right now (PX bounded)."""
 STANDING: Final = ":standing"
 """set of "always this session" keys (command prefixes, ``write:<path>``)."""
+WRITES: Final = ":wip"
+"""hash call_id -> JSON {path, tmp, ...}: file writes staged and fenced but not yet recorded as
+done. Set under the lease's token right before the rename; whoever ends the turn settles each."""
 OBSERVED: Final = ":observed"
 """list of operator !command results waiting to be folded into the next tool result."""
 

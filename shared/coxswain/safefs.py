@@ -151,31 +151,102 @@ def write(root: Path | str, rel: str, data: bytes, mode: int | None = None) -> b
     """Atomically replace ``rel`` with ``data`` (temp + fsync + rename). True if it existed."""
     dirs, name = _split(rel)
     with _dir_fd(root, dirs, create=True) as dfd:
-        existed = False
+        existed, tmp = _stage(dfd, rel, name, data, mode)
         try:
-            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                raise Refused(f"{rel!r} is a link")
-            if stat.S_ISDIR(st.st_mode):
-                raise Invalid(f"{rel!r} is a folder")
-            existed = True
-            mode = stat.S_IMODE(st.st_mode) if mode is None else mode
-        except FileNotFoundError:
-            pass
-        tmp = f".{name}.cox-{uuid.uuid4().hex[:12]}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     mode if mode is not None else 0o644, dir_fd=dfd)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
             raise
         return existed
+
+
+def _stage(dfd: int, rel: str, name: str, data: bytes, mode: int | None) -> tuple[bool, str]:
+    """Write ``data`` to a new temporary file next to ``name`` (fsynced); (existed, temp name)."""
+    existed = False
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise Refused(f"{rel!r} is a link")
+        if stat.S_ISDIR(st.st_mode):
+            raise Invalid(f"{rel!r} is a folder")
+        existed = True
+        mode = stat.S_IMODE(st.st_mode) if mode is None else mode
+    except FileNotFoundError:
+        pass
+    tmp = f".{name}.cox-{uuid.uuid4().hex[:12]}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode if mode is not None else 0o644, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+    return existed, tmp
+
+
+# A fenced write in three steps (the runner's write_file; see cox_runner.loop._write):
+# stage() the content in a temporary file, record the intent in Redis under the lease's token,
+# then commit() the rename. Whoever takes the session over settles a recorded intent with
+# abort(): it renames the temporary file away, so a paused writer's commit() can no longer land
+# (rename is atomic: exactly one of the two renames of the same name succeeds).
+
+ABORTED = ".aborted"
+
+
+def stage(root: Path | str, rel: str, data: bytes) -> str:
+    """Write ``data`` to a temporary file in ``rel``'s folder; its name (for commit/abort)."""
+    dirs, name = _split(rel)
+    with _dir_fd(root, dirs, create=True) as dfd:
+        return _stage(dfd, rel, name, data, None)[1]
+
+
+def commit(root: Path | str, rel: str, tmp: str) -> None:
+    """Rename the staged ``tmp`` onto ``rel``. FileNotFoundError if it was aborted meanwhile."""
+    dirs, name = _split(rel)
+    _check_tmp(name, tmp)
+    with _dir_fd(root, dirs) as dfd:
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+def abort(root: Path | str, rel: str, tmp: str) -> bool:
+    """Settle a staged write nobody will finish: True if it had not landed (it never will now),
+    False if it had (its ``commit`` ran). Safe to call again: an earlier abort is remembered by
+    the ``.aborted`` name until :func:`discard` removes it."""
+    dirs, name = _split(rel)
+    _check_tmp(name, tmp)
+    try:
+        with _dir_fd(root, dirs) as dfd:
+            try:
+                os.rename(tmp, tmp + ABORTED, src_dir_fd=dfd, dst_dir_fd=dfd)
+                return True
+            except FileNotFoundError:
+                try:
+                    os.stat(tmp + ABORTED, dir_fd=dfd, follow_symlinks=False)
+                    return True
+                except FileNotFoundError:
+                    return False
+    except FileNotFoundError:
+        return True  # the folder is gone: nothing was staged there that could still land
+
+
+def discard(root: Path | str, rel: str, tmp: str) -> None:
+    """Remove a staged (or aborted) temporary file; missing is fine."""
+    dirs, name = _split(rel)
+    _check_tmp(name, tmp)
+    with contextlib.suppress(FileNotFoundError), _dir_fd(root, dirs) as dfd:
+        for n in (tmp, tmp + ABORTED):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(n, dir_fd=dfd)
+
+
+def _check_tmp(name: str, tmp: str) -> None:
+    if "/" in tmp or not (tmp.startswith(f".{name}.cox-") and tmp.endswith(".tmp")):
+        raise Invalid("not a staged temporary file of this path")
 
 
 def delete(root: Path | str, rel: str) -> bool:

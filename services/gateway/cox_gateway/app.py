@@ -4,18 +4,17 @@ to a turn-runner (or versions), which decides it atomically in Redis."""
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
 from coxswain import __version__, bus, eventlog, keys, session_view, subjects
 from coxswain.errors import Invalid, NotFound, Unavailable
+from coxswain.events import check_text
 from coxswain.ids import ID_RE
 from coxswain.models import (
     ApprovalAnswer,
@@ -53,7 +52,7 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import errors, metrics
+from . import errors, metrics, streams
 
 if TYPE_CHECKING:
     from .service import Gateway
@@ -70,7 +69,6 @@ Principal = Annotated[str, Depends(_principal)]
 Sid = Annotated[str, PathParam(pattern=ID_RE.pattern, description="session id")]
 VersionId = Annotated[str, PathParam(pattern=ID_RE.pattern)]
 STATIC = Path(__file__).parent / "static"
-HEARTBEAT_S = 15.0
 MAX_WAIT_S = 60.0
 
 
@@ -119,6 +117,7 @@ def create_app(gw: Gateway) -> FastAPI:
     # ------------------------------------------------------------------ steering
     @app.post("/v1/sessions/{sid}/messages", status_code=202)
     async def send(sid: Sid, body: SendMessage, who: Principal) -> SendResult:
+        check_text(body.text)  # 413 before it travels: what is accepted must be recordable
         return await runner("send", SendCmd(principal=who, sid=sid, **body.model_dump()), SendResult)
 
     @app.post("/v1/sessions/{sid}/lead", status_code=202)
@@ -213,11 +212,12 @@ def create_app(gw: Gateway) -> FastAPI:
         if format == "json":
             if wait <= 0:
                 return JSONResponse(await eventlog.backlog(gw.js, sid, start, int(h.get("seq") or 0), limit))
-            async with eventlog.Tail(gw.nc, gw.js, sid, start, _seq_now(gw, sid)) as tail:
-                out = await tail.next(timeout=wait, limit=limit)
+            with gw.slots.hold(who):
+                async with eventlog.Tail(gw.hub, gw.js, sid, start, gw.seq_now(sid)) as tail:
+                    out = await tail.next(timeout=wait, limit=limit)
             return JSONResponse(out)
-        return StreamingResponse(_sse(gw, request, sid, start), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        gw.slots.take(who)  # given back when the stream ends (streams.EventStream)
+        return streams.EventStream(gw, sid, start, who)
 
     # ------------------------------------------------------------------ operations
     @app.get("/healthz")
@@ -262,34 +262,3 @@ async def _health(gw: Gateway, service: str) -> dict[str, Any]:
         return {"ok": False, "detail": exc.detail}
     except Exception as exc:  # noqa: BLE001 - any failure is "not healthy"
         return {"ok": False, "detail": repr(exc)}
-
-
-def _seq_now(gw: Gateway, sid: str) -> Callable[[], Awaitable[int]]:
-    """The session's latest seq as Redis has it (where events are recorded first)."""
-
-    async def seq() -> int:
-        return int(await gw.redis.hget(keys.session(sid), "seq") or 0)
-
-    return seq
-
-
-async def _sse(gw: Gateway, request: Request, sid: str, after: int) -> AsyncIterator[bytes]:
-    """The backlog after ``after``, then live events; a comment line keeps idle streams open."""
-    metrics.STREAMS.inc()
-    try:
-        yield b"retry: 1000\n\n"
-        async with eventlog.Tail(gw.nc, gw.js, sid, after, _seq_now(gw, sid)) as feed:
-            while not gw.stopping:
-                batch = await feed.next(timeout=HEARTBEAT_S)
-                if not batch:
-                    if await request.is_disconnected():
-                        return
-                    yield b": keep-alive\n\n"
-                    continue
-                chunks = []
-                for ev in batch:
-                    data = json.dumps(ev, ensure_ascii=False, separators=(",", ":"))
-                    chunks.append(f"id: {ev['seq']}\nevent: {ev['type']}\ndata: {data}\n\n")
-                yield "".join(chunks).encode()
-    finally:
-        metrics.STREAMS.dec()

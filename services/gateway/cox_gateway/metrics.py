@@ -20,6 +20,12 @@ REQUESTS = Counter("cox_http_requests_total", "HTTP requests", ["method", "route
 LATENCY = Histogram("cox_http_request_seconds", "HTTP request latency", ["route"], registry=REGISTRY,
                     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
 STREAMS = Gauge("cox_event_streams", "open event streams (SSE)", registry=REGISTRY)
+STREAMS_DROPPED = Counter("cox_event_streams_dropped", "event streams dropped for a slow client (SSE)", ["reason"],
+                          registry=REGISTRY)
+STREAMS_REFUSED = Counter("cox_event_streams_refused", "event streams refused: max_streams_per_principal",
+                          registry=REGISTRY)
+SUBSCRIPTIONS = Gauge("cox_event_subscriptions", "sessions with a live NATS subscription in this gateway",
+                      registry=REGISTRY)
 
 
 class Middleware:

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from coxswain import subjects
+from coxswain import eventlog, keys, subjects
 from coxswain.config import Settings
 from coxswain.service import Service
 
+from . import metrics
 from .app import create_app
 from .auth import Auth
+from .streams import HttpProtocol, Slots
 
 
 class _Server(uvicorn.Server):
@@ -45,7 +47,18 @@ class Gateway(Service):
         # restart closed fails once and is replaced; Redis down is a 503 after the last retry.
         self.redis.set_retry(Retry(ExponentialBackoff(cap=0.5, base=0.05), 3))
         self.js = self.nc.jetstream()
+        self.hub = eventlog.Hub(self.nc)
+        self.slots = Slots(self.settings.gateway.max_streams_per_principal)
+        metrics.SUBSCRIPTIONS.set_function(lambda: self.hub.subscriptions)
         self.app = create_app(self)
+
+    def seq_now(self, sid: str) -> Callable[[], Awaitable[int]]:
+        """The session's latest seq as Redis has it (where events are recorded first)."""
+
+        async def seq() -> int:
+            return int(await self.redis.hget(keys.session(sid), "seq") or 0)
+
+        return seq
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
@@ -54,7 +67,7 @@ class Gateway(Service):
     async def serve(self, stop: asyncio.Event) -> None:
         config = uvicorn.Config(
             self.app, host=self.settings.host, port=self.settings.port, log_config=None, access_log=False,
-            lifespan="off", timeout_graceful_shutdown=3, proxy_headers=False, server_header=False,
+            lifespan="off", timeout_graceful_shutdown=3, http=HttpProtocol, proxy_headers=False, server_header=False,
         )
         server = _Server(config)
         task = asyncio.create_task(server.serve(), name="uvicorn")

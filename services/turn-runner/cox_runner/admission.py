@@ -118,6 +118,7 @@ class Admission:
             # A turn started here now would be cancelled by the shutdown at once: let the person's
             # retry reach a runner that stays (nothing was recorded).
             raise Unavailable("this turn-runner is shutting down; send again")
+        ev.check_text(cmd.text)  # whatever is answered 202 must be recordable
         message_id = new_id("m")
         turn_id = new_id("t")
         sent = time.monotonic()

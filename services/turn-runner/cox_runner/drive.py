@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions
 
 from coxswain import events as ev
-from coxswain import keys
+from coxswain import keys, safefs
 from coxswain.errors import CoxError, Fenced
 from coxswain.ids import new_id
 
@@ -192,20 +192,26 @@ async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending
     if not flat:
         return False
     call_ids = list(flat)
+    landed, cleanup = await _settle_writes(runner, d.sid, turn.turn_id, ending.outcome)
     reason = turn.stop_reason if turn.stop_reason in ("stop", "steer") else None
-    evs: list[ev._Event]
-    if reason is not None:
-        evs = [ev.ToolSkipped(sid=d.sid, turn_id=turn.turn_id, call_id=c, reason=reason) for c in call_ids]
-    else:
-        text = f"Cancelled: the turn ended ({ending.outcome}) before this call finished."
-        evs = [ev.ToolResult(sid=d.sid, turn_id=turn.turn_id, call_id=c, ok=False, output=text) for c in call_ids]
-    ops = [x for c in call_ids for x in ("hdel", keys.OPEN_CALLS, c, "")]
+    evs: list[ev._Event] = []
+    text = f"Cancelled: the turn ended ({ending.outcome}) before this call finished."
+    for c in call_ids:
+        if c in landed:
+            evs += landed[c]
+        elif reason is not None:
+            evs.append(ev.ToolSkipped(sid=d.sid, turn_id=turn.turn_id, call_id=c, reason=reason))
+        else:
+            evs.append(ev.ToolResult(sid=d.sid, turn_id=turn.turn_id, call_id=c, ok=False, output=text))
+    ops = [x for c in call_ids for x in ("hdel", keys.OPEN_CALLS, c, "")] + ["del", keys.WRITES, "", ""]
     try:
         await runner.store.call("cox_emit", d.sid, [
-            d.sid, d.token, runner.owner, str(len(call_ids)), *ops, *(ev.body(e) for e in evs),
+            d.sid, d.token, runner.owner, str(len(call_ids) + 1), *ops, *(ev.body(e) for e in evs),
         ])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
+    if cleanup is not None:
+        await cleanup()
     runner.log.warning("turn.closed_open_calls", sid=d.sid, turn_id=turn.turn_id, calls=call_ids)
     return True
 
@@ -237,15 +243,23 @@ async def _end_crashed(runner: Runner, d: Drive) -> dict[str, Any] | None:
     if turn_id:
         flat = c.get("open") or []
         open_calls = list(zip(flat[::2], flat[1::2], strict=False)) if isinstance(flat, list) else []
+        # Settled first: a write the dead runner staged either landed (recorded as written) or
+        # never will (its temp file is renamed away before anything of the next turn runs).
+        landed, cleanup = await _settle_writes(runner, d.sid, turn_id, "crashed")
         if open_calls:
-            evs = [ev.ToolResult(sid=d.sid, turn_id=turn_id, call_id=cid, ok=False, output=CRASH_TEXT)
-                   for cid, _name in open_calls]
+            evs: list[ev._Event] = []
+            for cid, _name in open_calls:
+                evs += landed.get(cid) or [ev.ToolResult(sid=d.sid, turn_id=turn_id, call_id=cid, ok=False,
+                                                         output=CRASH_TEXT)]
             try:
                 await runner.store.call("cox_emit", d.sid, [
-                    d.sid, d.token, runner.owner, "1", "del", keys.OPEN_CALLS, "", "", *(ev.body(e) for e in evs),
+                    d.sid, d.token, runner.owner, "2", "del", keys.OPEN_CALLS, "", "", "del", keys.WRITES, "", "",
+                    *(ev.body(e) for e in evs),
                 ])
             except Fenced as exc:
                 raise LeaseLost(str(exc)) from exc
+        if cleanup is not None:
+            await cleanup()
         detail = f"the runner {c.get('old_runner') or '?'} stopped renewing its lease"
         body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn_id, outcome="crashed", detail=detail))
         runner.log.warning("turn.crashed", sid=d.sid, turn_id=turn_id, old_runner=c.get("old_runner"))
@@ -309,19 +323,64 @@ def cancel(d: Drive) -> None:
         d.task.cancel()
 
 
-async def ensure_lease(runner: Runner, sid: str, token: str) -> None:
+async def ensure_lease(runner: Runner, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
     """Raise :class:`LeaseLost` unless this runner still holds ``sid`` under ``token``.
 
     For a side effect Redis cannot fence (writing a file): checked just before it, against the
-    local deadline and against Redis.
+    local deadline and against Redis. With ``intent`` (a staged write), Redis records it under
+    the same check, so that whoever takes the session over settles it (:func:`_settle_writes`).
     """
     d = runner.drives.get(sid)
     if d is None or d.token != token or (d.self_fence and time.monotonic() >= d.deadline):
         raise LeaseLost("the lease is past its deadline or no longer held")
     try:
-        await runner.store.call("cox_fence", sid, [sid, token])
+        await runner.store.call("cox_fence", sid, [sid, token, call_id, intent])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
+
+
+async def _settle_writes(runner: Runner, sid: str, turn_id: str, outcome: str) -> tuple[dict[str, list[ev._Event]], Any]:
+    """Settle the file writes a turn staged and fenced but never recorded (its runner stopped).
+
+    Each is made final one way or the other on the file system, atomically: the staged temp file
+    is renamed away (the write never landed, and a paused writer's rename now fails), or it is
+    gone because the writer's rename ran (the write landed: the log must say so). Returns the
+    events recording the writes that landed, by call id, and a cleanup to run once they are
+    recorded (it removes the renamed-away temp files).
+    """
+    wip = await runner.redis.hgetall(keys.of(sid, keys.WRITES))
+    if not wip:
+        return {}, None
+    ws = Path(await runner.redis.hget(keys.session(sid), "workspace") or ".")
+    landed: dict[str, list[ev._Event]] = {}
+    staged: list[tuple[str, str]] = []
+    for call_id, raw in wip.items():
+        try:
+            w = json.loads(raw)
+            path, tmp = str(w["path"]), str(w["tmp"])
+            aborted = await asyncio.to_thread(safefs.abort, ws, path, tmp)
+        except Exception as exc:  # noqa: BLE001 - unreadable intent or folder: it did not land as far as we can tell
+            runner.log.error("write.unsettled", sid=sid, call_id=call_id, error=repr(exc))
+            continue
+        staged.append((path, tmp))
+        runner.log.warning("write.settled", sid=sid, call_id=call_id, path=path, landed=not aborted)
+        if not aborted:
+            landed[call_id] = [
+                ev.VersionKept(sid=sid, turn_id=turn_id, path=w.get("kept_path") or path,
+                               version_id=w["version_id"], store=w["store"]),
+                ev.FileWritten(sid=sid, turn_id=turn_id, path=path, added=int(w.get("added", 0)),
+                               removed=int(w.get("removed", 0))),
+                ev.ToolResult(sid=sid, turn_id=turn_id, call_id=call_id, ok=True,
+                              output=f"Wrote {path} ({w.get('bytes', 0)} bytes, +{w.get('added', 0)} "
+                                     f"-{w.get('removed', 0)}); the turn then ended ({outcome})."),
+            ]
+
+    async def cleanup() -> None:
+        for path, tmp in staged:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(safefs.discard, ws, path, tmp)
+
+    return landed, cleanup
 
 
 async def ring_local(runner: Runner, sid: str, kind: str) -> None:

@@ -556,21 +556,55 @@ class TurnLoop:
 
     async def _write(self, call: ToolCallPart, rel: str, content: str) -> None:
         """Keep the previous content, then write atomically. Never cancelled half-way: neither a
-        Lead nor Stop interrupts it (the write is not raced against the stop signal)."""
+        Lead nor Stop interrupts it (the write is not raced against the stop signal).
+
+        Fenced for real, not checked-then-done: the content is staged in a temp file, the intent
+        (path, temp name) is recorded in Redis by the same call that checks the lease's token,
+        and only then is the temp file renamed into place. A runner that takes the session over
+        settles every recorded intent first by renaming its temp file away (``safefs.abort``):
+        a rename that had run is recorded as a write that landed; one that had not can no longer
+        run, however long this process was paused between the check and the rename.
+        """
         t = self.turn
+        ws = t.workspace
         data = content.encode("utf-8", errors="surrogatepass")
         kept = await self.runner.clients.keep(KeepRequest(
-            sid=t.sid, workspace=str(t.workspace), path=rel, token=int(t.token), reason="write",
+            sid=t.sid, workspace=str(ws), path=rel, token=int(t.token), reason="write",
             turn_id=t.turn_id, call_id=call.tool_call_id,
         ))
 
-        def do_write() -> tuple[int, int]:
-            old = safefs.read(t.workspace, rel)
-            safefs.write(t.workspace, rel, data)
-            return textdiff.counts(old, data)
+        def prepare() -> tuple[bytes | None, str]:
+            return safefs.read(ws, rel), safefs.stage(ws, rel, data)
 
-        await self.runner.ensure_lease(t.sid, t.token)  # a stale runner must not write the file
-        added, removed = await asyncio.shield(asyncio.to_thread(do_write))
+        staging = asyncio.ensure_future(asyncio.to_thread(prepare))
+        try:
+            old, tmp = await asyncio.shield(staging)
+        except asyncio.CancelledError:
+            # The thread runs on: once it has staged the file, nobody will ever commit it.
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({staging}, timeout=10)
+                if staging.done() and staging.exception() is None:
+                    await asyncio.to_thread(safefs.discard, ws, rel, staging.result()[1])
+            raise
+        added, removed = textdiff.counts(old, data)
+        intent = json.dumps({"path": rel, "tmp": tmp, "bytes": len(data), "added": added, "removed": removed,
+                             "version_id": kept.version_id, "store": kept.store, "kept_path": kept.path})
+        fence = asyncio.ensure_future(self.runner.ensure_lease(t.sid, t.token, call.tool_call_id, intent))
+        try:
+            await asyncio.shield(fence)
+        except BaseException:
+            # Cancelled (the drive's deadline passed) or refused or Redis failed: the write does
+            # not go ahead. Refused, nothing was recorded and the temp file goes; otherwise the
+            # intent may be recorded, so the temp file is renamed away (a takeover that settles
+            # the intent finds "did not land" and removes it).
+            if not fence.done():
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait({fence}, timeout=5)
+            refused = fence.done() and not fence.cancelled() and isinstance(fence.exception(), LeaseLost)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.to_thread(safefs.discard if refused else safefs.abort, ws, rel, tmp))
+            raise
+        await asyncio.shield(asyncio.to_thread(safefs.commit, ws, rel, tmp))
         await self._result(
             call, True, f"Wrote {rel} ({len(data)} bytes, +{added} -{removed}).",
             extra=[ev.VersionKept(**self._e(), path=kept.path, version_id=kept.version_id, store=kept.store),
@@ -616,6 +650,8 @@ class TurnLoop:
                                observed=observed or None)
         evs = [*(extra or []), result] if first else [result, *(extra or [])]
         ops = [("hdel", keys.OPEN_CALLS, call.tool_call_id, "")]
+        if call.tool_name == "write_file":
+            ops.append(("hdel", keys.WRITES, call.tool_call_id, ""))  # its staged write is settled
         if raw:
             ops.append(("ltrim", keys.OBSERVED, str(len(raw)), "-1"))
         await self.emit(*evs, ops=ops)

@@ -385,7 +385,8 @@ end
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
 -- then nops*4 op fields (op, suffix, field, value), then event bodies.
 -- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop); suffix in the allowed set.
-local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true }
+local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
+                  [':wip'] = true }
 local function cox_emit(keys, args)
   local base = keys[1]
   local sid, token, owner, nops = args[1], args[2], args[3], tonumber(args[4])
@@ -425,8 +426,12 @@ end
 
 -- Is token still the lease? For a side effect outside Redis (a file write), checked just before
 -- it. ARGV: sid, token
+-- Is token still the lease? ARGV: sid, token[, call_id, intent]. With an intent (a staged file
+-- write: {path, tmp, ...}), it is recorded in :wip under the same check, before the rename: a
+-- takeover finds it there and settles it (cox_runner.drive._settle_writes) before anything else.
 local function cox_fence(keys, args)
   if not hold(keys[1], args[2]) then return refuse('fenced', 'lease lost') end
+  if args[3] ~= nil and args[3] ~= '' then redis.call('HSET', keys[1] .. ':wip', args[3], args[4]) end
   return { reply({ ok = true }) }
 end
 
@@ -560,12 +565,20 @@ end
 
 -- ------------------------------------------------------------------ outbox publishing
 
--- The caller published the first n entries of the batch it was handed. ARGV: sid, owner, n
+-- The stream now holds the session's events up to seq last (published in order, so every one
+-- before it too). ARGV: sid, owner, last. Trimmed by seq, not by a count: a publisher whose
+-- lock lapsed under it can never drop an entry nobody published.
 local function cox_pub_done(keys, args)
   local base = keys[1]
-  local sid, owner, n = args[1], args[2], tonumber(args[3])
+  local sid, owner, last = args[1], args[2], tonumber(args[3])
   if redis.call('GET', base .. ':publock') ~= owner then return refuse('lost', 'publish lock lost') end
-  if n > 0 then redis.call('LTRIM', base .. ':outbox', n, -1) end
+  while true do
+    local head = redis.call('LINDEX', base .. ':outbox', 0)
+    if not head then break end
+    local seq = tonumber(string.match(head, '^{"seq":(%d+),'))
+    if seq == nil or seq > last then break end
+    redis.call('LPOP', base .. ':outbox')
+  end
   if redis.call('LLEN', base .. ':outbox') > 0 then
     redis.call('PEXPIRE', base .. ':publock', PUB_LOCK_MS)
     local out = { reply({ more = true }) }

@@ -145,9 +145,9 @@ class Runner(Service):
         with contextlib.suppress(Exception):
             await self.redis.connection_pool.disconnect(inuse_connections=False)
 
-    async def ensure_lease(self, sid: str, token: str) -> None:
-        """Raise LeaseLost unless this runner still holds ``sid`` (before a file write)."""
-        await drives_mod.ensure_lease(self, sid, token)
+    async def ensure_lease(self, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
+        """Raise LeaseLost unless this runner still holds ``sid``; record a staged write's intent."""
+        await drives_mod.ensure_lease(self, sid, token, call_id, intent)
 
     def metrics_turn_started(self) -> None:
         self.turns_started += 1

@@ -50,6 +50,7 @@ class Store:
         self.owner = owner
         self.log = log
         self._publishers: dict[str, asyncio.Task[None]] = {}
+        self._cursors: eventlog.Cursors = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def load(self) -> None:
@@ -100,8 +101,8 @@ class Store:
     async def _publish(self, sid: str, batch: list[str]) -> None:
         try:
             while batch:
-                await eventlog.publish(self.js, sid, batch)
-                res = await self.redis.fcall("cox_pub_done", 1, keys.session(sid), sid, self.owner, str(len(batch)))
+                last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
+                res = await self.redis.fcall("cox_pub_done", 1, keys.session(sid), sid, self.owner, str(last))
                 batch = list(res[1:])
         except asyncio.CancelledError:
             raise

@@ -7,6 +7,7 @@ call is allowed, through :mod:`coxswain.safefs` so every path is opened beneath 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import os
 import signal
@@ -109,6 +110,18 @@ def clip(text: str, limit: int) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters not shown]"
 
 
+def clip_output(kept: bytes, total: int, limit: int) -> str:
+    """A command's output: at most ``limit`` bytes of it (cut at a character boundary) and, if
+    it wrote more, how many bytes were not shown, counted in bytes (``total`` is all it wrote)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    part = kept[:limit]
+    text = decoder.decode(part, final=len(part) == len(kept))
+    shown = len(part) - len(decoder.getstate()[0])  # a character cut in two is not shown
+    if total > shown:
+        text += f"\n[... {total - shown} more bytes of output not shown ({total} in all)]"
+    return text
+
+
 def read_file(root: Path, rel: str, limit: int) -> str:
     data = safefs.read(root, rel, max_bytes=limit + 1)
     if data is None:
@@ -187,10 +200,7 @@ async def run_command(workspace: Path, command: str, timeout_s: float, limit: in
         raise
     with contextlib.suppress(BaseException):
         await asyncio.wait_for(reader, 2)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    if size > len(text):
-        text += f"\n[... {size - len(text)} more bytes of output]"
-    text = clip(text, limit)
+    text = clip_output(b"".join(chunks), size, limit)
     code = proc.returncode
     if timed_out:
         text += f"\n[timed out after {timeout_s:g}s; the command was killed]"

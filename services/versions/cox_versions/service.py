@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
 from coxswain import eventlog, keys, safefs, subjects, textdiff
 from coxswain.config import Settings
 from coxswain.errors import CoxError, Fenced, Invalid, NotFound
@@ -62,6 +65,10 @@ class Versions(Service):
         self.mac_key = b""
 
     async def start(self) -> None:
+        # Every Redis call here is idempotent (GET, HGET, SET NX): retried on a broken connection.
+        # A pooled connection that a Redis restart closed (busy or idle) fails once and is
+        # replaced, instead of failing a write's keep with "Connection closed by server".
+        self.redis.set_retry(Retry(ExponentialBackoff(cap=0.5, base=0.05), 6))
         # The key that makes index lines members of the store: in Redis, out of the model's reach.
         await self.redis.set(keys.VERSIONS_MAC_KEY, secrets.token_hex(32), nx=True)
         self.mac_key = bytes.fromhex(await self.redis.get(keys.VERSIONS_MAC_KEY))

@@ -1,0 +1,190 @@
+"""Event streams (SSE) that a slow client cannot turn against the gateway.
+
+- One NATS subscription per session, shared by its readers (``eventlog.Hub``); each reader has
+  a buffer bounded in bytes (``[gateway] stream_buffer_bytes``). The fan-out never waits.
+- A reader that falls behind is dropped: its buffer overflowed, or one write to its socket has
+  waited ``stream_stall_s``. Its connection is aborted at once (a never-reading client would
+  otherwise hold its unsent bytes, and the socket, forever); a client resumes with ``after`` or
+  ``Last-Event-ID``, which ``EventSource`` sends by itself. Logged (``stream.dropped``) and
+  counted (``cox_event_streams_dropped_total{reason}``).
+- What a stream holds at once is bounded too: events are taken and written in chunks of about
+  ``CHUNK_BYTES``, the backlog is read ``BACKLOG_BATCH`` events at a time, and the socket's
+  kernel send buffer is ``SOCKET_SNDBUF``.
+- A principal holds at most ``max_streams_per_principal`` event streams (SSE and waiting JSON
+  reads): the next one is ``429 too_many_streams``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from coxswain import eventlog
+from coxswain.errors import TooManyStreams
+
+from . import metrics
+
+if TYPE_CHECKING:
+    from .service import Gateway
+
+TRANSPORT = "cox.transport"
+"""The scope key under which :class:`HttpProtocol` puts the connection's transport."""
+SOCKET_SNDBUF = 131_072
+"""An event stream's kernel send buffer. Left to autotuning, Linux lets one client that never
+reads hold some 2.3 MB of the gateway's writes in the kernel, so it looks fast while it soaks
+up memory; with this (doubled by the kernel) it is seen to stall after some 300 KB."""
+CHUNK_BYTES = 65_536
+BACKLOG_BATCH = 32
+HEARTBEAT_S = 15.0
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, giving each request its connection's transport.
+
+    uvicorn closes a connection gracefully: the bytes already written are sent first, which for
+    a client that never reads is never. Dropping a slow reader must free its socket now
+    (``transport.abort()``), and an event stream bounds its socket's send buffer.
+    """
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[TRANSPORT] = self.transport  # type: ignore[literal-required]
+
+
+class Slots:
+    """Open event streams per principal, at most ``limit`` each."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def hold(self, who: str) -> Iterator[None]:
+        self.take(who)
+        try:
+            yield
+        finally:
+            self.give(who)
+
+    def take(self, who: str) -> None:
+        if self.open[who] >= self.limit:
+            metrics.STREAMS_REFUSED.inc()
+            raise TooManyStreams(f"this principal has {self.open[who]} event streams open, the most it may "
+                                 f"(max_streams_per_principal = {self.limit}); close one, or read with "
+                                 f"format=json and after")
+        self.open[who] += 1
+
+    def give(self, who: str) -> None:
+        self.open[who] -= 1
+        if self.open[who] <= 0:
+            del self.open[who]
+
+
+def frame(ev: dict[str, Any]) -> str:
+    data = json.dumps(ev, ensure_ascii=False, separators=(",", ":"))
+    return f"id: {ev['seq']}\nevent: {ev['type']}\ndata: {data}\n\n"
+
+
+class EventStream(Response):
+    """``text/event-stream`` of one session after ``after``: backlog, then live events."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, gw: Gateway, sid: str, after: int, who: str) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        self.gw = gw
+        self.sid = sid
+        self.after = after
+        self.who = who
+        self.dropped = ""
+        self._transport: Any = None
+
+    def drop(self, reason: str, seq: int) -> None:
+        if self.dropped:
+            return
+        self.dropped = reason
+        metrics.STREAMS_DROPPED.labels(reason).inc()
+        self.gw.log.info("stream.dropped", sid=self.sid, principal=self.who, reason=reason, seq=seq)
+        if self._transport is not None:
+            self._transport.abort()  # a write waiting on the socket returns at once (uvicorn sees it gone)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._transport = scope.get(TRANSPORT)
+        sock = self._transport.get_extra_info("socket") if self._transport is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SNDBUF)
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    await self._stream(send)
+                    tg.cancel_scope.cancel()
+
+                async def disconnected() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(stream)
+                await disconnected()
+        finally:
+            self.gw.slots.give(self.who)
+
+    async def _stream(self, send: Send) -> None:
+        gw = self.gw
+        settings = gw.settings.gateway
+        metrics.STREAMS.inc()
+        tail: eventlog.Tail | None = None
+
+        def overflow(_: eventlog.Reader) -> None:
+            self.drop("overflow", tail.last if tail else self.after)
+
+        async def write(data: bytes) -> bool:
+            try:
+                async with asyncio.timeout(settings.stream_stall_s):
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            except TimeoutError:
+                self.drop("stalled", tail.last if tail else self.after)
+            return not self.dropped
+
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            if not await write(b"retry: 1000\n\n"):
+                return
+            tail = eventlog.Tail(gw.hub, gw.js, self.sid, self.after, gw.seq_now(self.sid),
+                                 max_bytes=settings.stream_buffer_bytes, on_overflow=overflow)
+            async with tail:
+                while not gw.stopping and not self.dropped:
+                    batch = await tail.next(timeout=HEARTBEAT_S, limit=BACKLOG_BATCH, max_bytes=CHUNK_BYTES)
+                    if self.dropped:
+                        return
+                    if not batch:
+                        if not await write(b": keep-alive\n\n"):
+                            return
+                        continue
+                    chunk: list[str] = []
+                    size = 0
+                    for ev in batch:
+                        text = frame(ev)
+                        chunk.append(text)
+                        size += len(text)
+                        if size >= CHUNK_BYTES:
+                            if not await write("".join(chunk).encode()):
+                                return
+                            chunk, size = [], 0
+                    if chunk and not await write("".join(chunk).encode()):
+                        return
+        finally:
+            metrics.STREAMS.dec()
