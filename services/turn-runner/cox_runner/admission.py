@@ -15,7 +15,6 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from coxswain import events as ev
 from coxswain import keys, safefs, session_view
@@ -42,20 +41,18 @@ from coxswain.models import (
 )
 
 from . import cmdversions, tools
-from .drive import Drive
+from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
+from .leases import Drive
 from .store import as_list
-
-if TYPE_CHECKING:
-    from .service import Runner
 
 STOP_SETTLE_S = 10.0
 OBSERVE_TIMEOUT_S = 60.0
 
 
 class Admission:
-    def __init__(self, runner: Runner) -> None:
-        self.r = runner
+    def __init__(self, deps: Deps) -> None:
+        self.r = deps
 
     # ------------------------------------------------------------------ sessions
     async def create(self, cmd: CreateCmd) -> Session:
@@ -114,7 +111,7 @@ class Admission:
     # ------------------------------------------------------------------ messages
     async def send(self, cmd: SendCmd) -> SendResult:
         r = self.r
-        if r.stopping:
+        if r.stopping():
             # A turn started here now would be cancelled by the shutdown at once: let the person's
             # retry reach a runner that stays (nothing was recorded).
             raise Unavailable("this turn-runner is shutting down; send again")
@@ -123,7 +120,7 @@ class Admission:
         turn_id = new_id("t")
         sent = time.monotonic()
         res = await r.store.call("cox_send", cmd.sid, [
-            cmd.sid, cmd.principal, message_id, cmd.text, cmd.mode or "", cmd.client_id or "", r.runner_id,
+            cmd.sid, cmd.principal, message_id, cmd.text, cmd.mode or "", cmd.client_id or "", r.owner,
             str(r.settings.runner.lease_ms), turn_id, r.owner, " ".join(sorted(r.models.names())),
         ])
         if not res.get("replay"):
@@ -282,15 +279,14 @@ class Admission:
     async def _begin_op(self, sid: str, principal: str, op: str) -> Drive:
         r = self.r
         sent = time.monotonic()
-        res = await r.store.call("cox_op_begin", sid, [sid, principal, r.runner_id, str(r.settings.runner.lease_ms), op])
+        res = await r.store.call("cox_op_begin", sid, [sid, principal, r.owner, str(r.settings.runner.lease_ms), op])
         d = Drive(sid=sid, token=str(res["token"]), acquired=sent)
-        r.drives[sid] = d  # renewed by the lease keeper while the operation runs
+        r.leases.hold(d)  # renewed by the lease keeper while the operation runs
         return d
 
     async def _end_op(self, d: Drive, op: str) -> None:
         r = self.r
-        if r.drives.get(d.sid) is d:
-            del r.drives[d.sid]
+        r.leases.release(d)
         d.disarm()
         try:
             await r.finish_op(d)

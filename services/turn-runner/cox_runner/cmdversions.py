@@ -13,15 +13,15 @@ log says so.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from coxswain import events as ev
 from coxswain.errors import CoxError
 from coxswain.models import CommandChangesRequest, SnapshotRequest
 
-if TYPE_CHECKING:
-    from .clients import Clients
-    from .loop import TurnLoop
+from .clients import Clients
+from .deps import Deps
+from .turn import Turn
 
 
 async def snapshot(clients: Clients, log: Any, sid: str, workspace: str, token: int) -> str | None:
@@ -58,14 +58,12 @@ async def changes(clients: Clients, log: Any, sid: str, workspace: str, token: i
     return out
 
 
-async def before(loop: TurnLoop) -> str | None:
+async def before(deps: Deps, turn: Turn, log: Any) -> str | None:
     """The turn's snapshot before its command."""
-    t = loop.turn
-    return await snapshot(loop.runner.clients, loop.log, t.sid, str(t.workspace), int(t.token))
+    return await snapshot(deps.clients, log, turn.sid, str(turn.workspace), int(turn.token))
 
 
-async def after(loop: TurnLoop, call_id: str, snap: str | None) -> list[ev._Event]:
+async def after(deps: Deps, turn: Turn, log: Any, call_id: str, snap: str | None) -> list[ev._Event]:
     """Keep what the turn's command changed; the events that record it."""
-    t = loop.turn
-    return await changes(loop.runner.clients, loop.log, t.sid, str(t.workspace), int(t.token), snap,
-                         t.turn_id, call_id)
+    return await changes(deps.clients, log, turn.sid, str(turn.workspace), int(turn.token), snap,
+                         turn.turn_id, call_id)

@@ -20,9 +20,8 @@ import asyncio
 import contextlib
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis.exceptions
 
@@ -30,99 +29,46 @@ from coxswain import events as ev
 from coxswain import keys, safefs
 from coxswain.errors import CoxError, Fenced
 from coxswain.ids import new_id
+from coxswain.models import Plan
 
-from . import transcript
+from .deps import Deps
 from .errors import LeaseLost, StoreDown
-from .loop import Ending, TurnLoop
-from .turn import Turn
-
-if TYPE_CHECKING:
-    from .service import Runner
+from .leases import Drive, cancel
+from .loop import TurnLoop
+from .turn import Ending, Turn
 
 CRASH_TEXT = ("Cancelled: the runner running this turn stopped before the call finished "
               "(the turn ended as crashed).")
-DEADLINE_SHARE = 0.9
-"""A drive stops itself this far into a lease it could not renew, before anyone can claim it."""
 
 
-@dataclass
-class Drive:
-    sid: str
-    token: str
-    first: dict[str, Any] | None = None
-    """The message to run first: {message_id, text, mode, turn_id}."""
-    crashed: dict[str, Any] | None = None
-    """A claimed session's dead turn: {turn_id, open: [call_id, name, ...], old_runner}."""
-    turn: Turn | None = None
-    history: transcript.Builder | None = None
-    """The transcript as the last turn left it, for the next turn of this drive."""
-    task: asyncio.Task[None] | None = None
-    acquired: float = field(default_factory=time.monotonic)
-    """When the lease was (at the latest) set or last renewed, on this process's monotonic clock."""
-    deadline: float = 0.0
-    shutting_down: bool = False
-    self_fence: bool = True
-    _timer: asyncio.TimerHandle | None = None
-    _on_expire: Any = None
-
-    def arm(self, lease_ms: int, sent: float, on_expire: Any = None) -> None:
-        """The lease was set by a call sent at ``sent``: stop by ``sent`` + most of the lease."""
-        if on_expire is not None:
-            self._on_expire = on_expire
-        self.deadline = sent + lease_ms / 1000 * DEADLINE_SHARE
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if not self.self_fence:
-            return
-        loop = asyncio.get_running_loop()
-        # time.monotonic and the loop clock are the same clock in CPython's default loops;
-        # translate anyway so a custom loop clock cannot skew the deadline.
-        when = loop.time() + (self.deadline - time.monotonic())
-        self._timer = loop.call_at(when, self._expire)
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _expire(self) -> None:
-        # Only the current timer fires (arm cancels the one before), so this is the deadline:
-        # no comparison with time.monotonic(), which uvloop's cached clock may trail by a few ms.
-        self._timer = None
-        if self._on_expire is not None:
-            self._on_expire(self)
-        cancel(self)
-
-
-def _expired(runner: Runner) -> Any:
+def _expired(deps: Deps) -> Any:
     def on_expire(d: Drive) -> None:
         if d.task is not None and not d.task.done():
-            runner.log.error("lease.deadline_passed", sid=d.sid, token=d.token)
+            deps.log.error("lease.deadline_passed", sid=d.sid, token=d.token)
 
     return on_expire
 
 
-async def run_drive(runner: Runner, d: Drive) -> None:
-    log = runner.log.bind(sid=d.sid)
-    d.self_fence = runner.settings.runner.self_fence
-    d.arm(runner.settings.runner.lease_ms, d.acquired, _expired(runner))
+async def run_drive(deps: Deps, d: Drive) -> None:
+    log = deps.log.bind(sid=d.sid)
+    d.self_fence = deps.settings.runner.self_fence
+    d.arm(deps.settings.runner.lease_ms, d.acquired, _expired(deps))
     try:
         nxt = d.first
         if d.crashed is not None:
-            nxt = await _end_crashed(runner, d)
+            nxt = await _end_crashed(deps, d)
         while nxt is not None:
-            ending, plan = await _run_turn(runner, d, nxt)
-            nxt = await _end_turn(runner, d, ending, plan)
+            ending, plan = await _run_turn(deps, d, nxt)
+            nxt = await _end_turn(deps, d, ending, plan)
     except StoreDown as exc:
         log.warning("drive.store_down", error=str(exc))
-        await runner.redis_failed()
+        await deps.redis_failed()
     except (LeaseLost, Fenced) as exc:
         log.warning("drive.lease_lost", detail=str(exc))
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         # Redis failed under a read: write nothing more; the lease lapses and a takeover ends the turn.
         log.warning("drive.store_down", error=repr(exc))
-        await runner.redis_failed()
+        await deps.redis_failed()
     except asyncio.CancelledError:
         log.info("drive.cancelled")
         raise
@@ -131,68 +77,67 @@ async def run_drive(runner: Runner, d: Drive) -> None:
         if d.turn is not None:
             # A bug in the turn, not an unknown outcome of turn_end: end it as an error, once.
             with contextlib.suppress(Exception):
-                await _end_turn(runner, d, Ending("error", detail=f"internal error: {exc!r}"), None)
+                await _end_turn(deps, d, Ending("error", detail=f"internal error: {exc!r}"), None)
     finally:
         d.disarm()
-        if runner.drives.get(d.sid) is d:
-            del runner.drives[d.sid]
+        deps.leases.release(d)
 
 
-async def _run_turn(runner: Runner, d: Drive, msg: dict[str, Any]) -> tuple[Ending, dict[str, Any] | None]:
-    info = await runner.redis.hmget(keys.session(d.sid), ["workspace", "model"])
+async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, Plan | None]:
+    info = await deps.redis.hmget(keys.session(d.sid), ["workspace", "model"])
     turn = Turn(
         sid=d.sid, turn_id=msg["turn_id"], token=d.token, message_id=msg["message_id"], text=msg["text"],
         via=msg.get("mode") or "send", workspace=Path(info[0] or "."), model=info[1] or "script",
     )
     d.turn = turn
-    runner.log.info("turn.begin", sid=d.sid, turn_id=turn.turn_id, message_id=turn.message_id, token=d.token)
+    deps.log.info("turn.begin", sid=d.sid, turn_id=turn.turn_id, message_id=turn.message_id, token=d.token)
     if d.shutting_down:
         turn.request_stop("shutdown")
-    stop = await runner.redis.hget(keys.session(d.sid), "stop")
+    stop = await deps.redis.hget(keys.session(d.sid), "stop")
     if stop:
         turn.request_stop(stop)
-    loop = TurnLoop(runner, turn, carried=d.history)
+    loop = TurnLoop(deps, turn, carried=d.history)
     d.history = None
-    runner.metrics_turn_started()
+    deps.leases.turns_started += 1
     ending = await loop.run()
     d.history = loop.handed_on()
-    return ending, loop.plan
+    return ending, loop.plan.plan
 
 
-def _plan_action(ending: Ending, plan: dict[str, Any] | None) -> str:
+def _plan_action(ending: Ending, plan: Plan | None) -> str:
     """'' keeps the session's plan (carried into the next turn), '-' clears it."""
-    if ending.outcome not in ev.UNFINISHED or not plan:
+    if ending.outcome not in ev.UNFINISHED or plan is None:
         return "-"
-    if len(set(plan.get("marks", []))) >= len(plan.get("steps", [])):
+    if len(set(plan.marks)) >= len(plan.steps):
         return "-"
     return ""
 
 
-async def _end_turn(runner: Runner, d: Drive, ending: Ending, plan: dict[str, Any] | None) -> dict[str, Any] | None:
+async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> dict[str, Any] | None:
     turn = d.turn
     if turn is None:
         return None
-    if await _close_open_calls(runner, d, turn, ending):
+    if await _close_open_calls(deps, d, turn, ending):
         d.history = None  # results the loop never saw: the next turn rebuilds from the log
     body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,
                               finish_reason=ending.finish_reason, detail=ending.detail,
                               provider_finish_reason=ending.provider_finish_reason))
-    runner.log.info("turn.end", sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome)
-    return await _turn_end_call(runner, d, body, _plan_action(ending, plan))
+    deps.log.info("turn.end", sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome)
+    return await turn_end_call(deps, d, body, _plan_action(ending, plan))
 
 
-async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending) -> bool:
+async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) -> bool:
     """Whatever path ended the turn, no tool call it opened stays without a result.
 
     The loop closes the calls it knows about; this catches any it could not (an exception
     between a response and its tool round). ``:open`` is a small hash, so HGETALL gives the
     calls in the order the response listed them.
     """
-    flat = await runner.redis.hgetall(keys.of(d.sid, keys.OPEN_CALLS))
+    flat = await deps.redis.hgetall(keys.of(d.sid, keys.OPEN_CALLS))
     if not flat:
         return False
     call_ids = list(flat)
-    landed, cleanup = await _settle_writes(runner, d.sid, turn.turn_id, ending.outcome)
+    landed, cleanup = await _settle_writes(deps, d.sid, turn.turn_id, ending.outcome)
     reason = turn.stop_reason if turn.stop_reason in ("stop", "steer") else None
     evs: list[ev._Event] = []
     text = f"Cancelled: the turn ended ({ending.outcome}) before this call finished."
@@ -205,25 +150,25 @@ async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending
             evs.append(ev.ToolResult(sid=d.sid, turn_id=turn.turn_id, call_id=c, ok=False, output=text))
     ops = [x for c in call_ids for x in ("hdel", keys.OPEN_CALLS, c, "")] + ["del", keys.WRITES, "", ""]
     try:
-        await runner.store.call("cox_emit", d.sid, [
-            d.sid, d.token, runner.owner, str(len(call_ids) + 1), *ops, *(ev.body(e) for e in evs),
+        await deps.store.call("cox_emit", d.sid, [
+            d.sid, d.token, deps.owner, str(len(call_ids) + 1), *ops, *(ev.body(e) for e in evs),
         ])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
     if cleanup is not None:
         await cleanup()
-    runner.log.warning("turn.closed_open_calls", sid=d.sid, turn_id=turn.turn_id, calls=call_ids)
+    deps.log.warning("turn.closed_open_calls", sid=d.sid, turn_id=turn.turn_id, calls=call_ids)
     return True
 
 
-async def _turn_end_call(runner: Runner, d: Drive, body: str, plan: str) -> dict[str, Any] | None:
+async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str) -> dict[str, Any] | None:
     next_turn = new_id("t")
-    handoff = "1" if (d.shutting_down or runner.stopping) else ""
-    lease_ms = runner.settings.runner.lease_ms
+    handoff = "1" if (d.shutting_down or deps.stopping()) else ""
+    lease_ms = deps.settings.runner.lease_ms
     sent = time.monotonic()
     try:
-        res = await runner.store.call("cox_turn_end", d.sid, [
-            d.sid, d.token, runner.owner, body, next_turn, str(lease_ms), plan, handoff,
+        res = await deps.store.call("cox_turn_end", d.sid, [
+            d.sid, d.token, deps.owner, body, next_turn, str(lease_ms), plan, handoff,
         ])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
@@ -235,7 +180,7 @@ async def _turn_end_call(runner: Runner, d: Drive, body: str, plan: str) -> dict
     return None
 
 
-async def _end_crashed(runner: Runner, d: Drive) -> dict[str, Any] | None:
+async def _end_crashed(deps: Deps, d: Drive) -> dict[str, Any] | None:
     """Close the dead turn's open calls, end it ``crashed`` (its plan carries), go on."""
     c = d.crashed or {}
     turn_id = c.get("turn_id") or ""
@@ -245,15 +190,15 @@ async def _end_crashed(runner: Runner, d: Drive) -> dict[str, Any] | None:
         open_calls = list(zip(flat[::2], flat[1::2], strict=False)) if isinstance(flat, list) else []
         # Settled first: a write the dead runner staged either landed (recorded as written) or
         # never will (its temp file is renamed away before anything of the next turn runs).
-        landed, cleanup = await _settle_writes(runner, d.sid, turn_id, "crashed")
+        landed, cleanup = await _settle_writes(deps, d.sid, turn_id, "crashed")
         if open_calls:
             evs: list[ev._Event] = []
             for cid, _name in open_calls:
                 evs += landed.get(cid) or [ev.ToolResult(sid=d.sid, turn_id=turn_id, call_id=cid, ok=False,
                                                          output=CRASH_TEXT)]
             try:
-                await runner.store.call("cox_emit", d.sid, [
-                    d.sid, d.token, runner.owner, "2", "del", keys.OPEN_CALLS, "", "", "del", keys.WRITES, "", "",
+                await deps.store.call("cox_emit", d.sid, [
+                    d.sid, d.token, deps.owner, "2", "del", keys.OPEN_CALLS, "", "", "del", keys.WRITES, "", "",
                     *(ev.body(e) for e in evs),
                 ])
             except Fenced as exc:
@@ -262,8 +207,8 @@ async def _end_crashed(runner: Runner, d: Drive) -> dict[str, Any] | None:
             await cleanup()
         detail = f"the runner {c.get('old_runner') or '?'} stopped renewing its lease"
         body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn_id, outcome="crashed", detail=detail))
-        runner.log.warning("turn.crashed", sid=d.sid, turn_id=turn_id, old_runner=c.get("old_runner"))
-    return await _turn_end_call(runner, d, body, "")
+        deps.log.warning("turn.crashed", sid=d.sid, turn_id=turn_id, old_runner=c.get("old_runner"))
+    return await turn_end_call(deps, d, body, "")
 
 
 def parse_claims(raw: Any) -> list[dict[str, Any]]:
@@ -272,37 +217,37 @@ def parse_claims(raw: Any) -> list[dict[str, Any]]:
     return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
 
 
-async def renew_all(runner: Runner) -> None:
+async def renew_all(deps: Deps) -> None:
     """Renew every lease this runner holds (one pipeline) and pass on what changed.
 
     The reply to a renewal may come late (Redis slow or gone); the pipeline is bounded by the
     renewal period, and a drive whose deadline passes meanwhile stops itself (``Drive.arm``).
     """
-    drives = [d for d in runner.drives.values() if d.task is None or not d.task.done()]
+    drives = deps.leases.active()
     if not drives:
         return
-    rc = runner.settings.runner
+    rc = deps.settings.runner
     lease_ms = rc.lease_ms
     sent = time.monotonic()
     try:
-        async with runner.redis.pipeline(transaction=False) as pipe:
+        async with deps.redis.pipeline(transaction=False) as pipe:
             for d in drives:
                 pipe.fcall("cox_renew", 1, keys.session(d.sid), d.sid, d.token, str(lease_ms))
             results = await asyncio.wait_for(pipe.execute(raise_on_error=False), timeout=rc.renew_every_ms / 1000)
     except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
-        runner.log.warning("lease.renew_failed", error=repr(exc), drives=len(drives))
-        await runner.redis_failed()
+        deps.log.warning("lease.renew_failed", error=repr(exc), drives=len(drives))
+        await deps.redis_failed()
         return
     for d, res in zip(drives, results, strict=True):
         if isinstance(res, Exception):
-            runner.log.warning("lease.renew_failed", sid=d.sid, error=repr(res))
+            deps.log.warning("lease.renew_failed", sid=d.sid, error=repr(res))
             continue
         head = json.loads(res[0])
         if "error" in head:
-            runner.log.warning("lease.lost", sid=d.sid, detail=head.get("detail"))
+            deps.log.warning("lease.lost", sid=d.sid, detail=head.get("detail"))
             cancel(d)
             continue
-        if runner.drives.get(d.sid) is d:
+        if deps.leases.get(d.sid) is d:
             d.arm(lease_ms, sent)
         t = d.turn
         if t is None:
@@ -318,28 +263,23 @@ async def renew_all(runner: Runner) -> None:
             t.policy_inputs = None
 
 
-def cancel(d: Drive) -> None:
-    if d.task is not None and not d.task.done():
-        d.task.cancel()
-
-
-async def ensure_lease(runner: Runner, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
+async def ensure_lease(deps: Deps, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
     """Raise :class:`LeaseLost` unless this runner still holds ``sid`` under ``token``.
 
     For a side effect Redis cannot fence (writing a file): checked just before it, against the
     local deadline and against Redis. With ``intent`` (a staged write), Redis records it under
     the same check, so that whoever takes the session over settles it (:func:`_settle_writes`).
     """
-    d = runner.drives.get(sid)
+    d = deps.leases.get(sid)
     if d is None or d.token != token or (d.self_fence and time.monotonic() >= d.deadline):
         raise LeaseLost("the lease is past its deadline or no longer held")
     try:
-        await runner.store.call("cox_fence", sid, [sid, token, call_id, intent])
+        await deps.store.call("cox_fence", sid, [sid, token, call_id, intent])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
 
 
-async def _settle_writes(runner: Runner, sid: str, turn_id: str, outcome: str) -> tuple[dict[str, list[ev._Event]], Any]:
+async def _settle_writes(deps: Deps, sid: str, turn_id: str, outcome: str) -> tuple[dict[str, list[ev._Event]], Any]:
     """Settle the file writes a turn staged and fenced but never recorded (its runner stopped).
 
     Each is made final one way or the other on the file system, atomically: the staged temp file
@@ -348,10 +288,10 @@ async def _settle_writes(runner: Runner, sid: str, turn_id: str, outcome: str) -
     events recording the writes that landed, by call id, and a cleanup to run once they are
     recorded (it removes the renamed-away temp files).
     """
-    wip = await runner.redis.hgetall(keys.of(sid, keys.WRITES))
+    wip = await deps.redis.hgetall(keys.of(sid, keys.WRITES))
     if not wip:
         return {}, None
-    ws = Path(await runner.redis.hget(keys.session(sid), "workspace") or ".")
+    ws = Path(await deps.redis.hget(keys.session(sid), "workspace") or ".")
     landed: dict[str, list[ev._Event]] = {}
     staged: list[tuple[str, str]] = []
     for call_id, raw in wip.items():
@@ -360,10 +300,10 @@ async def _settle_writes(runner: Runner, sid: str, turn_id: str, outcome: str) -
             path, tmp = str(w["path"]), str(w["tmp"])
             aborted = await asyncio.to_thread(safefs.abort, ws, path, tmp)
         except Exception as exc:  # noqa: BLE001 - unreadable intent or folder: it did not land as far as we can tell
-            runner.log.error("write.unsettled", sid=sid, call_id=call_id, error=repr(exc))
+            deps.log.error("write.unsettled", sid=sid, call_id=call_id, error=repr(exc))
             continue
         staged.append((path, tmp))
-        runner.log.warning("write.settled", sid=sid, call_id=call_id, path=path, landed=not aborted)
+        deps.log.warning("write.settled", sid=sid, call_id=call_id, path=path, landed=not aborted)
         if not aborted:
             landed[call_id] = [
                 ev.VersionKept(sid=sid, turn_id=turn_id, path=w.get("kept_path") or path,
@@ -383,15 +323,15 @@ async def _settle_writes(runner: Runner, sid: str, turn_id: str, outcome: str) -
     return landed, cleanup
 
 
-async def ring_local(runner: Runner, sid: str, kind: str) -> None:
+async def ring_local(deps: Deps, sid: str, kind: str) -> None:
     """A doorbell for a session this runner holds: re-read what changed."""
-    d = runner.drives.get(sid)
+    d = deps.leases.get(sid)
     if d is None or d.turn is None:
         return
     t = d.turn
     if kind in ("stop", "steer"):
         with contextlib.suppress(CoxError, OSError, redis.exceptions.RedisError):
-            stop = await runner.redis.hget(keys.session(sid), "stop")
+            stop = await deps.redis.hget(keys.session(sid), "stop")
             if stop:
                 t.request_stop(stop)
     elif kind == "lead":

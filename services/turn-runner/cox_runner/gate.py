@@ -7,18 +7,24 @@ routes it there; what the judge refuses or fails on goes to the person with the 
 A security confirm always goes to the person. Every decision is a ``policy.decision`` event; a
 write's decisions carry guard's preview of what it would change (the Changes view reads them).
 
-Taint needs two lists from the turn: fragments of tool output (``loop.tainted_fragments``) and
-the person's own words (:func:`person_words`), which are not taint even when output held them.
+Taint needs two lists from the turn: fragments of tool output (:class:`Taint`) and the person's
+own words (:meth:`Gate.person_words`), which are not taint even when output held them.
+
+:class:`Gate` owns the turn's approval state (the approval open now, what "always this turn"
+allowed) and takes what it needs (the recorder, the budget's waiting time, the plan for the
+judge) instead of the turn loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
@@ -36,11 +42,12 @@ from coxswain.models import (
     Plan,
 )
 
+from .budget import Budget
+from .deps import Deps
 from .errors import StopRequested
+from .recorder import Recorder
 from .script_model import SCRIPT_RE
-
-if TYPE_CHECKING:
-    from .loop import TurnLoop
+from .turn import Turn
 
 APPROVAL_POLL_S = 1.0
 MAX_TRUSTED_CHARS = 200_000
@@ -77,172 +84,195 @@ def standing_key(name: str, args: dict[str, Any], path: str | None) -> str:
     return ""
 
 
-def person_words(loop: TurnLoop) -> list[str]:
-    """What the person wrote in this session (newest first, bounded), ``script`` blocks removed:
-    a script stands for the model's answers, not for the person's words."""
-    texts: list[str] = [loop.turn.text, *(text for text, _ in loop.pending_user)]
-    for msg in reversed(loop.history.messages):
-        if isinstance(msg, ModelRequest):
-            texts.extend(p.content for p in msg.parts if isinstance(p, UserPromptPart) and isinstance(p.content, str))
-    out: list[str] = []
-    size = 0
-    for text in texts:
-        cleaned = SCRIPT_RE.sub(" ", text).strip()
-        if cleaned and cleaned not in out:
-            out.append(cleaned[:MAX_TRUSTED_CHARS - size])
-            size += len(out[-1])
-            if size >= MAX_TRUSTED_CHARS:
-                break
-    return out
+class Taint:
+    """Fragments of what tools returned this turn: a command containing one was built from tool
+    output (guard's taint rule)."""
+
+    def __init__(self) -> None:
+        self._frags: list[str] = []
+
+    def add(self, text: str) -> None:
+        for frag in re.findall(r"[^\s'\"`]{8,}", text)[:500]:
+            self._frags.append(frag[:200])
+        del self._frags[:-2000]
+
+    def fragments(self) -> list[str]:
+        return list(dict.fromkeys(self._frags))
 
 
-async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
-    turn = loop.turn
-    stored, dont_ask = await policy_inputs(loop)
-    standing = set(stored) | turn.turn_standing
-    command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
-    g = await loop.runner.clients.guard(GuardRequest(
-        sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
-        tainted=loop.tainted_fragments() if command else [], trusted=person_words(loop) if command else [],
-    ))
-    await loop.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
-                                      verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
-                                      name=call.name, path=g.path, preview=g.preview))
-    if g.verdict == "refuse":
-        return GateOutcome(False, g.reason, g.actor, g.path, guard=g)
-    if g.verdict == "allow":
-        return GateOutcome(True, g.reason, g.actor, g.path, guard=g)
+class Gate:
+    """The approval gate of a turn's calls, and the approval state it owns."""
 
-    if not g.security and dont_ask:
-        await _decided(loop, call, "allow", "setting", "the don't-ask switch is on", g)
-        return GateOutcome(True, "don't ask is on", "setting", g.path, guard=g)
+    def __init__(self, deps: Deps, turn: Turn, rec: Recorder, budget: Budget, taint: Taint,
+                 plan: Callable[[], Plan | None]) -> None:
+        self.deps = deps
+        self.turn = turn
+        self.rec = rec
+        self.budget = budget
+        self.taint = taint
+        self.plan = plan
+        self.open_approval: str | None = None
 
-    judge_info: dict[str, Any] | None = None
-    if g.route == "judge":  # a security confirm routed here gets the judge's view, never its allow
-        j = await _ask_judge(loop, call)
-        if j.verdict == "allow" and not g.security:
-            await _decided(loop, call, "allow", "judge", j.reason, g)
-            return GateOutcome(True, j.reason, "judge", g.path, guard=g)
-        judge_info = j.model_dump(mode="json", exclude_none=True)
+    def person_words(self) -> list[str]:
+        """What the person wrote in this session (newest first, bounded), ``script`` blocks
+        removed: a script stands for the model's answers, not for the person's words."""
+        texts: list[str] = [self.turn.text, *(text for text, _ in self.rec.pending_user)]
+        for msg in reversed(self.rec.history.messages):
+            if isinstance(msg, ModelRequest):
+                texts.extend(p.content for p in msg.parts
+                             if isinstance(p, UserPromptPart) and isinstance(p.content, str))
+        out: list[str] = []
+        size = 0
+        for text in texts:
+            cleaned = SCRIPT_RE.sub(" ", text).strip()
+            if cleaned and cleaned not in out:
+                out.append(cleaned[:MAX_TRUSTED_CHARS - size])
+                size += len(out[-1])
+                if size >= MAX_TRUSTED_CHARS:
+                    break
+        return out
 
-    return await ask_person(loop, call, g, judge_info)
-
-
-async def policy_inputs(loop: TurnLoop) -> tuple[frozenset[str], bool]:
-    """The session's standing approvals and don't-ask switch: read once (one round trip), then
-    kept for the turn's next calls until a doorbell or a renewal says they may have changed."""
-    t = loop.turn
-    if t.policy_inputs is None:
-        base = keys.session(t.sid)
-        async with loop.runner.redis.pipeline(transaction=False) as pipe:
-            pipe.smembers(base + keys.STANDING)
-            pipe.hget(base, "dont_ask")
-            standing, dont_ask = await pipe.execute()
-        t.policy_inputs = (frozenset(standing), dont_ask == "1")
-    return t.policy_inputs
-
-
-async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, reason: str,
-                   g: GuardResult | None = None) -> None:
-    t = loop.turn
-    # The preview was recorded with guard's decision of this call; it is not repeated here.
-    await loop.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id, verdict=verdict,
-                                      actor=actor, reason=reason, name=call.name, path=g.path if g else None))
-
-
-async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
-    t = loop.turn
-    plan = loop.plan
-    sandbox = loop.settings.sandbox
-    try:
-        return await loop.runner.clients.judge(JudgeRequest(
-            sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
-            plan=Plan(steps=plan["steps"], marks=plan.get("marks", [])) if plan else None,
-            sandboxed=sandbox.mode != "none", network=sandbox.network or call.args.get("network") is True,
+    async def decide(self, call: CallSpec) -> GateOutcome:
+        turn = self.turn
+        stored, dont_ask = await self.policy_inputs()
+        standing = set(stored) | turn.turn_standing
+        command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
+        g = await self.deps.clients.guard(GuardRequest(
+            sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
+            tainted=self.taint.fragments() if command else [], trusted=self.person_words() if command else [],
         ))
-    except CoxError as exc:
-        return JudgeResult(verdict="error", reason=f"the judge failed: {exc.detail}", kind="unavailable")
+        await self.rec.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
+                                              verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
+                                              name=call.name, path=g.path, preview=g.preview))
+        if g.verdict == "refuse":
+            return GateOutcome(False, g.reason, g.actor, g.path, guard=g)
+        if g.verdict == "allow":
+            return GateOutcome(True, g.reason, g.actor, g.path, guard=g)
 
+        if not g.security and dont_ask:
+            await self._decided(call, "allow", "setting", "the don't-ask switch is on", g)
+            return GateOutcome(True, "don't ask is on", "setting", g.path, guard=g)
 
-async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
-                     judge_info: dict[str, Any] | None, *, reason: str | None = None,
-                     security: bool | None = None) -> GateOutcome:
-    """Open an approval and wait for its answer (or Stop/steer, which dismisses it).
+        judge_info: dict[str, Any] | None = None
+        if g.route == "judge":  # a security confirm routed here gets the judge's view, never its allow
+            j = await self._ask_judge(call)
+            if j.verdict == "allow" and not g.security:
+                await self._decided(call, "allow", "judge", j.reason, g)
+                return GateOutcome(True, j.reason, "judge", g.path, guard=g)
+            judge_info = j.model_dump(mode="json", exclude_none=True)
 
-    Leads saved meanwhile wait: the approval stays open (a Lead never dismisses it) and the loop applies them at
-    the boundary after this call. Turning the don't-ask switch on answers a pending approval that
-    is not a security confirm. Time spent here does not count against the turn's time limit.
-    """
-    t = loop.turn
-    aid = new_id("a")
-    sec = bool(g is not None and g.security) if security is None else security
-    why = reason or (g.reason if g else "")
-    key = standing_key(call.name, call.args, g.path if g else None)
-    record = {
-        "approval_id": aid, "call_id": call.call_id, "name": call.name, "args": call.args,
-        "security": sec, "reason": why, "judge": judge_info, "turn_id": t.turn_id,
-        "state": "pending", "standing_key": key, "preview": g.preview if g else None,
-    }
-    await loop.emit(
-        ev.ApprovalPending(sid=t.sid, turn_id=t.turn_id, approval_id=aid, call_id=call.call_id, security=sec,
-                           judge=judge_info, name=call.name, args=call.args, reason=why,
-                           preview=g.preview if g else None),
-        ops=[("hset", keys.APPROVALS, aid, json.dumps(record, ensure_ascii=False))],
-    )
-    loop.open_approval = aid
-    base = keys.session(t.sid)
-    redis = loop.runner.redis
-    started = time.monotonic()
-    try:
-        while True:
-            t.bell.clear()
-            raw = await redis.hget(base + keys.APPROVALS, aid)
-            a = json.loads(raw) if raw else {}
-            state = a.get("state")
-            if state == "resolved":
-                break
-            if t.stopping or state == "dismissed":
-                await dismiss(loop, aid, "the turn was stopped")
-                raise StopRequested(t.stop_reason or "stop")
-            if not sec and (await policy_inputs(loop))[1]:  # re-read after any doorbell
-                await answer(loop, aid, "allow", actor="dont_ask", reason="the don't-ask switch is on")
-                continue
-            try:
-                await asyncio.wait_for(t.bell.wait(), APPROVAL_POLL_S)
-            except TimeoutError:
-                pass
-    finally:
-        loop.waited += time.monotonic() - started
-    loop.open_approval = None
-    decision = a.get("decision", "deny")
-    actor = a.get("actor") or "person"
-    message = a.get("message")
-    if decision == "allow" and a.get("scope") == "turn" and key and (not sec or key == STANDING_NETWORK):
-        t.turn_standing.add(key)
-    said = f"allowed by {_who(actor)}" if decision == "allow" else f"denied by {_who(actor)}"
-    await _decided(loop, call, "allow" if decision == "allow" else "refuse", actor, said, g)
-    return GateOutcome(decision == "allow", said, actor, g.path if g else None, message=message, guard=g)
+        return await self.ask_person(call, g, judge_info)
+
+    async def policy_inputs(self) -> tuple[frozenset[str], bool]:
+        """The session's standing approvals and don't-ask switch: read once (one round trip), then
+        kept for the turn's next calls until a doorbell or a renewal says they may have changed."""
+        t = self.turn
+        if t.policy_inputs is None:
+            base = keys.session(t.sid)
+            async with self.deps.redis.pipeline(transaction=False) as pipe:
+                pipe.smembers(base + keys.STANDING)
+                pipe.hget(base, "dont_ask")
+                standing, dont_ask = await pipe.execute()
+            t.policy_inputs = (frozenset(standing), dont_ask == "1")
+        return t.policy_inputs
+
+    async def _decided(self, call: CallSpec, verdict: str, actor: str, reason: str,
+                       g: GuardResult | None = None) -> None:
+        t = self.turn
+        # The preview was recorded with guard's decision of this call; it is not repeated here.
+        await self.rec.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id,
+                                              verdict=verdict, actor=actor, reason=reason, name=call.name,
+                                              path=g.path if g else None))
+
+    async def _ask_judge(self, call: CallSpec) -> JudgeResult:
+        t = self.turn
+        plan = self.plan()
+        sandbox = self.deps.settings.sandbox
+        try:
+            return await self.deps.clients.judge(JudgeRequest(
+                sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
+                plan=Plan(steps=plan.steps, marks=plan.marks) if plan else None,
+                sandboxed=sandbox.mode != "none", network=sandbox.network or call.args.get("network") is True,
+            ))
+        except CoxError as exc:
+            return JudgeResult(verdict="error", reason=f"the judge failed: {exc.detail}", kind="unavailable")
+
+    async def ask_person(self, call: CallSpec, g: GuardResult | None, judge_info: dict[str, Any] | None, *,
+                         reason: str | None = None, security: bool | None = None) -> GateOutcome:
+        """Open an approval and wait for its answer (or Stop/steer, which dismisses it).
+
+        Leads saved meanwhile wait: the approval stays open (the person's question stays
+        answerable) and the loop applies them at the boundary after this call. Turning the
+        don't-ask switch on answers a pending approval that is not a security confirm. Time spent
+        here does not count against the turn's time limit.
+        """
+        t = self.turn
+        aid = new_id("a")
+        sec = bool(g is not None and g.security) if security is None else security
+        why = reason or (g.reason if g else "")
+        key = standing_key(call.name, call.args, g.path if g else None)
+        record = {
+            "approval_id": aid, "call_id": call.call_id, "name": call.name, "args": call.args,
+            "security": sec, "reason": why, "judge": judge_info, "turn_id": t.turn_id,
+            "state": "pending", "standing_key": key, "preview": g.preview if g else None,
+        }
+        await self.rec.emit(
+            ev.ApprovalPending(sid=t.sid, turn_id=t.turn_id, approval_id=aid, call_id=call.call_id, security=sec,
+                               judge=judge_info, name=call.name, args=call.args, reason=why,
+                               preview=g.preview if g else None),
+            ops=[("hset", keys.APPROVALS, aid, json.dumps(record, ensure_ascii=False))],
+        )
+        self.open_approval = aid
+        base = keys.session(t.sid)
+        redis = self.deps.redis
+        started = time.monotonic()
+        try:
+            while True:
+                t.bell.clear()
+                raw = await redis.hget(base + keys.APPROVALS, aid)
+                a = json.loads(raw) if raw else {}
+                state = a.get("state")
+                if state == "resolved":
+                    break
+                if t.stopping or state == "dismissed":
+                    await self.dismiss("the turn was stopped")
+                    raise StopRequested(t.stop_reason or "stop")
+                if not sec and (await self.policy_inputs())[1]:  # re-read after any doorbell
+                    await self.answer(aid, "allow", actor="dont_ask", reason="the don't-ask switch is on")
+                    continue
+                try:
+                    await asyncio.wait_for(t.bell.wait(), APPROVAL_POLL_S)
+                except TimeoutError:
+                    pass
+        finally:
+            self.budget.waited += time.monotonic() - started
+        self.open_approval = None
+        decision = a.get("decision", "deny")
+        actor = a.get("actor") or "person"
+        message = a.get("message")
+        if decision == "allow" and a.get("scope") == "turn" and key and (not sec or key == STANDING_NETWORK):
+            t.turn_standing.add(key)
+        said = f"allowed by {_who(actor)}" if decision == "allow" else f"denied by {_who(actor)}"
+        await self._decided(call, "allow" if decision == "allow" else "refuse", actor, said, g)
+        return GateOutcome(decision == "allow", said, actor, g.path if g else None, message=message, guard=g)
+
+    async def answer(self, aid: str, decision: str, *, actor: str, reason: str) -> bool:
+        """Answer an approval on the runner's side (don't-ask, dismissal); False if it was answered already."""
+        t = self.turn
+        try:
+            await self.deps.store.call("cox_answer", t.sid, [
+                t.sid, "", aid, decision, "once", "", self.deps.owner, actor, reason,
+            ])
+        except Resolved:
+            return False
+        return True
+
+    async def dismiss(self, reason: str) -> None:
+        """Close the pending approval of a turn that is ending (Stop, steer, shutdown): never left open."""
+        aid, self.open_approval = self.open_approval, None
+        if aid is not None:
+            await self.answer(aid, "deny", actor="policy", reason=reason)
 
 
 def _who(actor: str) -> str:
     return "the don't-ask switch" if actor == "dont_ask" else "the person"
-
-
-async def answer(loop: TurnLoop, aid: str, decision: str, *, actor: str, reason: str) -> bool:
-    """Answer an approval on the runner's side (don't-ask, dismissal); False if it was answered already."""
-    t = loop.turn
-    try:
-        await loop.runner.store.call("cox_answer", t.sid, [
-            t.sid, "", aid, decision, "once", "", loop.runner.owner, actor, reason,
-        ])
-    except Resolved:
-        return False
-    return True
-
-
-async def dismiss(loop: TurnLoop, aid: str | None, reason: str) -> None:
-    """Close a pending approval of a turn that is ending (Stop, steer, shutdown): never left open."""
-    if aid is None:
-        return
-    loop.open_approval = None
-    await answer(loop, aid, "deny", actor="policy", reason=reason)

@@ -16,6 +16,11 @@ check for pending Leads: a Lead saved before is applied and the turn goes on.
 Whatever ends a turn, every call it opened is closed with a result first (``_close``), and an
 approval it left open is dismissed: the transcript never holds a call without its result.
 
+The loop orchestrates parts that never import it: the :class:`~cox_runner.recorder.Recorder`
+(events out, open calls, the transcript), the pure :class:`~cox_runner.budget.Budget` (limits),
+the :class:`~cox_runner.gate.Gate` (approvals) and the tool handlers
+(:data:`cox_runner.handlers.HANDLERS`, one function per tool).
+
 Limits: the hard ones end the turn ``hard_budget`` (``limit.hard``); ``[limits] spend`` ends it
 ``spend_limit``. A soft limit set lower than its hard one (or a soft spend limit) is a checkpoint:
 ``limit.soft``, then an approval named ``continue`` that the person answers once per limit and
@@ -28,14 +33,10 @@ same result ``stuck_repeats`` times in a row.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import json
-import re
 import time
 from collections.abc import Awaitable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from pydantic_ai.direct import model_request, model_request_stream
 from pydantic_ai.messages import (
@@ -51,16 +52,18 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import ModelRequestParameters
 
 from coxswain import events as ev
-from coxswain import keys, safefs, textdiff
+from coxswain import keys
 from coxswain.errors import CoxError, Fenced
-from coxswain.models import CallSpec, KeepRequest
+from coxswain.models import CallSpec, Plan
 
-from . import cmdversions, gate, tools, transcript
+from . import handlers, tools, transcript
+from .budget import Budget
+from .deps import Deps
 from .errors import LeaseLost, StopRequested
-from .turn import STOP_OUTCOME, Turn
-
-if TYPE_CHECKING:
-    from .service import Runner
+from .gate import Gate, Taint
+from .handlers import PlanState, ToolContext
+from .recorder import Recorder
+from .turn import SKIP_FOR_OUTCOME, STOP_OUTCOME, Ending, EndTurn, Turn, guarded, stopped_by
 
 T = TypeVar("T")
 
@@ -75,119 +78,33 @@ TITLE_PROMPT = "Give this conversation a title of at most five words. Answer wit
 DELTA_FLUSH_CHARS = 256
 DELTA_FLUSH_S = 0.05
 TITLE_TIMEOUT_S = 120.0
-OBSERVED_BATCH = 50
-
-
-@dataclass
-class Ending:
-    outcome: str
-    finish_reason: str | None = None
-    detail: str | None = None
-    provider_finish_reason: str | None = None
-
-
-class _EndTurn(Exception):
-    def __init__(self, ending: Ending) -> None:
-        super().__init__(ending.outcome)
-        self.ending = ending
-
-
-SKIP_FOR_OUTCOME = {"output_limit": "truncated", "hard_budget": "limit", "spend_limit": "limit", "stuck": "limit",
-                    "canceled": "canceled", "error": "error"}
-"""The ``tool.skipped`` reason for calls a turn never started, by how the turn ended."""
 
 
 class TurnLoop:
-    def __init__(self, runner: Runner, turn: Turn, carried: transcript.Builder | None = None) -> None:
-        self.runner = runner
+    def __init__(self, deps: Deps, turn: Turn, carried: transcript.Builder | None = None) -> None:
+        self.deps = deps
         self.turn = turn
         self.carried = carried
         """The transcript as the previous turn of the same drive left it (None: rebuild from the log)."""
-        self.settings = runner.settings
-        self.limits = runner.settings.limits
-        self.log = runner.log.bind(sid=turn.sid, turn_id=turn.turn_id)
-        self.history = transcript.Builder()
-        self.plan: dict[str, Any] | None = None
-        self.plan_carried = False
-        self.tool_calls = 0
-        self.actions = 0
-        self.tokens = 0
-        self.spend = 0.0
-        self.waited = 0.0
-        """Seconds spent waiting for the person (approvals, soft-limit checkpoints): not work time."""
-        self.soft_passed: set[str] = set()
-        self.malformed_in_row = 0
-        self.repeats: list[str] = []
+        self.settings = deps.settings
+        self.limits = deps.settings.limits
+        self.log = deps.log.bind(sid=turn.sid, turn_id=turn.turn_id)
+        self.rec = Recorder(deps, turn)
+        self.budget = Budget(self.limits, started=turn.started)
+        self.plan = PlanState()
+        self.taint = Taint()
+        self.gate = Gate(deps, turn, self.rec, self.budget, self.taint, lambda: self.plan.plan)
+        self.tools = ToolContext(deps=deps, turn=turn, rec=self.rec, budget=self.budget, taint=self.taint,
+                                 plan=self.plan, log=self.log, guarded=self.guarded)
         self.titled = False
-        self._tainted: list[str] = []
-        self.pending_user: list[tuple[str, str]] = []
-        """User messages recorded but not yet in a model request: (text, via)."""
-        self.open: dict[str, ToolCallPart] = {}
-        """Calls of the latest response without a result yet; closed on every way out of the turn."""
-        self.open_approval: str | None = None
-        self._last_output = ""
-        self._deferred: list[ev._Event] = []
-        """Events recorded with the next ``emit`` (one Redis call instead of two)."""
-        self._leads_hint = 0
-        self._observed_hint = 0
-        """What the last ``emit`` saw waiting: Leads and operator observations."""
-
-    # ------------------------------------------------------------------ recording
-    async def emit(self, *events: ev._Event, ops: list[tuple[str, str, str, str]] | None = None) -> None:
-        """Record events (and small state writes) fenced by this turn's token, after any deferred."""
-        flat: list[str] = []
-        for op in ops or []:
-            flat.extend(op)
-        batch = [*self._deferred, *events]
-        self._deferred.clear()
-        try:
-            res = await self.runner.store.call(
-                "cox_emit", self.turn.sid,
-                [self.turn.sid, self.turn.token, self.runner.owner, str(len(ops or [])), *flat,
-                 *(ev.body(e) for e in batch)],
-            )
-        except Fenced as exc:
-            raise LeaseLost(str(exc)) from exc
-        self._leads_hint = int(res.get("leads") or 0)
-        self._observed_hint = int(res.get("observed") or 0)
-
-    def defer(self, event: ev._Event) -> None:
-        """Record ``event`` together with the next one: it is known now, but nothing waits on it
-        being in the log before the next event is (a call's start and its policy decision; the
-        last text chunk and the complete response)."""
-        self._deferred.append(event)
-
-    def _e(self) -> dict[str, Any]:
-        return {"sid": self.turn.sid, "turn_id": self.turn.turn_id}
 
     def elapsed(self) -> float:
         """Seconds of work so far: wall time minus time spent waiting for the person."""
-        return time.monotonic() - self.turn.started - self.waited
+        return self.budget.elapsed(time.monotonic())
 
-    # ------------------------------------------------------------------ control
     async def guarded(self, aw: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
         """Await ``aw`` unless Stop/steer comes first; then cancel it and raise StopRequested."""
-        t = self.turn
-        if t.stopping:
-            if asyncio.iscoroutine(aw):
-                aw.close()
-            raise StopRequested(t.stop_reason or "stop")
-        task: asyncio.Future[T] = asyncio.ensure_future(aw)
-        stopper = asyncio.ensure_future(t.stop_event.wait())
-        try:
-            racing: list[asyncio.Future[Any]] = [task, stopper]
-            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            task.cancel()
-            stopper.cancel()
-            raise
-        stopper.cancel()
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        raise StopRequested(t.stop_reason or "stop")
+        return await guarded(self.turn, aw)
 
     # ------------------------------------------------------------------ the turn
     async def run(self) -> Ending:
@@ -196,7 +113,7 @@ class TurnLoop:
         try:
             await self._load()
             ending = await self._loop()
-        except _EndTurn as end:
+        except EndTurn as end:
             ending = end.ending
         except StopRequested as stop:
             ending = Ending(STOP_OUTCOME.get(stop.reason, "stopped"), detail=f"{stop.reason} requested")
@@ -210,56 +127,57 @@ class TurnLoop:
 
     def handed_on(self) -> transcript.Builder:
         """The transcript with everything this turn recorded, for the drive's next turn."""
-        for text, via in self.pending_user:
-            self.history.user(text, via)
-        self.pending_user.clear()
-        return self.history
+        self.rec.take_pending()
+        return self.rec.history
 
     async def _close(self, ending: Ending) -> None:
-        if self._deferred:
-            await self.emit()
-        if self.open_approval is not None:
-            await gate.dismiss(self, self.open_approval, f"the turn ended ({ending.outcome})")
-        if self.open:
+        rec = self.rec
+        if rec.has_deferred:
+            await rec.emit()
+        if self.gate.open_approval is not None:
+            await self.gate.dismiss(f"the turn ended ({ending.outcome})")
+        if rec.open:
             reason = self.turn.skip_reason if ending.outcome == "stopped" else SKIP_FOR_OUTCOME.get(
                 ending.outcome, "canceled")
-            await self._skip(list(self.open.values()), reason)
+            await rec.skip(list(rec.open.values()), reason)
 
     async def _load(self) -> None:
         """The transcript so far: carried from this drive's previous turn (the lease was held from
         that turn to this one, so nobody else wrote to the conversation), else from the log."""
         t = self.turn
         if self.carried is not None:
-            self.history = self.carried
-            self.history.user(t.text, t.via)
+            self.rec.history = self.carried
+            self.rec.history.user(t.text, t.via)
         else:
             # read_events flushes the outbox and reads the log up to the session's seq.
-            self.history = transcript.build(await self.runner.read_events(t.sid))
-        await self.runner.models.load(t.model)
-        info = await self.runner.redis.hgetall(keys.session(t.sid))
+            self.rec.history = transcript.build(await self.deps.read_events(t.sid))
+        await self.deps.models.load(t.model)
+        info = await self.deps.redis.hgetall(keys.session(t.sid))
         t.info = info
         plan_raw = info.get("plan")
-        self.plan = json.loads(plan_raw) if plan_raw else None
-        if self.plan and self.plan.get("turn_id") != t.turn_id:
-            marks = sorted(set(self.plan.get("marks", [])))
-            if len(marks) < len(self.plan["steps"]):
-                from_turn = self.plan.get("turn_id") or ""
-                self.plan = {**self.plan, "marks": marks, "turn_id": t.turn_id}
-                self.plan_carried = True
-                await self.emit(ev.PlanCarried(**self._e(), from_turn=from_turn, steps=self.plan["steps"],
-                                               marks=marks),
-                                ops=[("hset", "", "plan", json.dumps(self.plan, ensure_ascii=False))])
+        plan = Plan(**json.loads(plan_raw)) if plan_raw else None
+        if plan is not None and plan.turn_id != t.turn_id:
+            marks = sorted(set(plan.marks))
+            if len(marks) < len(plan.steps):
+                from_turn = plan.turn_id or ""
+                self.plan.plan = plan.model_copy(update={"marks": marks, "turn_id": t.turn_id})
+                self.plan.carried = True
+                await self.rec.emit(ev.PlanCarried(**self.rec.e(), from_turn=from_turn, steps=plan.steps, marks=marks),
+                                    ops=[("hset", "", "plan", self.plan.stored())])
             else:
-                self.plan = None
+                plan = None
+        if plan is not None and not self.plan.carried:
+            self.plan.plan = plan
         self.titled = bool(info.get("title_source")) or info.get("auto_title") != "1"
 
     def instructions(self) -> str:
         text = SYSTEM.format(workspace=self.turn.workspace.name or ".")
-        if self.plan:
-            marks = set(self.plan.get("marks", []))
-            lines = [f"{i}. [{'x' if i in marks else ' '}] {s}" for i, s in enumerate(self.plan["steps"], 1)]
+        plan = self.plan.plan
+        if plan:
+            marks = set(plan.marks)
+            lines = [f"{i}. [{'x' if i in marks else ' '}] {s}" for i, s in enumerate(plan.steps, 1)]
             head = ("The plan so far (carried from an unfinished turn; go on from the next unmarked step, "
-                    "or rewrite it with plan_write):" if self.plan_carried else "The plan:")
+                    "or rewrite it with plan_write):" if self.plan.carried else "The plan:")
             text += "\n\n" + head + "\n" + "\n".join(lines)
         return text
 
@@ -274,7 +192,7 @@ class TurnLoop:
 
             if finish == "length":
                 # A truncated response's calls may be cut mid-argument: none of them runs.
-                await self._skip(calls, "truncated")
+                await self.rec.skip(calls, "truncated")
                 if await self._continue_for_leads():
                     continue
                 return Ending("output_limit", finish_reason=finish, provider_finish_reason=raw_finish,
@@ -301,57 +219,56 @@ class TurnLoop:
     # ------------------------------------------------------------------ model
     async def _model_step(self) -> ModelResponse:
         t = self.turn
-        for text, via in self.pending_user:
-            self.history.user(text, via)
-        self.pending_user.clear()
-        messages = self.history.request_messages(self.instructions())
-        if self.history.synthesized:
-            self.log.warning("transcript.unanswered_calls", count=self.history.synthesized)
-        model = self.runner.models.get(t.model)
+        rec = self.rec
+        rec.take_pending()
+        messages = rec.history.request_messages(self.instructions())
+        if rec.history.synthesized:
+            self.log.warning("transcript.unanswered_calls", count=rec.history.synthesized)
+        model = self.deps.models.get(t.model)
         params = ModelRequestParameters(function_tools=list(tools.TOOLS), allow_text_output=True)
-        settings = self.runner.models.settings(t.model)
+        settings = self.deps.models.settings(t.model)
         remaining = self.limits.seconds - self.elapsed()
         try:
             response = await self.guarded(asyncio.wait_for(self._stream(model, messages, params, settings),
                                                            max(remaining, 0.001)))
         except TimeoutError:
-            await self.emit(ev.LimitHard(**self._e(), limit="seconds", value=round(self.elapsed(), 3)))
-            raise _EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s "
+            await rec.emit(ev.LimitHard(**rec.e(), limit="seconds", value=round(self.elapsed(), 3)))
+            raise EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s "
                                                         "reached while the model was answering")) from None
-        except (StopRequested, LeaseLost, asyncio.CancelledError, _EndTurn, CoxError):
+        except (StopRequested, LeaseLost, asyncio.CancelledError, EndTurn, CoxError):
             raise
         except Exception as exc:  # any provider failure ends the turn with its reason
             self.log.warning("model.failed", error=repr(exc))
-            raise _EndTurn(Ending("error", detail=f"model request failed: {exc}")) from exc
+            raise EndTurn(Ending("error", detail=f"model request failed: {exc}")) from exc
 
         calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
         text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
         cost = self._cost(response)
-        self.spend += cost
         usage: dict[str, Any] = {"input_tokens": response.usage.input_tokens,
                                  "output_tokens": response.usage.output_tokens}
         if cost:
             usage["cost"] = round(cost, 8)
-        self.tokens += response.usage.input_tokens + response.usage.output_tokens
+        self.budget.add_response(response.usage.input_tokens + response.usage.output_tokens, cost)
         refs = [ev.ToolCallRef(call_id=c.tool_call_id, name=c.tool_name, args=_args_for_log(c)) for c in calls]
-        await self.emit(
-            ev.AssistantMsg(**self._e(), text=text, finish_reason=response.finish_reason, usage=usage,
+        await rec.emit(
+            ev.AssistantMsg(**rec.e(), text=text, finish_reason=response.finish_reason, usage=usage,
                             tool_calls=refs, provider_finish_reason=_raw_finish(response)),
             ops=[("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls],
         )
-        self.open = {c.tool_call_id: c for c in calls}
-        self.history.assistant(text, [r.model_dump() for r in refs], response.finish_reason)
-        if self.tokens >= self.limits.tokens:
-            await self._hard("tokens", self.tokens)
-        if self.limits.spend is not None and self.spend >= self.limits.spend:
-            await self.emit(ev.LimitHard(**self._e(), limit="spend", value=round(self.spend, 8)))
-            raise _EndTurn(Ending("spend_limit", detail=f"spend limit of ${self.limits.spend:g} reached "
-                                                        f"(${self.spend:.6f})"))
+        rec.open = {c.tool_call_id: c for c in calls}
+        rec.history.assistant(text, [r.model_dump() for r in refs], response.finish_reason)
+        b = self.budget
+        if b.tokens_over():
+            await self._hard("tokens", b.tokens)
+        if b.spend_over():
+            await rec.emit(ev.LimitHard(**rec.e(), limit="spend", value=round(b.spend, 8)))
+            raise EndTurn(Ending("spend_limit", detail=f"spend limit of ${self.limits.spend:g} reached "
+                                                       f"(${b.spend:.6f})"))
         return response
 
     def _cost(self, response: ModelResponse) -> float:
         """USD this response cost: configured prices, else genai-prices' data, else zero (unknown)."""
-        prices = self.runner.models.prices(self.turn.model)
+        prices = self.deps.models.prices(self.turn.model)
         u = response.usage
         if prices is not None:
             return (u.input_tokens * prices[0] + u.output_tokens * prices[1]) / 1_000_000
@@ -378,22 +295,22 @@ class TurnLoop:
                     buf.append(chunk)
                     now = time.monotonic()
                     if sum(map(len, buf)) >= DELTA_FLUSH_CHARS or now - last >= DELTA_FLUSH_S:
-                        await self.emit(ev.AssistantDelta(**self._e(), text="".join(buf)))
+                        await self.rec.emit(ev.AssistantDelta(**self.rec.e(), text="".join(buf)))
                         buf.clear()
                         last = now
             if buf:
-                self.defer(ev.AssistantDelta(**self._e(), text="".join(buf)))
+                self.rec.defer(ev.AssistantDelta(**self.rec.e(), text="".join(buf)))
             return stream.get()
 
     async def _title(self) -> None:
         """Name the session once, serialised with this turn's own model requests."""
         self.titled = True
         t = self.turn
-        first = _first_user_text(self.history.messages) or t.text
+        first = _first_user_text(self.rec.history.messages) or t.text
         req = ModelRequest(parts=[UserPromptPart(content=first)], instructions=TITLE_PROMPT,
                            metadata={"cox_purpose": "title", "cox_vias": ["send"]})
         try:
-            resp = await self.guarded(asyncio.wait_for(model_request(self.runner.models.get(t.model), [req]),
+            resp = await self.guarded(asyncio.wait_for(model_request(self.deps.models.get(t.model), [req]),
                                                        TITLE_TIMEOUT_S))
         except (StopRequested, LeaseLost, asyncio.CancelledError):
             raise
@@ -404,47 +321,45 @@ class TurnLoop:
         if not title:
             return
         try:
-            await self.runner.store.call("cox_auto_title", t.sid,
-                                         [t.sid, t.token, self.runner.owner, title, t.turn_id])
+            await self.deps.store.call("cox_auto_title", t.sid,
+                                       [t.sid, t.token, self.deps.owner, title, t.turn_id])
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
 
     # ------------------------------------------------------------------ tools
     async def _tool_round(self, calls: list[ToolCallPart]) -> None:
         malformed = False
+        b = self.budget
         for i, call in enumerate(calls):
             if self.turn.stopping:
                 raise StopRequested(self.turn.stop_reason or "stop")
-            if self.tool_calls >= self.limits.tool_calls:
-                await self._hard("tool_calls", self.tool_calls)
-            if call.tool_name in tools.ACTIONS and self.actions >= self.limits.actions:
-                await self._hard("actions", self.actions)
+            hit = b.call_limit(call.tool_name in tools.ACTIONS)
+            if hit is not None:
+                await self._hard(*hit)
             await self._soft_checks()
-            if self.pending_user:
+            if self.rec.pending_user:
                 # the person answered a checkpoint with a message: a newer instruction, before this call
-                await self._skip(calls[i:], "approval")
+                await self.rec.skip(calls[i:], "approval")
                 break
             malformed = await self._one_call(call) or malformed
-            self._progress(call, self._last_output)
+            if b.stuck(call.tool_name, call.args_as_json_str(), self.rec.last_output):
+                n = self.limits.stuck_repeats
+                raise EndTurn(Ending("stuck", detail=f"the same call returned the same result {n} times in a row"))
             # Safe boundary after each tool call.
             if i + 1 < len(calls):
                 if self.turn.stopping:
                     raise StopRequested(self.turn.stop_reason or "stop")
                 if await self._boundary(calls[i + 1:]):
                     break
-        if malformed:
-            self.malformed_in_row += 1
-            if self.malformed_in_row >= 2:
-                raise _EndTurn(Ending("error", detail="the model sent a malformed tool call twice in a row"))
-        else:
-            self.malformed_in_row = 0
+        if b.malformed_round(malformed):
+            raise EndTurn(Ending("error", detail="the model sent a malformed tool call twice in a row"))
         if await self._leads_due():
             await self._apply_leads()
         self._check_time()
 
     async def _one_call(self, call: ToolCallPart) -> bool:
         """Run one call to its result. True if the call was malformed."""
-        t = self.turn
+        t, rec = self.turn, self.rec
         try:
             args = call.args_as_dict(raise_if_invalid=True)
         except Exception as exc:  # noqa: BLE001 - any parse failure is a malformed call
@@ -452,238 +367,54 @@ class TurnLoop:
             problem: str | None = f"arguments are not valid JSON: {exc}"
         else:
             problem = tools.check_args(call.tool_name, args)
-        self.defer(ev.ToolCall(**self._e(), call_id=call.tool_call_id, name=call.tool_name,
-                               args=args if args is not None else _args_for_log(call)))
-        self.tool_calls += 1
+        rec.defer(ev.ToolCall(**rec.e(), call_id=call.tool_call_id, name=call.tool_name,
+                              args=args if args is not None else _args_for_log(call)))
+        self.budget.tool_calls += 1
         if problem is not None:
-            await self._result(call, False, f"Error: malformed tool call: {problem}. Send the call again "
-                                            "with valid arguments.")
+            await rec.result(call, False, f"Error: malformed tool call: {problem}. Send the call again "
+                                          "with valid arguments.")
             return True
         assert args is not None
         spec = CallSpec(call_id=call.tool_call_id, name=call.tool_name, args=args)
         try:
-            outcome = await self.guarded(gate.decide(self, spec))
+            outcome = await self.guarded(self.gate.decide(spec))
         except StopRequested:
-            await gate.dismiss(self, self.open_approval, "the turn was stopped")
-            await self._result(call, False, f"Cancelled: {_stopped_by(t.stop_reason)} the turn "
-                                            "while this call waited for a decision.")
+            await self.gate.dismiss("the turn was stopped")
+            await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn "
+                                          "while this call waited for a decision.")
             raise
         except CoxError as exc:
-            await gate.dismiss(self, self.open_approval, "the policy check failed")
-            await self._result(call, False, f"Error: the policy check failed ({exc.detail}); the call was not run.")
+            await self.gate.dismiss("the policy check failed")
+            await rec.result(call, False, f"Error: the policy check failed ({exc.detail}); the call was not run.")
             return False
         if not outcome.allowed:
             text = f"Refused: {outcome.reason}." if outcome.actor not in ("person", "dont_ask") else \
                 "Denied by the person."
-            await self._result(call, False, text)
+            await rec.result(call, False, text)
         else:
-            await self._execute(call, spec, outcome)
+            await handlers.execute(self.tools, call, args, outcome)
         if outcome.message:
-            await self._user_message(outcome.message, f"{call.tool_call_id}-msg")
+            # An approval's message: a real user message, right after the tool result (a model
+            # heeds a user turn more reliably than a note inside a tool result).
+            await rec.user_message(outcome.message, f"{call.tool_call_id}-msg", "approval")
         return False
-
-    async def _user_message(self, text: str, message_id: str) -> None:
-        """An approval's message: a real user message, right after the tool result (a model
-        heeds a user turn more reliably than a note inside a tool result)."""
-        self.pending_user.append((text, "approval"))
-        await self.emit(ev.UserMsg(**self._e(), message_id=message_id, text=text, via="approval"))
-
-    async def _execute(self, call: ToolCallPart, spec: CallSpec, outcome: gate.GateOutcome) -> None:
-        t = self.turn
-        name, args = spec.name, spec.args
-        limit = self.settings.runner.output_limit
-        root = t.workspace
-        try:
-            if name == "read_file":
-                text = await asyncio.to_thread(tools.read_file, root, outcome.path or args["path"], limit)
-                self._taint(text)
-                await self._result(call, True, text)
-            elif name == "list_dir":
-                text = await asyncio.to_thread(tools.list_dir, root, outcome.path or "")
-                await self._result(call, True, text)
-            elif name == "write_file":
-                self.actions += 1
-                await self._write(call, outcome.path or args["path"], args["content"])
-            elif name == "run_command":
-                if not await self._sandbox_ready(call):
-                    return
-                self.actions += 1
-                timeout = float(args.get("timeout_s") or self.settings.runner.command_timeout_s)
-                timeout = min(timeout, max(1.0, self.limits.seconds - self.elapsed()))
-                snap = await cmdversions.before(self)
-                try:
-                    res = await self.guarded(tools.run_command(root, args["command"], timeout, limit,
-                                                               self.runner.sandbox, bool(args.get("network"))))
-                except StopRequested:
-                    await self._result(call, False, f"Cancelled: {_stopped_by(t.stop_reason)} the turn; "
-                                                    "the command was killed.",
-                                       extra=await cmdversions.after(self, call.tool_call_id, snap), first=True)
-                    raise
-                self._taint(res.output)
-                head = f"exit code {res.exit_code}\n" if res.exit_code is not None else ""
-                await self._result(call, res.exit_code == 0 and not res.timed_out, head + res.output,
-                                   extra=await cmdversions.after(self, call.tool_call_id, snap), first=True)
-            elif name == "respond":
-                await self.emit(ev.AgentMessage(**self._e(), text=args["text"]))
-                await self._result(call, True, "Delivered to the person.")
-            elif name == "plan_write":
-                await self._plan_write(call, [str(s) for s in args["steps"]])
-            elif name == "plan_step":
-                await self._plan_step(call, int(args["step"]))
-        except (StopRequested, LeaseLost, asyncio.CancelledError, _EndTurn):
-            raise
-        except CoxError as exc:
-            await self._result(call, False, f"Error: {exc.detail}")
-        except (OSError, ValueError) as exc:
-            await self._result(call, False, f"Error: {exc}")
-
-    async def _sandbox_ready(self, call: ToolCallPart) -> bool:
-        """Fail closed: a command whose sandbox cannot start is refused (recorded), never run bare."""
-        sandbox = self.runner.sandbox
-        await sandbox.ready()
-        status = sandbox.status()
-        if status.available:
-            return True
-        t = self.turn
-        await self.emit(ev.PolicyDecision(**self._e(), call_id=call.tool_call_id, verdict="refuse", actor="sandbox",
-                                          reason=f"the command sandbox is unavailable: {status.reason}",
-                                          name=call.tool_name))
-        self.log.error("sandbox.refused", sid=t.sid, call_id=call.tool_call_id, reason=status.reason)
-        await self._result(call, False, f"Refused: the command sandbox is unavailable ({status.reason}); the "
-                                        "command was not run. Commands never run outside the sandbox unless the "
-                                        "operator sets [sandbox] mode = \"none\".")
-        return False
-
-    async def _write(self, call: ToolCallPart, rel: str, content: str) -> None:
-        """Keep the previous content, then write atomically. Never cancelled half-way: neither a
-        Lead nor Stop interrupts it (the write is not raced against the stop signal).
-
-        Fenced for real, not checked-then-done: the content is staged in a temp file, the intent
-        (path, temp name) is recorded in Redis by the same call that checks the lease's token,
-        and only then is the temp file renamed into place. A runner that takes the session over
-        settles every recorded intent first by renaming its temp file away (``safefs.abort``):
-        a rename that had run is recorded as a write that landed; one that had not can no longer
-        run, however long this process was paused between the check and the rename.
-        """
-        t = self.turn
-        ws = t.workspace
-        data = content.encode("utf-8", errors="surrogatepass")
-        kept = await self.runner.clients.keep(KeepRequest(
-            sid=t.sid, workspace=str(ws), path=rel, token=int(t.token), reason="write",
-            turn_id=t.turn_id, call_id=call.tool_call_id,
-        ))
-
-        def prepare() -> tuple[bytes | None, str]:
-            return safefs.read(ws, rel), safefs.stage(ws, rel, data)
-
-        staging = asyncio.ensure_future(asyncio.to_thread(prepare))
-        try:
-            old, tmp = await asyncio.shield(staging)
-        except asyncio.CancelledError:
-            # The thread runs on: once it has staged the file, nobody will ever commit it.
-            with contextlib.suppress(BaseException):
-                await asyncio.wait({staging}, timeout=10)
-                if staging.done() and staging.exception() is None:
-                    await asyncio.to_thread(safefs.discard, ws, rel, staging.result()[1])
-            raise
-        added, removed = textdiff.counts(old, data)
-        intent = json.dumps({"path": rel, "tmp": tmp, "bytes": len(data), "added": added, "removed": removed,
-                             "version_id": kept.version_id, "store": kept.store, "kept_path": kept.path})
-        fence = asyncio.ensure_future(self.runner.ensure_lease(t.sid, t.token, call.tool_call_id, intent))
-        try:
-            await asyncio.shield(fence)
-        except BaseException:
-            # Cancelled (the drive's deadline passed) or refused or Redis failed: the write does
-            # not go ahead. Refused, nothing was recorded and the temp file goes; otherwise the
-            # intent may be recorded, so the temp file is renamed away (a takeover that settles
-            # the intent finds "did not land" and removes it).
-            if not fence.done():
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait({fence}, timeout=5)
-            refused = fence.done() and not fence.cancelled() and isinstance(fence.exception(), LeaseLost)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.to_thread(safefs.discard if refused else safefs.abort, ws, rel, tmp))
-            raise
-        await asyncio.shield(asyncio.to_thread(safefs.commit, ws, rel, tmp))
-        await self._result(
-            call, True, f"Wrote {rel} ({len(data)} bytes, +{added} -{removed}).",
-            extra=[ev.VersionKept(**self._e(), path=kept.path, version_id=kept.version_id, store=kept.store),
-                   ev.FileWritten(**self._e(), path=rel, added=added, removed=removed)],
-            first=True,
-        )
-
-    async def _plan_write(self, call: ToolCallPart, steps: list[str]) -> None:
-        self.plan = {"steps": steps, "marks": [], "turn_id": self.turn.turn_id}
-        self.plan_carried = False
-        await self.emit(ev.PlanWrite(**self._e(), steps=steps),
-                        ops=[("hset", "", "plan", json.dumps(self.plan, ensure_ascii=False))])
-        await self._result(call, True, f"Plan of {len(steps)} steps recorded.")
-
-    async def _plan_step(self, call: ToolCallPart, step: int) -> None:
-        if not self.plan:
-            await self._result(call, False, "Error: there is no plan; write one with plan_write first.")
-            return
-        if not 1 <= step <= len(self.plan["steps"]):
-            await self._result(call, False, f"Error: the plan has steps 1 to {len(self.plan['steps'])}.")
-            return
-        marks = sorted(set(self.plan.get("marks", [])) | {step})
-        self.plan = {**self.plan, "marks": marks}
-        await self.emit(ev.PlanStep(**self._e(), step=step),
-                        ops=[("hset", "", "plan", json.dumps(self.plan, ensure_ascii=False))])
-        await self._result(call, True, f"Step {step} marked done.")
-
-    async def _result(self, call: ToolCallPart, ok: bool, output: str, extra: list[ev._Event] | None = None,
-                      first: bool = False) -> None:
-        """Record a call's result. Operator observations waiting in Redis are folded into it, and
-        taken off the list in the same atomic call that records it (so a rebuild agrees)."""
-        t = self.turn
-        raw: list[str] = []
-        if self._observed_hint or t.observed_waiting:
-            t.observed_waiting = False
-            raw = await self.runner.redis.lrange(keys.session(t.sid) + keys.OBSERVED, 0, OBSERVED_BATCH - 1)
-        observed: list[dict[str, Any]] = []
-        for item in raw or []:
-            with contextlib.suppress(ValueError):
-                o = json.loads(item)
-                observed.append({"command": str(o.get("command", "")), "output": str(o.get("output", ""))})
-        result = ev.ToolResult(**self._e(), call_id=call.tool_call_id, ok=ok, output=output,
-                               observed=observed or None)
-        evs = [*(extra or []), result] if first else [result, *(extra or [])]
-        ops = [("hdel", keys.OPEN_CALLS, call.tool_call_id, "")]
-        if call.tool_name == "write_file":
-            ops.append(("hdel", keys.WRITES, call.tool_call_id, ""))  # its staged write is settled
-        if raw:
-            ops.append(("ltrim", keys.OBSERVED, str(len(raw)), "-1"))
-        await self.emit(*evs, ops=ops)
-        self.open.pop(call.tool_call_id, None)
-        self.history.tool_return(call.tool_call_id, output + transcript.fold(observed), call.tool_name)
-        self._last_output = output
-
-    async def _skip(self, calls: list[ToolCallPart], reason: str) -> None:
-        if not calls:
-            return
-        evs = [ev.ToolSkipped(**self._e(), call_id=c.tool_call_id, reason=reason) for c in calls]
-        await self.emit(*evs, ops=[("hdel", keys.OPEN_CALLS, c.tool_call_id, "") for c in calls])
-        for c in calls:
-            self.open.pop(c.tool_call_id, None)
-            self.history.tool_return(c.tool_call_id, transcript.skip_text(reason), c.tool_name)
 
     # ------------------------------------------------------------------ boundaries
     def _leads_waiting(self) -> bool:
         """Is a Lead saved? Known from Redis without asking again: every ``emit`` answers how many
         wait, and a Lead saved since rings the doorbell (or shows in the next renewal)."""
-        return bool(self._leads_hint) or self.turn.leads_waiting
+        return bool(self.rec.leads_hint) or self.turn.leads_waiting
 
     async def _leads_due(self) -> bool:
         """Is a newer instruction waiting: a saved Lead, or an approval's message?"""
-        return bool(self.pending_user) or self._leads_waiting()
+        return bool(self.rec.pending_user) or self._leads_waiting()
 
     async def _boundary(self, unstarted: list[ToolCallPart]) -> bool:
         """A safe boundary: with a newer instruction waiting, skip the calls not started (each gets
         a result saying so), then apply the Leads. True if the next model request should go out."""
         if not await self._leads_due():
             return False
-        await self._skip(unstarted, "lead" if self._leads_waiting() else "approval")
+        await self.rec.skip(unstarted, "lead" if self._leads_waiting() else "approval")
         await self._apply_leads()
         return True
 
@@ -691,15 +422,15 @@ class TurnLoop:
         """Take the saved Leads (atomically marked applied, recorded as user messages)."""
         t = self.turn
         t.leads_waiting = False
-        self._leads_hint = 0
+        self.rec.leads_hint = 0
         try:
-            res = await self.runner.store.call("cox_take_leads", t.sid, [t.sid, t.token, self.runner.owner, t.turn_id])
+            res = await self.deps.store.call("cox_take_leads", t.sid, [t.sid, t.token, self.deps.owner, t.turn_id])
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
         leads = res.get("leads") or []
         for lead in leads if isinstance(leads, list) else []:
-            self.pending_user.append((lead["text"], "lead"))
-        return bool(self.pending_user)
+            self.rec.pending_user.append((lead["text"], "lead"))
+        return bool(self.rec.pending_user)
 
     async def _continue_for_leads(self) -> bool:
         """Before the turn's final work: close Lead admission, or apply what was saved in time.
@@ -708,10 +439,10 @@ class TurnLoop:
         (and applied now: the turn goes on) or refused after it with 409 ``lead_closed``.
         """
         t = self.turn
-        if self.pending_user:
+        if self.rec.pending_user:
             return True
         try:
-            res = await self.runner.store.call("cox_close_leads", t.sid, [t.sid, t.token])
+            res = await self.deps.store.call("cox_close_leads", t.sid, [t.sid, t.token])
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
         if res.get("closed"):
@@ -721,56 +452,30 @@ class TurnLoop:
     # ------------------------------------------------------------------ limits
     def _check_time(self) -> None:
         if self.elapsed() >= self.limits.seconds:
-            raise _EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s"))
+            raise EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s"))
 
     async def _hard(self, name: str, value: float) -> None:
         """End the turn at a hard limit (the calls not started get their result on the way out)."""
-        await self.emit(ev.LimitHard(**self._e(), limit=name, value=value))
-        raise _EndTurn(Ending("hard_budget", detail=f"hard {name} limit reached ({value:g})"))
+        await self.rec.emit(ev.LimitHard(**self.rec.e(), limit=name, value=value))
+        raise EndTurn(Ending("hard_budget", detail=f"hard {name} limit reached ({value:g})"))
 
     async def _soft_checks(self) -> None:
         """A soft limit set lower than its hard one is a checkpoint: the person is asked whether
-        the turn goes on (docs/design.md, soft limits). The don't-ask switch answers yes; no means ``canceled``."""
-        values = {"tool_calls": self.tool_calls, "tokens": self.tokens, "actions": self.actions,
-                  "seconds": self.elapsed(), "spend": self.spend}
-        for name, value in values.items():
-            soft = self.limits.soft_value(name)
-            hard = self.limits.hard_value(name)
-            if name in self.soft_passed or soft is None or value < soft:
-                continue
-            if hard is not None and soft >= hard:
-                continue
-            self.soft_passed.add(name)
-            shown = round(value, 6) if isinstance(value, float) else value
-            await self.emit(ev.LimitSoft(**self._e(), limit=name, value=shown))
-            if (await gate.policy_inputs(self))[1]:  # the don't-ask switch answers yes
+        the turn goes on (docs/design.md, soft limits). The don't-ask switch answers yes; no
+        means ``canceled``."""
+        for due in self.budget.soft_due(time.monotonic()):
+            name, shown, soft, hard = due.limit, due.value, due.soft, due.hard
+            await self.rec.emit(ev.LimitSoft(**self.rec.e(), limit=name, value=shown))
+            if (await self.gate.policy_inputs())[1]:  # the don't-ask switch answers yes
                 continue
             spec = CallSpec(call_id=f"limit-{name}-{self.turn.turn_id}", name="continue",
                             args={"limit": name, "value": shown, "soft": soft, "hard": hard})
-            out = await gate.ask_person(self, spec, None, None, security=False,
-                                        reason=f"the soft {name} limit ({soft:g}) is reached; go on?")
+            out = await self.gate.ask_person(spec, None, None, security=False,
+                                             reason=f"the soft {name} limit ({soft:g}) is reached; go on?")
             if out.message:
-                await self._user_message(out.message, f"{spec.call_id}-msg")
+                await self.rec.user_message(out.message, f"{spec.call_id}-msg", "approval")
             if not out.allowed:
-                raise _EndTurn(Ending("canceled", detail=f"the person ended the turn at the soft {name} limit"))
-
-    def _progress(self, call: ToolCallPart, output: str) -> None:
-        """Progress guard: the same call with the same result, again and again, is stuck."""
-        sig = hashlib.sha256(f"{call.tool_name}\0{call.args_as_json_str()}\0{output}".encode()).hexdigest()
-        self.repeats.append(sig)
-        del self.repeats[:-100]
-        n = self.limits.stuck_repeats
-        if len(self.repeats) >= n and len(set(self.repeats[-n:])) == 1:
-            raise _EndTurn(Ending("stuck", detail=f"the same call returned the same result {n} times in a row"))
-
-    # ------------------------------------------------------------------ taint
-    def _taint(self, text: str) -> None:
-        for frag in re.findall(r"[^\s'\"`]{8,}", text)[:500]:
-            self._tainted.append(frag[:200])
-        del self._tainted[:-2000]
-
-    def tainted_fragments(self) -> list[str]:
-        return list(dict.fromkeys(self._tainted))
+                raise EndTurn(Ending("canceled", detail=f"the person ended the turn at the soft {name} limit"))
 
 
 def _raw_finish(response: ModelResponse) -> str | None:
@@ -799,11 +504,3 @@ def _first_user_text(messages: list[Any]) -> str | None:
 def _clean_title(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line.strip().strip("\"'`#*").strip()[:80]
-
-
-def _stopped_by(reason: str | None) -> str:
-    if reason == "steer":
-        return "the person steered"
-    if reason == "shutdown":
-        return "the runner shut down and cancelled"
-    return "the person stopped"

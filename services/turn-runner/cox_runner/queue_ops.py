@@ -10,27 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING
 
 from coxswain import safefs
 from coxswain.models import QueueOrderCmd, QueueRemoveCmd, QueueResult, WorkspacesCmd, WorkspacesResult
 
+from .deps import Deps
 from .store import as_list
-
-if TYPE_CHECKING:
-    from .service import Runner
 
 MAX_WORKSPACES = 1000
 
 
 class QueueOps:
-    def __init__(self, runner: Runner) -> None:
-        self.r = runner
-
-    async def register(self) -> None:
-        await self.r.add_endpoint("queue_remove", QueueRemoveCmd, self.remove)
-        await self.r.add_endpoint("queue_order", QueueOrderCmd, self.order)
-        await self.r.add_endpoint("workspaces", WorkspacesCmd, self.workspaces)
+    def __init__(self, deps: Deps) -> None:
+        self.r = deps
 
     async def remove(self, cmd: QueueRemoveCmd) -> QueueResult:
         res = await self.r.store.call("cox_queue_remove", cmd.sid, [cmd.sid, cmd.principal, cmd.message_id, self.r.owner])

@@ -32,18 +32,22 @@ from coxswain.models import (
     LeadCmd,
     ObserveCmd,
     PatchCmd,
+    QueueOrderCmd,
+    QueueRemoveCmd,
     RestoreCmd,
     SendCmd,
     StopCmd,
     UndoCmd,
+    WorkspacesCmd,
 )
 from coxswain.service import Service
 
 from . import drive as drives_mod
 from .admission import Admission
 from .clients import Clients
-from .drive import Drive
+from .deps import Deps
 from .errors import StopRequested
+from .leases import Drive, Leases
 from .providers import Models
 from .queue_ops import QueueOps
 from .sandbox import Sandbox
@@ -62,9 +66,8 @@ class Runner(Service):
         self.runner_id = new_id("r")
         self.owner = self.runner_id
         self.log = self.log.bind(runner=self.runner_id)
-        self.drives: dict[str, Drive] = {}
+        self.leases = Leases(self.log)
         self.models = Models(settings.model)
-        self.turns_started = 0
         self.sandbox = Sandbox(settings.sandbox, settings.store_dir)
 
     async def start(self) -> None:
@@ -78,15 +81,23 @@ class Runner(Service):
         await self._check_durability()
         await self._check_sandbox()
         self.clients = Clients(self.nc, judge_timeout=self.settings.judge.timeout_s + 5)
-        self.admission = Admission(self)
+        self.deps = Deps(
+            settings=self.settings, log=self.log, redis=self.redis, store=self.store, clients=self.clients,
+            models=self.models, sandbox=self.sandbox, owner=self.owner, leases=self.leases,
+            read_events=self.read_events, ensure_lease=self.ensure_lease, redis_failed=self.redis_failed,
+            stopping=lambda: self.stopping, ring=self.ring, start_drive=self.start_drive, finish_op=self.finish_op,
+        )
+        self.admission = Admission(self.deps)
         a = self.admission
+        q = QueueOps(self.deps)
         for op, model, handler in (
             ("create", CreateCmd, a.create), ("patch", PatchCmd, a.patch), ("send", SendCmd, a.send),
             ("lead", LeadCmd, a.lead), ("stop", StopCmd, a.stop), ("answer", ApprovalCmd, a.answer),
             ("observe", ObserveCmd, a.observe), ("restore", RestoreCmd, a.restore), ("undo", UndoCmd, a.undo),
+            ("queue_remove", QueueRemoveCmd, q.remove), ("queue_order", QueueOrderCmd, q.order),
+            ("workspaces", WorkspacesCmd, q.workspaces),
         ):
             await self.add_endpoint(op, model, handler)
-        await QueueOps(self).register()
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
@@ -118,23 +129,17 @@ class Runner(Service):
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
-        return {"runner": self.runner_id, "drives": len(self.drives), "turns_started": self.turns_started,
+        return {"runner": self.runner_id, "drives": len(self.leases), "turns_started": self.leases.turns_started,
                 "sandbox": self.sandbox.status().as_dict()}
 
     # ------------------------------------------------------------------ drives
     def start_drive(self, d: Drive) -> None:
-        old = self.drives.get(d.sid)
-        if old is not None and old is not d:
-            # This runner took the session again (its old drive lost the lease, e.g. the loop
-            # stalled past it): the old drive is fenced off; make sure it stops now.
-            self.log.warning("drive.replaced", sid=d.sid, old_token=old.token, token=d.token)
-            drives_mod.cancel(old)
-        self.drives[d.sid] = d
-        d.task = self.spawn(drives_mod.run_drive(self, d), f"drive:{d.sid}")
+        self.leases.hold(d)
+        d.task = self.spawn(drives_mod.run_drive(self.deps, d), f"drive:{d.sid}")
 
     async def finish_op(self, d: Drive) -> None:
         """End a person's write: release the session, or run what was queued meanwhile."""
-        nxt = await drives_mod._turn_end_call(self, d, "", "")
+        nxt = await drives_mod.turn_end_call(self.deps, d, "", "")
         if nxt is not None:
             self.start_drive(Drive(sid=d.sid, token=d.token, first=nxt))
 
@@ -147,10 +152,7 @@ class Runner(Service):
 
     async def ensure_lease(self, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
         """Raise LeaseLost unless this runner still holds ``sid``; record a staged write's intent."""
-        await drives_mod.ensure_lease(self, sid, token, call_id, intent)
-
-    def metrics_turn_started(self) -> None:
-        self.turns_started += 1
+        await drives_mod.ensure_lease(self.deps, sid, token, call_id, intent)
 
     async def read_events(self, sid: str) -> list[dict[str, Any]]:
         """The session's whole log, at least up to the last event recorded when called.
@@ -163,7 +165,7 @@ class Runner(Service):
         out: list[dict[str, Any]] = []
         pause = 0.05
         while True:
-            d = self.drives.get(sid)
+            d = self.leases.get(sid)
             if d is not None and d.turn is not None and d.turn.stopping:
                 raise StopRequested(d.turn.stop_reason or "stop")
             try:
@@ -188,7 +190,7 @@ class Runner(Service):
         if not runner_id:
             return
         if runner_id == self.runner_id:
-            await drives_mod.ring_local(self, sid, kind)
+            await drives_mod.ring_local(self.deps, sid, kind)
             return
         with contextlib.suppress(Exception):
             await self.nc.publish(subjects.control(str(runner_id)), json.dumps({"sid": sid, "kind": kind}).encode())
@@ -196,7 +198,7 @@ class Runner(Service):
     async def _on_control(self, msg: Msg) -> None:
         try:
             data = json.loads(msg.data)
-            await drives_mod.ring_local(self, str(data["sid"]), str(data.get("kind", "")))
+            await drives_mod.ring_local(self.deps, str(data["sid"]), str(data.get("kind", "")))
         except Exception as exc:  # noqa: BLE001 - a bad doorbell is logged, never fatal
             self.log.warning("control.bad_message", error=repr(exc))
 
@@ -214,7 +216,7 @@ class Runner(Service):
             await asyncio.sleep(period)
 
     async def _renew(self) -> None:
-        await drives_mod.renew_all(self)
+        await drives_mod.renew_all(self.deps)
 
     async def _claim(self) -> None:
         if self.stopping:
@@ -234,11 +236,11 @@ class Runner(Service):
     async def before_cancel(self) -> None:
         with contextlib.suppress(Exception):
             await self._ctl.unsubscribe()
-        for d in list(self.drives.values()):
+        for d in self.leases:
             d.shutting_down = True
             if d.turn is not None:
                 d.turn.request_stop("shutdown")
-        tasks = [d.task for d in self.drives.values() if d.task is not None]
+        tasks = [d.task for d in self.leases if d.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
         await self.store.close()

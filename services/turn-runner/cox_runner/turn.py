@@ -9,12 +9,39 @@ one renewal period, it never loses it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from .errors import StopRequested
+
+T = TypeVar("T")
 
 STOP_OUTCOME = {"stop": "stopped", "steer": "stopped", "shutdown": "canceled"}
+SKIP_FOR_OUTCOME = {"output_limit": "truncated", "hard_budget": "limit", "spend_limit": "limit", "stuck": "limit",
+                    "canceled": "canceled", "error": "error"}
+"""The ``tool.skipped`` reason for calls a turn never started, by how the turn ended."""
+
+
+@dataclass
+class Ending:
+    """How a turn ended (its ``turn.end``)."""
+
+    outcome: str
+    finish_reason: str | None = None
+    detail: str | None = None
+    provider_finish_reason: str | None = None
+
+
+class EndTurn(Exception):
+    """Raised anywhere in a turn to end it with ``ending`` (its open calls are closed on the way)."""
+
+    def __init__(self, ending: Ending) -> None:
+        super().__init__(ending.outcome)
+        self.ending = ending
 
 
 @dataclass
@@ -58,3 +85,35 @@ class Turn:
     @property
     def skip_reason(self) -> str:
         return "steer" if self.stop_reason == "steer" else "stop"
+
+
+async def guarded(turn: Turn, aw: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
+    """Await ``aw`` unless Stop/steer comes first; then cancel it and raise StopRequested."""
+    if turn.stopping:
+        if asyncio.iscoroutine(aw):
+            aw.close()
+        raise StopRequested(turn.stop_reason or "stop")
+    task: asyncio.Future[T] = asyncio.ensure_future(aw)
+    stopper = asyncio.ensure_future(turn.stop_event.wait())
+    try:
+        racing: list[asyncio.Future[Any]] = [task, stopper]
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        stopper.cancel()
+        raise
+    stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise StopRequested(turn.stop_reason or "stop")
+
+
+def stopped_by(reason: str | None) -> str:
+    if reason == "steer":
+        return "the person steered"
+    if reason == "shutdown":
+        return "the runner shut down and cancelled"
+    return "the person stopped"

@@ -1,0 +1,229 @@
+"""What each tool does once the gate allowed the call: one small function per tool, in a table.
+
+A new tool is its definition in :mod:`cox_runner.tools`, guard's policy for it, and one entry in
+:data:`HANDLERS` here. A handler records the call's result (or raises to end the turn); errors
+a tool meets (a missing file, a refused path) become an ``Error: ...`` result in
+:func:`execute`. Handlers get a :class:`ToolContext`, never the turn loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic_ai.messages import ToolCallPart
+
+from coxswain import events as ev
+from coxswain import safefs, textdiff
+from coxswain.errors import CoxError
+from coxswain.models import KeepRequest, Plan
+
+from . import cmdversions, tools
+from .budget import Budget
+from .deps import Deps
+from .errors import LeaseLost, StopRequested
+from .gate import GateOutcome, Taint
+from .recorder import Recorder
+from .turn import EndTurn, Turn, stopped_by
+
+T = TypeVar("T")
+
+
+@dataclass
+class PlanState:
+    """The turn's plan (``None``: no plan) and whether it was carried from an unfinished turn."""
+
+    plan: Plan | None = None
+    carried: bool = False
+
+    def stored(self) -> str:
+        """The plan as the session hash keeps it."""
+        assert self.plan is not None
+        return json.dumps(self.plan.model_dump(mode="json", exclude_none=True), ensure_ascii=False)
+
+
+@dataclass
+class ToolContext:
+    deps: Deps
+    turn: Turn
+    rec: Recorder
+    budget: Budget
+    taint: Taint
+    plan: PlanState
+    log: Any
+    guarded: Callable[[Coroutine[Any, Any, Any] | Awaitable[Any]], Awaitable[Any]]
+    """Await something unless Stop/steer comes first (then StopRequested)."""
+
+
+Handler = Callable[[ToolContext, ToolCallPart, dict[str, Any], GateOutcome], Awaitable[None]]
+
+
+async def execute(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    """Run an allowed call through its handler; what the tool failed on becomes its result."""
+    try:
+        await HANDLERS[call.tool_name](ctx, call, args, outcome)
+    except (StopRequested, LeaseLost, asyncio.CancelledError, EndTurn):
+        raise
+    except CoxError as exc:
+        await ctx.rec.result(call, False, f"Error: {exc.detail}")
+    except (OSError, ValueError) as exc:
+        await ctx.rec.result(call, False, f"Error: {exc}")
+
+
+async def read_file(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    limit = ctx.deps.settings.runner.output_limit
+    text = await asyncio.to_thread(tools.read_file, ctx.turn.workspace, outcome.path or args["path"], limit)
+    ctx.taint.add(text)
+    await ctx.rec.result(call, True, text)
+
+
+async def list_dir(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    text = await asyncio.to_thread(tools.list_dir, ctx.turn.workspace, outcome.path or "")
+    await ctx.rec.result(call, True, text)
+
+
+async def write_file(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    ctx.budget.actions += 1
+    await write(ctx, call, outcome.path or args["path"], args["content"])
+
+
+async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str) -> None:
+    """Keep the previous content, then write atomically. Never cancelled half-way: neither a
+    Lead nor Stop interrupts it (the write is not raced against the stop signal).
+
+    Fenced for real, not checked-then-done: the content is staged in a temp file, the intent
+    (path, temp name) is recorded in Redis by the same call that checks the lease's token,
+    and only then is the temp file renamed into place. A runner that takes the session over
+    settles every recorded intent first by renaming its temp file away (``safefs.abort``):
+    a rename that had run is recorded as a write that landed; one that had not can no longer
+    run, however long this process was paused between the check and the rename.
+    """
+    t, rec = ctx.turn, ctx.rec
+    ws = t.workspace
+    data = content.encode("utf-8", errors="surrogatepass")
+    kept = await ctx.deps.clients.keep(KeepRequest(
+        sid=t.sid, workspace=str(ws), path=rel, token=int(t.token), reason="write",
+        turn_id=t.turn_id, call_id=call.tool_call_id,
+    ))
+
+    def prepare() -> tuple[bytes | None, str]:
+        return safefs.read(ws, rel), safefs.stage(ws, rel, data)
+
+    staging = asyncio.ensure_future(asyncio.to_thread(prepare))
+    try:
+        old, tmp = await asyncio.shield(staging)
+    except asyncio.CancelledError:
+        # The thread runs on: once it has staged the file, nobody will ever commit it.
+        with contextlib.suppress(BaseException):
+            await asyncio.wait({staging}, timeout=10)
+            if staging.done() and staging.exception() is None:
+                await asyncio.to_thread(safefs.discard, ws, rel, staging.result()[1])
+        raise
+    added, removed = textdiff.counts(old, data)
+    intent = json.dumps({"path": rel, "tmp": tmp, "bytes": len(data), "added": added, "removed": removed,
+                         "version_id": kept.version_id, "store": kept.store, "kept_path": kept.path})
+    fence = asyncio.ensure_future(ctx.deps.ensure_lease(t.sid, t.token, call.tool_call_id, intent))
+    try:
+        await asyncio.shield(fence)
+    except BaseException:
+        # Cancelled (the drive's deadline passed) or refused or Redis failed: the write does
+        # not go ahead. Refused, nothing was recorded and the temp file goes; otherwise the
+        # intent may be recorded, so the temp file is renamed away (a takeover that settles
+        # the intent finds "did not land" and removes it).
+        if not fence.done():
+            with contextlib.suppress(BaseException):
+                await asyncio.wait({fence}, timeout=5)
+        refused = fence.done() and not fence.cancelled() and isinstance(fence.exception(), LeaseLost)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(asyncio.to_thread(safefs.discard if refused else safefs.abort, ws, rel, tmp))
+        raise
+    await asyncio.shield(asyncio.to_thread(safefs.commit, ws, rel, tmp))
+    await rec.result(
+        call, True, f"Wrote {rel} ({len(data)} bytes, +{added} -{removed}).",
+        extra=[ev.VersionKept(**rec.e(), path=kept.path, version_id=kept.version_id, store=kept.store),
+               ev.FileWritten(**rec.e(), path=rel, added=added, removed=removed)],
+        first=True,
+    )
+
+
+async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    t, rec, deps = ctx.turn, ctx.rec, ctx.deps
+    if not await _sandbox_ready(ctx, call):
+        return
+    ctx.budget.actions += 1
+    timeout = float(args.get("timeout_s") or deps.settings.runner.command_timeout_s)
+    timeout = min(timeout, max(1.0, ctx.budget.time_left(time.monotonic())))
+    limit = deps.settings.runner.output_limit
+    snap = await cmdversions.before(deps, t, ctx.log)
+    try:
+        res = await ctx.guarded(tools.run_command(t.workspace, args["command"], timeout, limit,
+                                                  deps.sandbox, bool(args.get("network"))))
+    except StopRequested:
+        await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn; the command was killed.",
+                         extra=await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap), first=True)
+        raise
+    ctx.taint.add(res.output)
+    head = f"exit code {res.exit_code}\n" if res.exit_code is not None else ""
+    await rec.result(call, res.exit_code == 0 and not res.timed_out, head + res.output,
+                     extra=await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap), first=True)
+
+
+async def _sandbox_ready(ctx: ToolContext, call: ToolCallPart) -> bool:
+    """Fail closed: a command whose sandbox cannot start is refused (recorded), never run bare."""
+    sandbox = ctx.deps.sandbox
+    await sandbox.ready()
+    status = sandbox.status()
+    if status.available:
+        return True
+    await ctx.rec.emit(ev.PolicyDecision(**ctx.rec.e(), call_id=call.tool_call_id, verdict="refuse",
+                                         actor="sandbox", reason=f"the command sandbox is unavailable: {status.reason}",
+                                         name=call.tool_name))
+    ctx.log.error("sandbox.refused", sid=ctx.turn.sid, call_id=call.tool_call_id, reason=status.reason)
+    await ctx.rec.result(call, False, f"Refused: the command sandbox is unavailable ({status.reason}); the "
+                                      "command was not run. Commands never run outside the sandbox unless the "
+                                      "operator sets [sandbox] mode = \"none\".")
+    return False
+
+
+async def respond(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    await ctx.rec.emit(ev.AgentMessage(**ctx.rec.e(), text=args["text"]))
+    await ctx.rec.result(call, True, "Delivered to the person.")
+
+
+async def plan_write(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    steps = [str(s) for s in args["steps"]]
+    ctx.plan.plan = Plan(steps=steps, marks=[], turn_id=ctx.turn.turn_id)
+    ctx.plan.carried = False
+    await ctx.rec.emit(ev.PlanWrite(**ctx.rec.e(), steps=steps), ops=[("hset", "", "plan", ctx.plan.stored())])
+    await ctx.rec.result(call, True, f"Plan of {len(steps)} steps recorded.")
+
+
+async def plan_step(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    step = int(args["step"])
+    plan = ctx.plan.plan
+    if plan is None:
+        await ctx.rec.result(call, False, "Error: there is no plan; write one with plan_write first.")
+        return
+    if not 1 <= step <= len(plan.steps):
+        await ctx.rec.result(call, False, f"Error: the plan has steps 1 to {len(plan.steps)}.")
+        return
+    ctx.plan.plan = plan.model_copy(update={"marks": sorted(set(plan.marks) | {step})})
+    await ctx.rec.emit(ev.PlanStep(**ctx.rec.e(), step=step), ops=[("hset", "", "plan", ctx.plan.stored())])
+    await ctx.rec.result(call, True, f"Step {step} marked done.")
+
+
+HANDLERS: dict[str, Handler] = {
+    "read_file": read_file,
+    "list_dir": list_dir,
+    "write_file": write_file,
+    "run_command": run_command,
+    "respond": respond,
+    "plan_write": plan_write,
+    "plan_step": plan_step,
+}
+"""One entry per tool in :data:`cox_runner.tools.TOOLS` (a no-server test checks they match)."""

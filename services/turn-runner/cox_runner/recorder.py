@@ -1,0 +1,127 @@
+"""A turn's events out: everything a turn records goes through its :class:`Recorder`.
+
+Every call is fenced by the turn's token (a Redis function that checks the lease), so a runner
+whose lease passed on records nothing. The recorder also keeps what recording implies for the
+turn itself: which calls of the latest response are still open (each gets a result or a skip on
+every way out), the transcript the next model request is built from, the user messages recorded
+but not yet sent, and what Redis said waits (Leads, operator observations) on its last answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from pydantic_ai.messages import ToolCallPart
+
+from coxswain import events as ev
+from coxswain import keys
+from coxswain.errors import Fenced
+
+from . import transcript
+from .deps import Deps
+from .errors import LeaseLost
+from .turn import Turn
+
+OBSERVED_BATCH = 50
+Op = tuple[str, str, str, str]
+"""A small state write recorded with events: (op, key suffix, field, value); see ``cox_emit``."""
+
+
+class Recorder:
+    def __init__(self, deps: Deps, turn: Turn) -> None:
+        self.deps = deps
+        self.turn = turn
+        self.history = transcript.Builder()
+        self.open: dict[str, ToolCallPart] = {}
+        """Calls of the latest response without a result yet; closed on every way out of the turn."""
+        self.pending_user: list[tuple[str, str]] = []
+        """User messages recorded but not yet in a model request: (text, via)."""
+        self.last_output = ""
+        self.leads_hint = 0
+        self.observed_hint = 0
+        """What the last ``emit`` saw waiting: Leads and operator observations."""
+        self._deferred: list[ev._Event] = []
+        """Events recorded with the next ``emit`` (one Redis call instead of two)."""
+
+    def e(self) -> dict[str, Any]:
+        """The fields every event of this turn carries."""
+        return {"sid": self.turn.sid, "turn_id": self.turn.turn_id}
+
+    async def emit(self, *events: ev._Event, ops: list[Op] | None = None) -> None:
+        """Record events (and small state writes) fenced by this turn's token, after any deferred."""
+        flat: list[str] = []
+        for op in ops or []:
+            flat.extend(op)
+        batch = [*self._deferred, *events]
+        self._deferred.clear()
+        t = self.turn
+        try:
+            res = await self.deps.store.call(
+                "cox_emit", t.sid,
+                [t.sid, t.token, self.deps.owner, str(len(ops or [])), *flat, *(ev.body(e) for e in batch)],
+            )
+        except Fenced as exc:
+            raise LeaseLost(str(exc)) from exc
+        self.leads_hint = int(res.get("leads") or 0)
+        self.observed_hint = int(res.get("observed") or 0)
+
+    def defer(self, event: ev._Event) -> None:
+        """Record ``event`` together with the next one: it is known now, but nothing waits on it
+        being in the log before the next event is (a call's start and its policy decision; the
+        last text chunk and the complete response)."""
+        self._deferred.append(event)
+
+    @property
+    def has_deferred(self) -> bool:
+        return bool(self._deferred)
+
+    async def result(self, call: ToolCallPart, ok: bool, output: str, extra: list[ev._Event] | None = None,
+                     first: bool = False) -> None:
+        """Record a call's result. Operator observations waiting in Redis are folded into it, and
+        taken off the list in the same atomic call that records it (so a rebuild agrees)."""
+        t = self.turn
+        raw: list[str] = []
+        if self.observed_hint or t.observed_waiting:
+            t.observed_waiting = False
+            raw = await self.deps.redis.lrange(keys.session(t.sid) + keys.OBSERVED, 0, OBSERVED_BATCH - 1)
+        observed: list[dict[str, Any]] = []
+        for item in raw or []:
+            with contextlib.suppress(ValueError):
+                o = json.loads(item)
+                observed.append({"command": str(o.get("command", "")), "output": str(o.get("output", ""))})
+        result = ev.ToolResult(**self.e(), call_id=call.tool_call_id, ok=ok, output=output,
+                               observed=observed or None)
+        evs = [*(extra or []), result] if first else [result, *(extra or [])]
+        ops: list[Op] = [("hdel", keys.OPEN_CALLS, call.tool_call_id, "")]
+        if call.tool_name == "write_file":
+            ops.append(("hdel", keys.WRITES, call.tool_call_id, ""))  # its staged write is settled
+        if raw:
+            ops.append(("ltrim", keys.OBSERVED, str(len(raw)), "-1"))
+        await self.emit(*evs, ops=ops)
+        self.open.pop(call.tool_call_id, None)
+        self.history.tool_return(call.tool_call_id, output + transcript.fold(observed), call.tool_name)
+        self.last_output = output
+
+    async def skip(self, calls: list[ToolCallPart], reason: str) -> None:
+        """Close calls that never started: each gets a ``tool.skipped`` (and a result in the transcript)."""
+        if not calls:
+            return
+        evs = [ev.ToolSkipped(**self.e(), call_id=c.tool_call_id, reason=reason) for c in calls]
+        await self.emit(*evs, ops=[("hdel", keys.OPEN_CALLS, c.tool_call_id, "") for c in calls])
+        for c in calls:
+            self.open.pop(c.tool_call_id, None)
+            self.history.tool_return(c.tool_call_id, transcript.skip_text(reason), c.tool_name)
+
+    async def user_message(self, text: str, message_id: str, via: str) -> None:
+        """A user message joined to the turn (an approval's message): recorded now, sent with the
+        next model request, right after the tool result it answers."""
+        self.pending_user.append((text, via))
+        await self.emit(ev.UserMsg(**self.e(), message_id=message_id, text=text, via=via))
+
+    def take_pending(self) -> None:
+        """Move the recorded user messages into the transcript (before a model request)."""
+        for text, via in self.pending_user:
+            self.history.user(text, via)
+        self.pending_user.clear()

@@ -1,0 +1,100 @@
+"""The runner's parts: no import cycle (TYPE_CHECKING imports included), a handler for every
+tool, and the pure budget's rules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from cox_runner import handlers, tools
+from cox_runner.budget import Budget
+from coxswain.config import LimitsConfig, SoftLimits
+
+PKG = Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner"
+
+
+def _imports(path: Path) -> set[str]:
+    """The package's own modules ``path`` imports, anywhere in the file (TYPE_CHECKING too)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                out.add(node.module.split(".")[0])
+            else:
+                out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cox_runner"):
+            parts = (node.module or "").split(".")
+            out.update([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
+    return out
+
+
+def test_the_runner_has_no_import_cycle() -> None:
+    graph = {p.stem: _imports(p) & {q.stem for q in PKG.glob("*.py")} for p in PKG.glob("*.py")}
+    assert graph["loop"] and "loop" in graph["drive"], "the test no longer reads the imports"
+    seen: dict[str, int] = {}  # 1 on the path, 2 done
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            assert seen.get(nxt) != 1, f"import cycle: {' -> '.join([*path, node, nxt])}"
+            if nxt not in seen:
+                visit(nxt, [*path, node])
+        seen[node] = 2
+
+    for mod in sorted(graph):
+        if mod not in seen:
+            visit(mod, [])
+    assert "service" not in set().union(*(v for k, v in graph.items() if k != "__main__")), \
+        "no part may import the service"
+
+
+def test_every_tool_has_a_handler() -> None:
+    assert set(handlers.HANDLERS) == set(tools.TOOL_NAMES)
+
+
+def _budget(**limits: object) -> Budget:
+    return Budget(LimitsConfig(**limits), started=100.0)  # type: ignore[arg-type]
+
+
+def test_hard_limits_before_a_call() -> None:
+    b = _budget(tool_calls=2, actions=1)
+    assert b.call_limit(is_action=True) is None
+    b.tool_calls, b.actions = 1, 1
+    assert b.call_limit(is_action=False) is None
+    assert b.call_limit(is_action=True) == ("actions", 1)
+    b.tool_calls = 2
+    assert b.call_limit(is_action=False) == ("tool_calls", 2)
+
+
+def test_time_spent_waiting_for_the_person_is_not_work() -> None:
+    b = _budget(seconds=10)
+    b.waited = 4.0
+    assert b.elapsed(now=108.0) == 4.0
+    assert b.time_left(now=108.0) == 6.0
+
+
+def test_soft_limits_are_due_once_and_only_below_their_hard_limit() -> None:
+    b = _budget(tool_calls=10, tokens=100, soft=SoftLimits(tool_calls=3, tokens=500))
+    b.tool_calls, b.tokens = 3, 1000
+    due = b.soft_due(now=100.0)
+    assert [d.limit for d in due] == ["tool_calls"], "a soft limit above its hard one is no checkpoint"
+    assert due[0].value == 3 and due[0].soft == 3 and due[0].hard == 10
+    assert b.soft_due(now=100.0) == [], "each soft limit asks once per turn"
+
+
+def test_spend_and_tokens_after_a_response() -> None:
+    b = _budget(tokens=100, spend=0.5)
+    b.add_response(60, 0.2)
+    assert not b.tokens_over() and not b.spend_over()
+    b.add_response(40, 0.3)
+    assert b.tokens_over() and b.spend_over()
+
+
+def test_stuck_and_malformed() -> None:
+    b = _budget(stuck_repeats=3)
+    assert not b.stuck("list_dir", "{}", "a") and not b.stuck("list_dir", "{}", "a")
+    assert b.stuck("list_dir", "{}", "a")
+    assert not b.stuck("list_dir", "{}", "b")
+    assert not b.malformed_round(True)
+    assert b.malformed_round(True)
+    assert not b.malformed_round(False)
