@@ -7,7 +7,7 @@ work for them. The turn records a ``version.kept`` and a ``file.written`` (``via
 per file, before the command's ``tool.result``.
 
 A snapshot that fails or is skipped never blocks the command: it runs unversioned and the log
-says so.
+says so. Versions unreachable is not such a failure: the turn waits for it (``TurnLoop.infra``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ if TYPE_CHECKING:
 async def before(loop: TurnLoop) -> str | None:
     """The snapshot id to compare against after the command, or None."""
     t = loop.turn
+    req = SnapshotRequest(sid=t.sid, workspace=str(t.workspace), token=int(t.token))
     try:
-        snap = await loop.runner.clients.snapshot(SnapshotRequest(sid=t.sid, workspace=str(t.workspace),
-                                                                  token=int(t.token)))
+        # versions unreachable: waited for (a snapshot only reads), else the turn ends unavailable
+        snap = await loop.infra("versions", lambda _: loop.runner.clients.snapshot(req))
     except CoxError as exc:
         loop.log.warning("command.snapshot_failed", error=exc.detail)
         return None

@@ -90,10 +90,11 @@ async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
     stored, dont_ask = await policy_inputs(loop)
     standing = set(stored) | turn.turn_standing
     command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
-    g = await loop.runner.clients.guard(GuardRequest(
+    req = GuardRequest(
         sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
         tainted=loop.tainted_fragments() if command else [], trusted=person_words(loop) if command else [],
-    ))
+    )
+    g = await loop.infra("guard", lambda _: loop.runner.clients.guard(req))
     await loop.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
                                       verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
                                       name=call.name, path=g.path, preview=g.preview))
@@ -142,11 +143,12 @@ async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, rea
 async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
     t = loop.turn
     plan = loop.plan
+    req = JudgeRequest(sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
+                       plan=Plan(steps=plan["steps"], marks=plan.get("marks", [])) if plan else None)
     try:
-        return await loop.runner.clients.judge(JudgeRequest(
-            sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
-            plan=Plan(steps=plan["steps"], marks=plan.get("marks", [])) if plan else None,
-        ))
+        # Unreachable, the judge is waited for like guard (the turn ends ``unavailable`` past the
+        # bound); an error it answers goes to the person with what it said.
+        return await loop.infra("the judge", lambda _: loop.runner.clients.judge(req))
     except CoxError as exc:
         return JudgeResult(verdict="error", reason=f"the judge failed: {exc.detail}", kind="unavailable")
 

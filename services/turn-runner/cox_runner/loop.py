@@ -33,7 +33,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -52,7 +52,7 @@ from pydantic_ai.models import ModelRequestParameters
 
 from coxswain import events as ev
 from coxswain import keys, safefs, textdiff
-from coxswain.errors import CoxError, Fenced
+from coxswain.errors import CoxError, Fenced, Unavailable
 from coxswain.models import CallSpec, KeepRequest
 
 from . import cmdversions, gate, tools, transcript
@@ -93,7 +93,7 @@ class _EndTurn(Exception):
 
 
 SKIP_FOR_OUTCOME = {"output_limit": "truncated", "hard_budget": "limit", "spend_limit": "limit", "stuck": "limit",
-                    "canceled": "canceled", "error": "error"}
+                    "canceled": "canceled", "error": "error", "unavailable": "unavailable"}
 """The ``tool.skipped`` reason for calls a turn never started, by how the turn ended."""
 
 
@@ -188,6 +188,37 @@ class TurnLoop:
         with contextlib.suppress(BaseException):
             await task
         raise StopRequested(t.stop_reason or "stop")
+
+    async def infra(self, service: str, call: Callable[[int], Awaitable[T]]) -> T:
+        """Call guard, the judge or versions: ``call(attempt)``. A failure of the infrastructure
+        (:class:`Unavailable`: the bus is not connected, nobody answers, no answer in time) is
+        never a tool outcome: the turn waits for the service (backoff, bounded by ``[runner]
+        infra_wait_s``; Stop and steer end the wait at once) and calls again, then ends
+        ``unavailable`` naming the service. Every call made so is safe to repeat (guard and the
+        judge only decide; versions keeps once per ``call_id``, see ``KeepRequest.again``)."""
+        bound = self.settings.runner.infra_wait_s
+        t0 = time.monotonic()
+        pause = 0.05
+        attempt = 0
+        while True:
+            try:
+                return await call(attempt)
+            except Unavailable as exc:
+                self.runner.infra_failed()
+                waited = time.monotonic() - t0
+                if waited >= bound:
+                    self.log.warning("infra.gave_up", service=service, waited_s=round(waited, 3), error=exc.detail)
+                    raise _EndTurn(Ending("unavailable", detail=f"{service} could not be reached for "
+                                                                f"{waited:.1f}s: {exc.detail}")) from exc
+                if attempt == 0:
+                    self.log.warning("infra.waiting", service=service, error=exc.detail)
+            attempt += 1
+            started = time.monotonic()
+            try:
+                await self.guarded(asyncio.sleep(min(pause, max(0.0, bound - (time.monotonic() - t0)))))
+            finally:
+                self.waited += time.monotonic() - started
+            pause = min(1.0, pause * 2)
 
     # ------------------------------------------------------------------ the turn
     async def run(self) -> Ending:
@@ -547,10 +578,10 @@ class TurnLoop:
         t = self.turn
         ws = t.workspace
         data = content.encode("utf-8", errors="surrogatepass")
-        kept = await self.runner.clients.keep(KeepRequest(
+        kept = await self.infra("versions", lambda attempt: self.runner.clients.keep(KeepRequest(
             sid=t.sid, workspace=str(ws), path=rel, token=int(t.token), reason="write",
-            turn_id=t.turn_id, call_id=call.tool_call_id,
-        ))
+            turn_id=t.turn_id, call_id=call.tool_call_id, again=attempt > 0,
+        )))
 
         def prepare() -> tuple[bytes | None, str]:
             return safefs.read(ws, rel), safefs.stage(ws, rel, data)

@@ -23,8 +23,9 @@ from nats.aio.msg import Msg
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from coxswain import eventlog, keys, subjects
+from coxswain import bus, eventlog, keys, subjects
 from coxswain.config import Settings
+from coxswain.errors import CoxError
 from coxswain.ids import new_id
 from coxswain.models import (
     ApprovalCmd,
@@ -48,6 +49,8 @@ from .providers import Models
 from .store import Store
 
 SHUTDOWN_GRACE_S = 8.0
+INFRA_CHECK_S = 0.2
+"""How long one look at the services' health serves every drive that asks."""
 LOG_LIMIT = 10_000_000
 
 
@@ -63,6 +66,10 @@ class Runner(Service):
         self.drives: dict[str, Drive] = {}
         self.models = Models(settings.model)
         self.turns_started = 0
+        self._infra_suspect = False
+        self._infra_checked: tuple[float, str | None] | None = None
+        self._needed = (subjects.GUARD, subjects.VERSIONS) + (
+            (subjects.JUDGE,) if settings.approval.commands == "judge" else ())
 
     async def start(self) -> None:
         # Never let the client resend a call whose connection broke: a transition may have run
@@ -130,6 +137,36 @@ class Runner(Service):
     async def ensure_lease(self, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
         """Raise LeaseLost unless this runner still holds ``sid``; record a staged write's intent."""
         await drives_mod.ensure_lease(self, sid, token, call_id, intent)
+
+    # ------------------------------------------------------------------ the services a turn needs
+    def infra_failed(self) -> None:
+        """A turn met a service or the bus unavailable: look before starting the next turn."""
+        self._infra_suspect = True
+
+    async def services_missing(self) -> str | None:
+        """What a turn needs that does not answer now (the bus, guard, versions, the judge when
+        commands go to it), or None. Cheap while nothing has failed: only the bus's state is
+        looked at; after a failure each service's health is asked (shared for a moment by every
+        drive asking at once)."""
+        if not self.nc.is_connected:
+            self._infra_suspect = True
+            return "the message bus"
+        if not self._infra_suspect:
+            return None
+        now = time.monotonic()
+        if self._infra_checked is not None and now - self._infra_checked[0] < INFRA_CHECK_S:
+            return self._infra_checked[1]
+        missing: str | None = None
+        for svc in self._needed:
+            try:
+                await bus.raw_call(self.nc, subjects.rpc(svc, "health"), b"{}", timeout=2.0)
+            except CoxError:
+                missing = svc
+                break
+        self._infra_checked = (time.monotonic(), missing)
+        if missing is None:
+            self._infra_suspect = False
+        return missing
 
     def metrics_turn_started(self) -> None:
         self.turns_started += 1
