@@ -216,14 +216,22 @@ async def _close_open_calls(runner: Runner, d: Drive, turn: Turn, ending: Ending
     return True
 
 
-async def _turn_end_call(runner: Runner, d: Drive, body: str, plan: str) -> dict[str, Any] | None:
+async def _turn_end_call(runner: Runner, d: Drive, body: str, plan: str,
+                         may_hold: bool = True) -> dict[str, Any] | None:
+    """End the turn (``body``) and take the next waiting message, or go idle.
+
+    While the services a turn needs do not answer (the bus is down, guard or versions is gone),
+    the next message is not started, since it could only fail: the session is held (busy, under
+    this drive's lease, its messages waiting in order) until they answer (:func:`_hold`).
+    """
     next_turn = new_id("t")
     handoff = "1" if (d.shutting_down or runner.stopping) else ""
+    hold = "1" if may_hold and not handoff and await runner.services_missing() is not None else ""
     lease_ms = runner.settings.runner.lease_ms
     sent = time.monotonic()
     try:
         res = await runner.store.call("cox_turn_end", d.sid, [
-            d.sid, d.token, runner.owner, body, next_turn, str(lease_ms), plan, handoff,
+            d.sid, d.token, runner.owner, body, next_turn, str(lease_ms), plan, handoff, hold,
         ])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
@@ -232,7 +240,31 @@ async def _turn_end_call(runner: Runner, d: Drive, body: str, plan: str) -> dict
     if isinstance(msg, dict):
         d.arm(lease_ms, sent)  # the call renewed the lease for the next turn
         return {**msg, "turn_id": res.get("turn_id", next_turn)}
+    if res.get("held"):
+        d.arm(lease_ms, sent)
+        return await _hold(runner, d)
     return None
+
+
+async def _hold(runner: Runner, d: Drive) -> dict[str, Any] | None:
+    """Keep the session, start nothing, until the services a turn needs answer again (or Stop,
+    which discarded the waiting messages, or this runner shuts down and hands the session on).
+    The lease is renewed meanwhile like any drive's; nothing is bounded here because nothing is
+    consumed: the messages wait in Redis, in order."""
+    t0 = time.monotonic()
+    missing = await runner.services_missing()
+    runner.log.warning("drive.holding", sid=d.sid, missing=missing)
+    pause = 0.05
+    while missing is not None:
+        if d.shutting_down or runner.stopping:
+            break
+        if await runner.redis.hget(keys.session(d.sid), "stop") == "stop":
+            break
+        await asyncio.sleep(pause)
+        pause = min(1.0, pause * 2)
+        missing = await runner.services_missing()
+    runner.log.info("drive.resumed", sid=d.sid, held_s=round(time.monotonic() - t0, 3), missing=missing)
+    return await _turn_end_call(runner, d, "", "", may_hold=False)
 
 
 async def _end_crashed(runner: Runner, d: Drive) -> dict[str, Any] | None:

@@ -123,7 +123,7 @@ class Runner(Service):
 
     async def finish_op(self, d: Drive) -> None:
         """End a person's write: release the session, or run what was queued meanwhile."""
-        nxt = await drives_mod._turn_end_call(self, d, "", "")
+        nxt = await drives_mod._turn_end_call(self, d, "", "", may_hold=False)
         if nxt is not None:
             self.start_drive(Drive(sid=d.sid, token=d.token, first=nxt))
 
