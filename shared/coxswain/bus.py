@@ -3,11 +3,18 @@
 A reply is ``{"ok": true, "result": {...}}`` or an error envelope (:mod:`coxswain.errors`).
 Transport failures (no responders, timeout, closed connection) become :class:`Unavailable`, so
 the gateway answers 503 instead of 500 when a service or NATS is down.
+
+A request whose connection is lost is answered at once: nats-py keeps its reply future until the
+timeout (30 s for the gateway's calls), though no reply can come on a connection that is gone.
+A client made by :func:`coxswain.service.connect_nats` has a :class:`Link` that fails every call
+in flight with :class:`Unavailable` the moment nats-py reports the disconnect.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import weakref
 from typing import Any, TypeVar
 
 import nats.errors
@@ -17,6 +24,33 @@ from pydantic import BaseModel
 from .errors import CoxError, Unavailable, from_wire
 
 T = TypeVar("T", bound=BaseModel)
+
+
+class Link:
+    """Calls in flight on one NATS client, failed together when its connection is lost."""
+
+    def __init__(self) -> None:
+        self._lost: asyncio.Future[str] | None = None
+
+    def lost(self) -> asyncio.Future[str]:
+        """A future that completes (with the reason) when the connection is next lost."""
+        if self._lost is None or self._lost.done():
+            self._lost = asyncio.get_running_loop().create_future()
+        return self._lost
+
+    def disconnected(self, why: str = "the message bus connection was lost") -> None:
+        """nats-py's disconnected callback: every call waiting for a reply fails now."""
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(why)
+        self._lost = None
+
+
+_links: weakref.WeakKeyDictionary[Client, Link] = weakref.WeakKeyDictionary()
+
+
+def link(nc: Client, ln: Link) -> None:
+    """Watch ``nc``'s connection with ``ln`` (see :class:`Link`)."""
+    _links[nc] = ln
 
 
 def ok(result: BaseModel | dict[str, Any]) -> bytes:
@@ -38,7 +72,21 @@ async def raw_call(nc: Client, subject: str, payload: bytes, timeout: float = 10
     if nc.is_closed or not nc.is_connected:
         raise Unavailable("the message bus is not connected")
     try:
-        msg = await nc.request(subject, payload, timeout=timeout)
+        ln = _links.get(nc)
+        if ln is None:
+            msg = await nc.request(subject, payload, timeout=timeout)
+        else:
+            lost = ln.lost()
+            req = asyncio.ensure_future(nc.request(subject, payload, timeout=timeout))
+            try:
+                await asyncio.wait((req, lost), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                req.cancel()
+                raise
+            if not req.done():
+                req.cancel()
+                raise Unavailable(f"{lost.result()} while waiting for {subject}")
+            msg = req.result()
     except nats.errors.NoRespondersError as exc:
         raise Unavailable(f"no service answers {subject}") from exc
     except nats.errors.TimeoutError as exc:

@@ -15,13 +15,17 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 Via = Literal["send", "queue", "steer", "lead", "approval"]
 Outcome = Literal[
     "completed", "empty", "output_limit", "error", "stopped", "canceled",
-    "hard_budget", "spend_limit", "stuck", "crashed",
+    "hard_budget", "spend_limit", "stuck", "crashed", "unavailable",
 ]
-UNFINISHED: frozenset[str] = frozenset({"error", "stopped", "hard_budget", "spend_limit", "canceled", "crashed"})
+"""``unavailable``: guard, the judge or versions (or the message bus) did not answer within
+``[runner] infra_wait_s``; the detail names which. Not a tool outcome: the call was not run."""
+UNFINISHED: frozenset[str] = frozenset({"error", "stopped", "hard_budget", "spend_limit", "canceled", "crashed",
+                                        "unavailable"})
 """Outcomes whose plan is carried into the next turn (docs/design.md, The turn loop: Plan)."""
-SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", "canceled", "error"]
+SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", "canceled", "error", "unavailable"]
 """Why a tool call never started. ``approval``: an approval answer carried a message (a newer
-instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``: the turn ended so."""
+instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``/``unavailable``: the
+turn ended so."""
 Verdict = Literal["allow", "ask", "refuse"]
 Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox"]
 

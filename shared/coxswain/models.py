@@ -328,6 +328,9 @@ class KeepRequest(_Body):
     reason: Literal["write", "restore", "undo", "command"] = "write"
     turn_id: str | None = None
     call_id: str | None = None
+    again: bool = False
+    """A repeat of a keep whose answer was lost (the bus failed under it): the record already
+    kept for this ``call_id`` and path, if any, is the answer (one version per write)."""
 
 
 class KeepResult(_Out):

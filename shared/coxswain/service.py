@@ -52,13 +52,16 @@ async def connect_nats(
 ) -> Client:
     """Connect with bounded retries (a log line each); afterwards nats-py reconnects forever.
 
-    ``user``/``password`` win over a ``user:pass@`` in ``url``; the URL is logged redacted.
+    ``user``/``password`` win over a ``user:pass@`` in ``url``; the URL is logged redacted. A
+    lost connection fails the requests in flight at once (:class:`bus.Link`).
     """
+    ln = bus.Link()
 
     async def on_error(exc: Exception) -> None:
         log.warning("nats.error", error=repr(exc))
 
     async def on_disconnect() -> None:
+        ln.disconnected()
         log.warning("nats.disconnected")
 
     async def on_reconnect() -> None:
@@ -68,11 +71,13 @@ async def connect_nats(
     last: Exception | None = None
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
-            return await nats.connect(
+            nc = await nats.connect(
                 url, name=name, connect_timeout=2, allow_reconnect=True, max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25, error_cb=on_error, disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect, user=user, password=password, inbox_prefix=inbox_prefix,
             )
+            bus.link(nc, ln)
+            return nc
         except Exception as exc:  # noqa: BLE001 - any failure to connect is retried, then reported
             last = exc
             log.warning("nats.connect_failed", url=shown, attempt=attempt, error=repr(exc))

@@ -8,7 +8,7 @@ per file, before the command's ``tool.result``.
 
 A person's ``!command`` is versioned the same way (its events carry the turn it ran beside, if
 any). A snapshot that fails or is skipped never blocks the command: it runs unversioned and the
-log says so.
+log says so. Versions unreachable is not such a failure: the turn waits for it (:mod:`cox_runner.infra`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from coxswain import events as ev
 from coxswain.errors import CoxError
 from coxswain.models import CommandChangesRequest, SnapshotRequest
 
+from . import infra
+from .budget import Budget
 from .clients import Clients
 from .deps import Deps
 from .turn import Turn
@@ -58,9 +60,18 @@ async def changes(clients: Clients, log: Any, sid: str, workspace: str, token: i
     return out
 
 
-async def before(deps: Deps, turn: Turn, log: Any) -> str | None:
-    """The turn's snapshot before its command."""
-    return await snapshot(deps.clients, log, turn.sid, str(turn.workspace), int(turn.token))
+async def before(deps: Deps, turn: Turn, budget: Budget, log: Any) -> str | None:
+    """The turn's snapshot before its command. Versions unreachable is waited for (a snapshot
+    only reads), else the turn ends ``unavailable``."""
+    req = SnapshotRequest(sid=turn.sid, workspace=str(turn.workspace), token=int(turn.token))
+    try:
+        snap = await infra.call(deps, turn, budget, log, "versions", lambda _: deps.clients.snapshot(req))
+    except CoxError as exc:
+        log.warning("command.snapshot_failed", sid=turn.sid, error=exc.detail)
+        return None
+    if snap.snapshot is None:
+        log.warning("command.snapshot_skipped", sid=turn.sid, reason=snap.skipped)
+    return snap.snapshot
 
 
 async def after(deps: Deps, turn: Turn, log: Any, call_id: str, snap: str | None) -> list[ev._Event]:

@@ -50,3 +50,7 @@ class Deps:
     """Hold a session here and run its turns (a task of the process)."""
     finish_op: Callable[[Drive], Awaitable[None]]
     """End a person's operation: release the session, or run what was queued meanwhile."""
+    infra_failed: Callable[[], None]
+    """A turn met a service or the bus unavailable: look before starting the next turn."""
+    services_missing: Callable[[], Awaitable[str | None]]
+    """What a turn needs that does not answer now (the bus, guard, versions, the judge), or None."""

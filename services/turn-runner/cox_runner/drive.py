@@ -161,14 +161,21 @@ async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) ->
     return True
 
 
-async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str) -> dict[str, Any] | None:
+async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bool = True) -> dict[str, Any] | None:
+    """End the turn (``body``) and take the next waiting message, or go idle.
+
+    While the services a turn needs do not answer (the bus is down, guard or versions is gone),
+    the next message is not started, since it could only fail: the session is held (busy, under
+    this drive's lease, its messages waiting in order) until they answer (:func:`_hold`).
+    """
     next_turn = new_id("t")
     handoff = "1" if (d.shutting_down or deps.stopping()) else ""
+    hold = "1" if may_hold and not handoff and await deps.services_missing() is not None else ""
     lease_ms = deps.settings.runner.lease_ms
     sent = time.monotonic()
     try:
         res = await deps.store.call("cox_turn_end", d.sid, [
-            d.sid, d.token, deps.owner, body, next_turn, str(lease_ms), plan, handoff,
+            d.sid, d.token, deps.owner, body, next_turn, str(lease_ms), plan, handoff, hold,
         ])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
@@ -177,7 +184,31 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str) -> dict[str,
     if isinstance(msg, dict):
         d.arm(lease_ms, sent)  # the call renewed the lease for the next turn
         return {**msg, "turn_id": res.get("turn_id", next_turn)}
+    if res.get("held"):
+        d.arm(lease_ms, sent)
+        return await _hold(deps, d)
     return None
+
+
+async def _hold(deps: Deps, d: Drive) -> dict[str, Any] | None:
+    """Keep the session, start nothing, until the services a turn needs answer again (or Stop,
+    which discarded the waiting messages, or this runner shuts down and hands the session on).
+    The lease is renewed meanwhile like any drive's; nothing is bounded here because nothing is
+    consumed: the messages wait in Redis, in order."""
+    t0 = time.monotonic()
+    missing = await deps.services_missing()
+    deps.log.warning("drive.holding", sid=d.sid, missing=missing)
+    pause = 0.05
+    while missing is not None:
+        if d.shutting_down or deps.stopping():
+            break
+        if await deps.redis.hget(keys.session(d.sid), "stop") == "stop":
+            break
+        await asyncio.sleep(pause)
+        pause = min(1.0, pause * 2)
+        missing = await deps.services_missing()
+    deps.log.info("drive.resumed", sid=d.sid, held_s=round(time.monotonic() - t0, 3), missing=missing)
+    return await turn_end_call(deps, d, "", "", may_hold=False)
 
 
 async def _end_crashed(deps: Deps, d: Drive) -> dict[str, Any] | None:

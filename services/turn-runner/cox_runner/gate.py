@@ -42,6 +42,7 @@ from coxswain.models import (
     Plan,
 )
 
+from . import infra
 from .budget import Budget
 from .deps import Deps
 from .errors import StopRequested
@@ -104,8 +105,9 @@ class Gate:
     """The approval gate of a turn's calls, and the approval state it owns."""
 
     def __init__(self, deps: Deps, turn: Turn, rec: Recorder, budget: Budget, taint: Taint,
-                 plan: Callable[[], Plan | None]) -> None:
+                 plan: Callable[[], Plan | None], log: Any) -> None:
         self.deps = deps
+        self.log = log
         self.turn = turn
         self.rec = rec
         self.budget = budget
@@ -137,10 +139,11 @@ class Gate:
         stored, dont_ask = await self.policy_inputs()
         standing = set(stored) | turn.turn_standing
         command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
-        g = await self.deps.clients.guard(GuardRequest(
+        req = GuardRequest(
             sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
             tainted=self.taint.fragments() if command else [], trusted=self.person_words() if command else [],
-        ))
+        )
+        g = await infra.call(self.deps, turn, self.budget, self.log, "guard", lambda _: self.deps.clients.guard(req))
         await self.rec.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
                                               verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
                                               name=call.name, path=g.path, preview=g.preview))
@@ -188,12 +191,16 @@ class Gate:
         t = self.turn
         plan = self.plan()
         sandbox = self.deps.settings.sandbox
+        req = JudgeRequest(
+            sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
+            plan=Plan(steps=plan.steps, marks=plan.marks) if plan else None,
+            sandboxed=sandbox.mode != "none", network=sandbox.network or call.args.get("network") is True,
+        )
         try:
-            return await self.deps.clients.judge(JudgeRequest(
-                sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
-                plan=Plan(steps=plan.steps, marks=plan.marks) if plan else None,
-                sandboxed=sandbox.mode != "none", network=sandbox.network or call.args.get("network") is True,
-            ))
+            # Unreachable, the judge is waited for like guard (the turn ends ``unavailable`` past
+            # the bound); an error it answers goes to the person with what it said.
+            return await infra.call(self.deps, t, self.budget, self.log, "the judge",
+                                    lambda _: self.deps.clients.judge(req))
         except CoxError as exc:
             return JudgeResult(verdict="error", reason=f"the judge failed: {exc.detail}", kind="unavailable")
 

@@ -23,7 +23,7 @@ from coxswain import safefs, textdiff
 from coxswain.errors import CoxError
 from coxswain.models import KeepRequest, Plan
 
-from . import cmdversions, tools
+from . import cmdversions, infra, tools
 from .budget import Budget
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
@@ -106,10 +106,11 @@ async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str) ->
     t, rec = ctx.turn, ctx.rec
     ws = t.workspace
     data = content.encode("utf-8", errors="surrogatepass")
-    kept = await ctx.deps.clients.keep(KeepRequest(
-        sid=t.sid, workspace=str(ws), path=rel, token=int(t.token), reason="write",
-        turn_id=t.turn_id, call_id=call.tool_call_id,
-    ))
+    kept = await infra.call(ctx.deps, t, ctx.budget, ctx.log, "versions",
+                            lambda attempt: ctx.deps.clients.keep(KeepRequest(
+                                sid=t.sid, workspace=str(ws), path=rel, token=int(t.token), reason="write",
+                                turn_id=t.turn_id, call_id=call.tool_call_id, again=attempt > 0,
+                            )))
 
     def prepare() -> tuple[bytes | None, str]:
         return safefs.read(ws, rel), safefs.stage(ws, rel, data)
@@ -159,7 +160,7 @@ async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]
     timeout = float(args.get("timeout_s") or deps.settings.runner.command_timeout_s)
     timeout = min(timeout, max(1.0, ctx.budget.time_left(time.monotonic())))
     limit = deps.settings.runner.output_limit
-    snap = await cmdversions.before(deps, t, ctx.log)
+    snap = await cmdversions.before(deps, t, ctx.budget, ctx.log)
     try:
         res = await ctx.guarded(tools.run_command(t.workspace, args["command"], timeout, limit,
                                                   deps.sandbox, bool(args.get("network"))))

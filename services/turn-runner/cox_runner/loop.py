@@ -93,7 +93,7 @@ class TurnLoop:
         self.budget = Budget(self.limits, started=turn.started)
         self.plan = PlanState()
         self.taint = Taint()
-        self.gate = Gate(deps, turn, self.rec, self.budget, self.taint, lambda: self.plan.plan)
+        self.gate = Gate(deps, turn, self.rec, self.budget, self.taint, lambda: self.plan.plan, self.log)
         self.tools = ToolContext(deps=deps, turn=turn, rec=self.rec, budget=self.budget, taint=self.taint,
                                  plan=self.plan, log=self.log, guarded=self.guarded)
         self.titled = False

@@ -487,10 +487,12 @@ end
 -- ARGV: sid, token, owner, end_body ('' = the turn had no turn.end to write), next_turn_id,
 --       lease_ms, plan ('' keep as is, '-' clear, else JSON), handoff ('1': this runner is
 --       shutting down; leave the next message for another runner: the session stays busy, the
---       lease is dropped and the session is listed as claimable at once)
+--       lease is dropped and the session is listed as claimable at once), hold ('1': the
+--       services a turn needs do not answer; start nothing: the session stays busy under this
+--       lease with its messages waiting, and the runner calls again with no end_body once they answer)
 local function cox_turn_end(keys, args)
   local base = keys[1]
-  local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff = unpack(args)
+  local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next = unpack(args)
   lease_ms = tonumber(lease_ms)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   local now = now_ms()
@@ -509,6 +511,12 @@ local function cox_turn_end(keys, args)
     redis.call('ZADD', LEASES, 0, sid)
     redis.call('HSET', base, 'runner', '', 'token', '')
     return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, handed_off = true }))
+  end
+  local waiting = redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')
+  if hold_next == '1' and waiting > 0 then
+    redis.call('PEXPIRE', base .. ':lease', lease_ms)
+    redis.call('ZADD', LEASES, now + lease_ms, sid)
+    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, held = true }))
   end
   local raw = redis.call('LPOP', base .. ':sq')
   if not raw then raw = redis.call('LPOP', base .. ':q') end

@@ -23,8 +23,9 @@ from nats.aio.msg import Msg
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from coxswain import eventlog, keys, subjects
+from coxswain import bus, eventlog, keys, subjects
 from coxswain.config import Settings
+from coxswain.errors import CoxError
 from coxswain.ids import new_id
 from coxswain.models import (
     ApprovalCmd,
@@ -54,6 +55,8 @@ from .sandbox import Sandbox
 from .store import Store
 
 SHUTDOWN_GRACE_S = 8.0
+INFRA_CHECK_S = 0.2
+"""How long one look at the services' health serves every drive that asks."""
 LOG_LIMIT = 10_000_000
 
 
@@ -69,6 +72,10 @@ class Runner(Service):
         self.leases = Leases(self.log)
         self.models = Models(settings.model)
         self.sandbox = Sandbox(settings.sandbox, settings.store_dir)
+        self._infra_suspect = False
+        self._infra_checked: tuple[float, str | None] | None = None
+        self._needed = (subjects.GUARD, subjects.VERSIONS) + (
+            (subjects.JUDGE,) if settings.approval.commands == "judge" else ())
 
     async def start(self) -> None:
         # Never let the client resend a call whose connection broke: a transition may have run
@@ -86,6 +93,7 @@ class Runner(Service):
             models=self.models, sandbox=self.sandbox, owner=self.owner, leases=self.leases,
             read_events=self.read_events, ensure_lease=self.ensure_lease, redis_failed=self.redis_failed,
             stopping=lambda: self.stopping, ring=self.ring, start_drive=self.start_drive, finish_op=self.finish_op,
+            infra_failed=self.infra_failed, services_missing=self.services_missing,
         )
         self.admission = Admission(self.deps)
         a = self.admission
@@ -139,7 +147,7 @@ class Runner(Service):
 
     async def finish_op(self, d: Drive) -> None:
         """End a person's write: release the session, or run what was queued meanwhile."""
-        nxt = await drives_mod.turn_end_call(self.deps, d, "", "")
+        nxt = await drives_mod.turn_end_call(self.deps, d, "", "", may_hold=False)
         if nxt is not None:
             self.start_drive(Drive(sid=d.sid, token=d.token, first=nxt))
 
@@ -153,6 +161,36 @@ class Runner(Service):
     async def ensure_lease(self, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
         """Raise LeaseLost unless this runner still holds ``sid``; record a staged write's intent."""
         await drives_mod.ensure_lease(self.deps, sid, token, call_id, intent)
+
+    # ------------------------------------------------------------------ the services a turn needs
+    def infra_failed(self) -> None:
+        """A turn met a service or the bus unavailable: look before starting the next turn."""
+        self._infra_suspect = True
+
+    async def services_missing(self) -> str | None:
+        """What a turn needs that does not answer now (the bus, guard, versions, the judge when
+        commands go to it), or None. Cheap while nothing has failed: only the bus's state is
+        looked at; after a failure each service's health is asked (shared for a moment by every
+        drive asking at once)."""
+        if not self.nc.is_connected:
+            self._infra_suspect = True
+            return "the message bus"
+        if not self._infra_suspect:
+            return None
+        now = time.monotonic()
+        if self._infra_checked is not None and now - self._infra_checked[0] < INFRA_CHECK_S:
+            return self._infra_checked[1]
+        missing: str | None = None
+        for svc in self._needed:
+            try:
+                await bus.raw_call(self.nc, subjects.rpc(svc, "health"), b"{}", timeout=2.0)
+            except CoxError:
+                missing = svc
+                break
+        self._infra_checked = (time.monotonic(), missing)
+        if missing is None:
+            self._infra_suspect = False
+        return missing
 
     async def read_events(self, sid: str) -> list[dict[str, Any]]:
         """The session's whole log, at least up to the last event recorded when called.

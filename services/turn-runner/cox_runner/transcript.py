@@ -42,6 +42,8 @@ SKIP_TEXT = {
     "limit": "Not run: the turn ended at a limit before this call started.",
     "canceled": "Not run: the turn was cancelled before this call started.",
     "error": "Not run: the turn ended with an error before this call started.",
+    "unavailable": "Not run: a service this call needed (the policy check or versions) could not be reached, "
+                   "so the turn ended before the call ran.",
 }
 UNANSWERED_TEXT = "No result was recorded for this call: the turn ended before it finished."
 

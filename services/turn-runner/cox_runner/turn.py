@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 STOP_OUTCOME = {"stop": "stopped", "steer": "stopped", "shutdown": "canceled"}
 SKIP_FOR_OUTCOME = {"output_limit": "truncated", "hard_budget": "limit", "spend_limit": "limit", "stuck": "limit",
-                    "canceled": "canceled", "error": "error"}
+                    "canceled": "canceled", "error": "error", "unavailable": "unavailable"}
 """The ``tool.skipped`` reason for calls a turn never started, by how the turn ended."""
 
 
