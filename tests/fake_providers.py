@@ -47,6 +47,9 @@ class Reply:
     delay: float = 0.0
     error: int | None = None
     """Answer with this HTTP status and an error body instead."""
+    fails: int = 0
+    """Answer the first ``fails`` requests for this reply with 429 (``Retry-After: retry_after``)."""
+    retry_after: float = 0.05
 
     @staticmethod
     def calls(*calls: tuple[str, dict[str, Any]], text: str | None = None, finish: str | None = None,
@@ -61,6 +64,7 @@ class FakeModels:
         self.cases: dict[str, list[Reply]] = {}
         self.requests: list[dict[str, Any]] = []
         self.refused: list[str] = []
+        self._failed: dict[int, int] = {}
         self._n = 0
         app = Starlette(routes=[
             Route("/v1/chat/completions", self.openai, methods=["POST"]),
@@ -123,6 +127,11 @@ class FakeModels:
         if is_title:
             case = next((c.group(1) for u in users if (c := CASE_RE.search(u))), None)
         self.requests.append({**body, "_kind": "openai", "_case": case, "_title": is_title})
+        if reply.fails and self._failed.get(id(reply), 0) < reply.fails:
+            self._failed[id(reply)] = self._failed.get(id(reply), 0) + 1
+            return JSONResponse({"error": {"message": "rate limited by the test", "type": "rate_limit_error",
+                                           "param": None, "code": None}}, status_code=429,
+                                headers={"Retry-After": f"{reply.retry_after:g}"})
         if reply.error:
             return JSONResponse({"error": {"message": "refused by the test", "type": "invalid_request_error",
                                            "param": None, "code": None}}, status_code=reply.error)

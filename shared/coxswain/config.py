@@ -60,6 +60,12 @@ class LimitsConfig(_Section):
     soft: SoftLimits = Field(default_factory=SoftLimits)
     stuck_repeats: int = Field(3, ge=2)
     """How many times the same call with the same result counts as stuck (progress guard)."""
+    warn_at: float = Field(0.8, gt=0.0, le=1.0)
+    """A ``limit.warning`` is recorded (once per limit and turn) when a hard limit's value reaches
+    this fraction of it."""
+    compact_at: float = Field(0.8, gt=0.0, le=1.0)
+    """The transcript is compacted when a request's input reaches this fraction of the model's
+    context window."""
 
     def hard_value(self, name: str) -> float | None:
         value = getattr(self, name)
@@ -97,18 +103,59 @@ class ProviderConfig(_Section):
     temperature: float | None = None
     input_price: float | None = Field(None, ge=0)
     output_price: float | None = Field(None, ge=0)
+    cache_read_price: float | None = Field(None, ge=0)
+    """USD per million input tokens read from the prompt cache (unset: ``input_price``)."""
+    cache_write_price: float | None = Field(None, ge=0)
+    """USD per million input tokens written to the prompt cache (unset: ``input_price``)."""
+    context_window: int | None = Field(None, ge=1)
+    """The model's context window in tokens (unset: unknown, so never compacted; for
+    ``kind = "script"``: ``[model.script] context_window``)."""
 
     def key(self) -> str | None:
         """The API key: given here, else read from the variable ``api_key_env`` names."""
         return self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
 
 
+class ScriptModelConfig(_Section):
+    """The built-in ``script`` model (``[model.script]``)."""
+
+    context_window: int = Field(200_000, ge=1)
+    """The context window it pretends to have, in tokens (compaction is tested against it)."""
+
+
 class ModelConfig(_Section):
     default: str | None = "script"
     providers: list[ProviderConfig] = Field(default_factory=list)
+    retries: int = Field(4, ge=0, le=20)
+    """How many times a failed model request is retried (429, 5xx, timeouts, broken connections)."""
+    retry_max_s: float = Field(30.0, gt=0)
+    """The longest wait before a retry; a provider asking for longer is not retried."""
+    compactor: str | None = None
+    """The model that summarises a transcript when it is compacted (a provider name or ``script``;
+    unset: the session's own model)."""
+    script: ScriptModelConfig = Field(default_factory=ScriptModelConfig)
+
+    @model_validator(mode="after")
+    def _known_compactor(self) -> ModelConfig:
+        if self.compactor is not None and self.compactor not in self.names():
+            raise ValueError(f"[model] compactor {self.compactor!r} is not script or a [[model.providers]] name")
+        return self
 
     def names(self) -> set[str]:
         return {"script"} | {p.name for p in self.providers}
+
+    def provider(self, name: str) -> ProviderConfig | None:
+        """The ``[[model.providers]]`` entry named ``name`` (None for the built-in script model)."""
+        return next((p for p in self.providers if p.name == name), None)
+
+    def context_window(self, name: str) -> int | None:
+        """The model's context window in tokens, or None when it is not known."""
+        p = self.provider(name)
+        if p is None:
+            return self.script.context_window if name == "script" else None
+        if p.context_window is not None:
+            return p.context_window
+        return self.script.context_window if p.kind == "script" else None
 
 
 class RunnerConfig(_Section):

@@ -274,13 +274,58 @@ class EventOmitted(_Event):
     bytes: int
 
 
+class LimitWarning(_Event):
+    """A hard limit's value reached ``[limits] warn_at`` of it (once per limit and turn)."""
+
+    type: Literal["limit.warning"] = "limit.warning"
+    limit: str
+    value: float
+    of: float
+    """The hard limit's value."""
+
+
+UsagePurpose = Literal["turn", "title", "judge", "compaction"]
+
+
+class Usage(_Event):
+    """What one model request used and cost (USD; 0 when unknown), and what it was for."""
+
+    type: Literal["usage"] = "usage"
+    purpose: UsagePurpose
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost: float = 0.0
+
+
+class ModelRetry(_Event):
+    """A model request failed in a way worth retrying; the next try comes after ``delay_s``."""
+
+    type: Literal["model.retry"] = "model.retry"
+    attempt: int
+    delay_s: float
+    error: str
+
+
+class ContextCompacted(_Event):
+    """The transcript up to event ``through_seq`` was replaced by ``summary`` for the model."""
+
+    type: Literal["context.compacted"] = "context.compacted"
+    before_tokens: int
+    after_tokens: int
+    summary: str
+    through_seq: int
+
+
 Event = Annotated[
     SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
-    | EventOmitted,
+    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

@@ -124,6 +124,17 @@ class SandboxInfo(_Out):
     network: Literal["off", "session", "on"]
 
 
+class UsageTotals(_Out):
+    """A session's running totals of its recorded ``usage`` events (tokens, USD)."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost: float = 0.0
+
+
 class Session(_Out):
     id: str
     workspace: str
@@ -141,6 +152,8 @@ class Session(_Out):
     standing: list[str] = Field(default_factory=list)
     """Standing approvals ("always this session"): command prefixes, ``write:<path>``, ``network``."""
     sandbox: SandboxInfo | None = None
+    usage: UsageTotals = Field(default_factory=UsageTotals)
+    """Running totals of the session's model requests (the sum of its ``usage`` events)."""
     created: int = 0
     next_model: str | None = None
     last_seq: int = 0

@@ -9,7 +9,16 @@ import redis.asyncio as aioredis
 
 from . import keys
 from .config import SandboxConfig
-from .models import STANDING_NETWORK, ApprovalInfo, LeadInfo, Plan, QueueItem, SandboxInfo, Session
+from .models import (
+    STANDING_NETWORK,
+    ApprovalInfo,
+    LeadInfo,
+    Plan,
+    QueueItem,
+    SandboxInfo,
+    Session,
+    UsageTotals,
+)
 
 
 async def load(redis: aioredis.Redis, sid: str, principal: str | None,
@@ -62,6 +71,13 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
                                         "judge", "turn_id")) for a in pending],
         plan=plan,
         dont_ask=h.get("dont_ask") == "1",
+        usage=UsageTotals(
+            requests=int(h.get("usage_requests", 0) or 0), input_tokens=int(h.get("usage_input_tokens", 0) or 0),
+            output_tokens=int(h.get("usage_output_tokens", 0) or 0),
+            cache_read_tokens=int(h.get("usage_cache_read_tokens", 0) or 0),
+            cache_write_tokens=int(h.get("usage_cache_write_tokens", 0) or 0),
+            cost=round(float(h.get("usage_cost", 0) or 0), 8),
+        ),
         created=int(h.get("created", 0) or 0),
         next_model=h.get("next_model") or None,
         last_seq=int(h.get("seq", 0) or 0),

@@ -4,10 +4,11 @@ Order, first match wins:
 
 1. Refused outright (no setting, standing approval or person changes it): a path outside the
    workspace pin after resolving every link, the credential denylist (for a command: a word that
-   names a denylisted path), a write to a read-only mount.
+   names a denylisted path), a write to a read-only mount, an ``edit_file`` whose ``old`` text
+   does not apply to the file as it is (nothing would be written; the reason says why).
 2. Security confirms, always the person's (``security=True``; the don't-ask switch and standing
    approvals do not answer them): a protected path (``.git/`` at any depth, the store folder, CI
-   definitions, ``scripts/``, ``Makefile`` ...) written by ``write_file`` or by a command's
+   definitions, ``scripts/``, ``Makefile`` ...) written by ``write_file``/``edit_file`` or by a command's
    redirection, content that looks like a credential (detect-secrets), a command built from tool
    output (taint, see :mod:`cox_guard.taint`), a command that asks for the network (its
    sandbox has none) unless config or a standing ``network`` approval grants it; the judge is
@@ -18,7 +19,9 @@ Order, first match wins:
    sends the call to the person).
 
 A write's decision carries a preview of what it would change, computed here from the current
-file, so the approval and the Changes view can show it.
+file (for ``edit_file``: with the same edit function the runner writes with), so the approval and
+the Changes view can show it. ``find_files`` and ``search_text`` read like ``read_file``: their
+``path`` (the workspace when absent) is pinned and checked against the denylist, then allowed.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from coxswain import safefs, shell, textdiff
+from coxswain import safefs, shell, textdiff, textedit
 from coxswain.config import Settings
 from coxswain.errors import CoxError
 from coxswain.models import STANDING_NETWORK, GuardRequest, GuardResult
@@ -43,6 +46,8 @@ PROTECTED_ANYWHERE: tuple[str, ...] = (".git", ".git-hooks", ".husky")
 """Folder names protected at any depth: a nested repository's hooks run as well as the top one's."""
 
 NO_WORKSPACE = frozenset({"respond", "plan_write", "plan_step"})
+PATH_CALLS = frozenset({"read_file", "list_dir", "find_files", "search_text", "write_file", "edit_file"})
+WRITES = frozenset({"write_file", "edit_file"})
 
 
 def protected(rel: str, store_dir: str) -> str | None:
@@ -81,7 +86,7 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
     root = safefs.real_under(settings.root, req.workspace)
     if root is None:
         return GuardResult(verdict="refuse", actor="policy", reason="the workspace is not under the configured root")
-    if name in ("read_file", "list_dir", "write_file"):
+    if name in PATH_CALLS:
         return _path_call(settings, req, root, name, args)
     if name == "run_command":
         return _command(settings, req, root, str(args.get("command", "")))
@@ -98,18 +103,29 @@ def _path_call(settings: Settings, req: GuardRequest, root: Path, name: str, arg
     if deny:
         return GuardResult(verdict="refuse", actor="policy", reason=f"{rel} is on the credential denylist ({deny})",
                            path=rel)
-    if name != "write_file":
+    if name not in WRITES:
         return GuardResult(verdict="allow", actor="setting", reason="reading inside the workspace", path=rel)
     if not rel:
         return GuardResult(verdict="refuse", actor="policy", reason="cannot write the workspace folder itself")
     if read_only(root, rel):
         return GuardResult(verdict="refuse", actor="policy", reason=f"{rel} is on a read-only mount", path=rel)
-    content = str(args.get("content", ""))
     try:
-        current = safefs.read(root, rel, max_bytes=textdiff.MAX_DIFF_INPUT + 1)
+        current = safefs.read(root, rel, max_bytes=max(textdiff.MAX_DIFF_INPUT, textedit.MAX_EDIT_BYTES) + 1)
     except CoxError as exc:
         return GuardResult(verdict="refuse", actor="policy", reason=exc.detail, path=rel)
-    preview = textdiff.preview(current, content.encode("utf-8", errors="surrogatepass"), rel)
+    if name == "edit_file":
+        count = args.get("count")
+        edit = textedit.edit_bytes(current, str(args.get("old", "")), str(args.get("new", "")),
+                                   count if isinstance(count, int) and not isinstance(count, bool) else None, rel)
+        if edit.content is None:
+            return GuardResult(verdict="refuse", actor="policy", path=rel,
+                               reason=f"the edit does not apply, nothing would be written: {edit.error}")
+        new_bytes = edit.content.encode("utf-8", errors="surrogatepass")
+        content = str(args.get("new", ""))  # what is checked for credentials: the text the edit adds
+    else:
+        content = str(args.get("content", ""))
+        new_bytes = content.encode("utf-8", errors="surrogatepass")
+    preview = textdiff.preview(current, new_bytes, rel)
 
     def result(**kw: object) -> GuardResult:
         return GuardResult(path=rel, preview=preview, **kw)

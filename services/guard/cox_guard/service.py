@@ -20,7 +20,7 @@ class Guard(Service):
     async def check(self, req: GuardRequest) -> GuardResult:
         # Writes read the current file, diff it and scan the content; commands look at the
         # workspace for taint. Both block, so they run off the event loop.
-        if req.call.name in ("write_file", "run_command"):
+        if req.call.name in (*policy.WRITES, "run_command", "find_files", "search_text"):
             return await asyncio.to_thread(policy.check, self.settings, req)
         return policy.check(self.settings, req)
 

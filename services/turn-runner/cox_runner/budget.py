@@ -25,6 +25,13 @@ class SoftCheck:
     hard: float | None
 
 
+@dataclass(frozen=True)
+class WarningDue:
+    limit: str
+    value: float | int
+    of: float
+
+
 @dataclass
 class Budget:
     limits: LimitsConfig
@@ -37,6 +44,7 @@ class Budget:
     waited: float = 0.0
     """Seconds spent waiting for the person: not work time."""
     soft_passed: set[str] = field(default_factory=set)
+    warned: set[str] = field(default_factory=set)
     malformed_in_row: int = 0
     repeats: list[str] = field(default_factory=list)
 
@@ -80,6 +88,20 @@ class Budget:
                 continue
             self.soft_passed.add(name)
             due.append(SoftCheck(name, round(value, 6) if isinstance(value, float) else value, soft, hard))
+        return due
+
+    def warnings_due(self, now: float) -> list[WarningDue]:
+        """Hard limits whose value reached ``[limits] warn_at`` of them for the first time this
+        turn (each is then marked warned): the turn is told before the limit stops it."""
+        values: dict[str, float | int] = {"tool_calls": self.tool_calls, "tokens": self.tokens,
+                                          "actions": self.actions, "seconds": self.elapsed(now), "spend": self.spend}
+        due: list[WarningDue] = []
+        for name, value in values.items():
+            hard = self.limits.hard_value(name)
+            if hard is None or name in self.warned or value < self.limits.warn_at * hard or value >= hard:
+                continue
+            self.warned.add(name)
+            due.append(WarningDue(name, round(value, 6) if isinstance(value, float) else value, hard))
         return due
 
     def stuck(self, name: str, args_json: str, output: str) -> bool:

@@ -77,9 +77,39 @@ async def execute(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], ou
 
 async def read_file(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
     limit = ctx.deps.settings.runner.output_limit
-    text = await asyncio.to_thread(tools.read_file, ctx.turn.workspace, outcome.path or args["path"], limit)
+    text = await asyncio.to_thread(tools.read_file, ctx.turn.workspace, outcome.path or args["path"], limit,
+                                   args.get("offset"), args.get("limit"))
     ctx.taint.add(text)
     await ctx.rec.result(call, True, text)
+
+
+async def find_files(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    s = ctx.deps.settings
+    text = await asyncio.to_thread(tools.find_files, ctx.turn.workspace, args["pattern"], s.runner.output_limit,
+                                   s.store_dir)
+    ctx.taint.add(text)
+    await ctx.rec.result(call, True, text)
+
+
+async def search_text(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    s = ctx.deps.settings
+    text = await asyncio.to_thread(tools.search_text, ctx.turn.workspace, args["pattern"], outcome.path or "",
+                                   s.runner.output_limit, s.store_dir)
+    ctx.taint.add(text)
+    await ctx.rec.result(call, True, text)
+
+
+async def edit_file(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    """Replace an exact occurrence (or exactly ``count``); written like ``write_file`` (kept first,
+    fenced, versioned). No match, or not the number asked for, fails with where the matches are."""
+    ctx.budget.actions += 1
+    rel = outcome.path or args["path"]
+    edit = await asyncio.to_thread(tools.edit_file, ctx.turn.workspace, rel, args["old"], args["new"],
+                                   args.get("count"))
+    if edit.content is None:
+        await ctx.rec.result(call, False, edit.summary(rel))
+        return
+    await write(ctx, call, rel, edit.content, said=edit.summary(rel))
 
 
 async def list_dir(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
@@ -92,7 +122,7 @@ async def write_file(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any],
     await write(ctx, call, outcome.path or args["path"], args["content"])
 
 
-async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str) -> None:
+async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str, said: str | None = None) -> None:
     """Keep the previous content, then write atomically. Never cancelled half-way: neither a
     Lead nor Stop interrupts it (the write is not raced against the stop signal).
 
@@ -144,8 +174,9 @@ async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str) ->
             await asyncio.shield(asyncio.to_thread(safefs.discard if refused else safefs.abort, ws, rel, tmp))
         raise
     await asyncio.shield(asyncio.to_thread(safefs.commit, ws, rel, tmp))
+    text = f"Wrote {rel} ({len(data)} bytes, +{added} -{removed})."
     await rec.result(
-        call, True, f"Wrote {rel} ({len(data)} bytes, +{added} -{removed}).",
+        call, True, f"{said} {text}" if said else text,
         extra=[ev.VersionKept(**rec.e(), path=kept.path, version_id=kept.version_id, store=kept.store),
                ev.FileWritten(**rec.e(), path=rel, added=added, removed=removed)],
         first=True,
@@ -221,7 +252,10 @@ async def plan_step(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], 
 HANDLERS: dict[str, Handler] = {
     "read_file": read_file,
     "list_dir": list_dir,
+    "find_files": find_files,
+    "search_text": search_text,
     "write_file": write_file,
+    "edit_file": edit_file,
     "run_command": run_command,
     "respond": respond,
     "plan_write": plan_write,

@@ -56,7 +56,7 @@ from coxswain import keys
 from coxswain.errors import CoxError, Fenced
 from coxswain.models import CallSpec, Plan
 
-from . import handlers, tools, transcript
+from . import handlers, instructions, retry, tools, transcript, usage
 from .budget import Budget
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
@@ -97,6 +97,9 @@ class TurnLoop:
         self.tools = ToolContext(deps=deps, turn=turn, rec=self.rec, budget=self.budget, taint=self.taint,
                                  plan=self.plan, log=self.log, guarded=self.guarded)
         self.titled = False
+        self.agents: str | None = None
+        """The workspace's ``AGENTS.md``, read at turn start (given after the system prompt)."""
+        self._usage_ops: list[tuple[str, str, str, str]] = []
 
     def elapsed(self) -> float:
         """Seconds of work so far: wall time minus time spent waiting for the person."""
@@ -152,6 +155,10 @@ class TurnLoop:
             # read_events flushes the outbox and reads the log up to the session's seq.
             self.rec.history = transcript.build(await self.deps.read_events(t.sid))
         await self.deps.models.load(t.model)
+        found = await asyncio.to_thread(instructions.read_agents_md, t.workspace)
+        if found is not None:
+            self.agents, digest = found
+            self.log.info("agents_md.read", sha256=digest, chars=len(self.agents))
         info = await self.deps.redis.hgetall(keys.session(t.sid))
         t.info = info
         plan_raw = info.get("plan")
@@ -172,6 +179,8 @@ class TurnLoop:
 
     def instructions(self) -> str:
         text = SYSTEM.format(workspace=self.turn.workspace.name or ".")
+        if self.agents:
+            text += "\n\nThe project's instructions (AGENTS.md in the workspace):\n" + self.agents
         plan = self.plan.plan
         if plan:
             marks = set(plan.marks)
@@ -229,7 +238,7 @@ class TurnLoop:
         settings = self.deps.models.settings(t.model)
         remaining = self.limits.seconds - self.elapsed()
         try:
-            response = await self.guarded(asyncio.wait_for(self._stream(model, messages, params, settings),
+            response = await self.guarded(asyncio.wait_for(self._request(model, messages, params, settings),
                                                            max(remaining, 0.001)))
         except TimeoutError:
             await rec.emit(ev.LimitHard(**rec.e(), limit="seconds", value=round(self.elapsed(), 3)))
@@ -251,15 +260,17 @@ class TurnLoop:
         self.budget.add_response(response.usage.input_tokens + response.usage.output_tokens, cost)
         refs = [ev.ToolCallRef(call_id=c.tool_call_id, name=c.tool_name, args=_args_for_log(c)) for c in calls]
         await rec.emit(
+            self._usage("turn", response),
             ev.AssistantMsg(**rec.e(), text=text, finish_reason=response.finish_reason, usage=usage,
                             tool_calls=refs, provider_finish_reason=_raw_finish(response)),
-            ops=[("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls],
+            ops=[*(("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls), *self._usage_ops],
         )
         rec.open = {c.tool_call_id: c for c in calls}
         rec.history.assistant(text, [r.model_dump() for r in refs], response.finish_reason)
         b = self.budget
         if b.tokens_over():
             await self._hard("tokens", b.tokens)
+        await self._warnings()
         if b.spend_over():
             await rec.emit(ev.LimitHard(**rec.e(), limit="spend", value=round(b.spend, 8)))
             raise EndTurn(Ending("spend_limit", detail=f"spend limit of ${self.limits.spend:g} reached "
@@ -278,6 +289,32 @@ class TurnLoop:
             return float(response.cost().total_price)
         except Exception:  # noqa: BLE001 - a model genai-prices does not know costs nothing we can count
             return 0.0
+
+    async def _request(self, model: Any, messages: list[Any], params: ModelRequestParameters,
+                       settings: Any) -> ModelResponse:
+        """One model request, retried while the provider fails in a way worth retrying (429, 5xx,
+        time-outs, broken connections): capped exponential backoff with jitter, ``Retry-After``
+        honoured, each retry a ``model.retry`` event. Stop and steer end a backoff at once (the
+        whole request runs under :meth:`guarded`)."""
+        cfg = self.settings.model
+
+        async def on_retry(attempt: int, delay: float, exc: BaseException) -> None:
+            said = retry.describe(exc)
+            self.log.warning("model.retry", attempt=attempt, delay_s=round(delay, 3), error=said)
+            await self.rec.emit(ev.ModelRetry(**self.rec.e(), attempt=attempt, delay_s=round(delay, 3), error=said))
+
+        return await retry.with_retries(lambda: self._stream(model, messages, params, settings),
+                                        on_retry=on_retry, retries=cfg.retries, max_s=cfg.retry_max_s)
+
+    def _usage(self, purpose: str, response: ModelResponse) -> ev.Usage:
+        """The ``usage`` event of one model request; :attr:`_usage_ops` add it to the session's totals."""
+        t = self.turn
+        u = usage.usage_of(response, self.settings.model.provider(t.model))
+        self._usage_ops = [("hincrby", "", f"usage_{k}", str(int(u[k])))
+                           for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")]
+        self._usage_ops += [("hincrbyfloat", "", "usage_cost", repr(float(u["cost"]))),
+                            ("hincrby", "", "usage_requests", "1")]
+        return ev.Usage(**self.rec.e(), purpose=purpose, model=t.model, **u)
 
     async def _stream(self, model: Any, messages: list[Any], params: ModelRequestParameters,
                       settings: Any) -> ModelResponse:
@@ -317,6 +354,7 @@ class TurnLoop:
         except Exception as exc:  # noqa: BLE001 - a failed title never ends the turn
             self.log.info("title.failed", error=repr(exc))
             return
+        await self.rec.emit(self._usage("title", resp), ops=self._usage_ops)
         title = _clean_title("".join(p.content for p in resp.parts if isinstance(p, TextPart)))
         if not title:
             return
@@ -342,6 +380,7 @@ class TurnLoop:
                 await self.rec.skip(calls[i:], "approval")
                 break
             malformed = await self._one_call(call) or malformed
+            await self._warnings()
             if b.stuck(call.tool_name, call.args_as_json_str(), self.rec.last_output):
                 n = self.limits.stuck_repeats
                 raise EndTurn(Ending("stuck", detail=f"the same call returned the same result {n} times in a row"))
@@ -458,6 +497,16 @@ class TurnLoop:
         """End the turn at a hard limit (the calls not started get their result on the way out)."""
         await self.rec.emit(ev.LimitHard(**self.rec.e(), limit=name, value=value))
         raise EndTurn(Ending("hard_budget", detail=f"hard {name} limit reached ({value:g})"))
+
+    async def _warnings(self) -> None:
+        """Warn before a hard limit stops the turn: at ``[limits] warn_at`` of it, once per limit
+        and turn, a ``limit.warning`` and a system Lead that joins the turn at its next boundary."""
+        for w in self.budget.warnings_due(time.monotonic()):
+            shown = f"{w.value:g}" if isinstance(w.value, int) else f"{w.value:.4g}"
+            await self.rec.emit(ev.LimitWarning(**self.rec.e(), limit=w.limit, value=w.value, of=w.of))
+            await self.rec.user_message(
+                f"[coxswain] {shown} of {w.of:g} {w.limit.replace('_', ' ')} used in this turn: wrap up, "
+                "or say what you need to finish.", f"warn-{w.limit}-{self.turn.turn_id}", "lead")
 
     async def _soft_checks(self) -> None:
         """A soft limit set lower than its hard one is a checkpoint: the person is asked whether

@@ -23,9 +23,9 @@ A provider is a ``[[model.providers]]`` entry in the TOML config, for example::
     input_price = 1.0
     output_price = 1.0
 
-pydantic-ai's provider SDKs retry rate limits (429), server errors and dropped connections
-themselves (openai/anthropic ``max_retries``, 2 by default); a failure after that ends the turn
-``error``.
+The provider SDKs' own retries are off (``max_retries=0``): the turn loop retries what is worth
+retrying itself (:mod:`cox_runner.retry`), so each retry is a ``model.retry`` event, Stop ends a
+backoff at once, and ``[model] retries`` is the one number that counts.
 """
 
 from __future__ import annotations
@@ -101,8 +101,13 @@ class Models:
             from pydantic_ai.models.openai import OpenAIChatModel
             from pydantic_ai.providers.openai import OpenAIProvider
 
-            return OpenAIChatModel(p.model, provider=OpenAIProvider(base_url=p.base_url, api_key=key or "none"))
+            from openai import AsyncOpenAI
+
+            client = AsyncOpenAI(base_url=p.base_url, api_key=key or "none", max_retries=0)
+            return OpenAIChatModel(p.model, provider=OpenAIProvider(openai_client=client))
+        from anthropic import AsyncAnthropic
         from pydantic_ai.models.anthropic import AnthropicModel
         from pydantic_ai.providers.anthropic import AnthropicProvider
 
-        return AnthropicModel(p.model, provider=AnthropicProvider(api_key=key, base_url=p.base_url))
+        aclient = AsyncAnthropic(api_key=key, base_url=p.base_url, max_retries=0)
+        return AnthropicModel(p.model, provider=AnthropicProvider(anthropic_client=aclient))

@@ -19,7 +19,7 @@ from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import Fenced
 
-from . import transcript
+from . import tools, transcript
 from .deps import Deps
 from .errors import LeaseLost
 from .turn import Turn
@@ -95,7 +95,7 @@ class Recorder:
                                observed=observed or None)
         evs = [*(extra or []), result] if first else [result, *(extra or [])]
         ops: list[Op] = [("hdel", keys.OPEN_CALLS, call.tool_call_id, "")]
-        if call.tool_name == "write_file":
+        if call.tool_name in tools.WRITES:
             ops.append(("hdel", keys.WRITES, call.tool_call_id, ""))  # its staged write is settled
         if raw:
             ops.append(("ltrim", keys.OBSERVED, str(len(raw)), "-1"))

@@ -410,6 +410,8 @@ local function cox_emit(keys, args)
     elseif op == 'sadd' then redis.call('SADD', key, value)
     elseif op == 'rpush' then redis.call('RPUSH', key, value)
     elseif op == 'ltrim' then redis.call('LTRIM', key, tonumber(field), tonumber(value))
+    elseif op == 'hincrby' then redis.call('HINCRBY', key, field, tonumber(value))
+    elseif op == 'hincrbyfloat' then redis.call('HINCRBYFLOAT', key, field, value)
     end
     i = i + 4
   end

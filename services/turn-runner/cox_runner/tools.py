@@ -10,6 +10,7 @@ import asyncio
 import codecs
 import contextlib
 import os
+import re
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any
 
 from pydantic_ai.tools import ToolDefinition
 
-from coxswain import safefs
+from coxswain import safefs, textedit
+from coxswain.errors import Invalid
 from coxswain.proc import die_with_parent
 
+from . import walk
 from .sandbox import Sandbox
 
 
@@ -29,8 +32,14 @@ def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
 
 TOOLS: list[ToolDefinition] = [
     ToolDefinition(
-        name="read_file", description="Read a text file in the workspace.",
-        parameters_json_schema=_obj({"path": {"type": "string"}}, ["path"]),
+        name="read_file",
+        description="Read a text file in the workspace. For a big file give offset (the first line, from 1) "
+                    "and limit (how many lines); the answer says which lines it shows and how many there are.",
+        parameters_json_schema=_obj(
+            {"path": {"type": "string"}, "offset": {"type": "integer", "minimum": 1},
+             "limit": {"type": "integer", "minimum": 1}},
+            ["path"],
+        ),
     ),
     ToolDefinition(
         name="list_dir", description="List a folder in the workspace ('.' for the root).",
@@ -41,6 +50,32 @@ TOOLS: list[ToolDefinition] = [
         description="Create or replace a file in the workspace with the given content. "
                     "The previous content is kept and can be restored.",
         parameters_json_schema=_obj({"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]),
+    ),
+    ToolDefinition(
+        name="edit_file",
+        description="Change part of a file in the workspace: replace the exact text old (whitespace and "
+                    "indentation included) by new. old must occur exactly once; to replace several "
+                    "occurrences give count, the exact number of them. The previous content is kept and "
+                    "can be restored.",
+        parameters_json_schema=_obj(
+            {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"},
+             "count": {"type": "integer", "minimum": 1}},
+            ["path", "old", "new"],
+        ),
+    ),
+    ToolDefinition(
+        name="find_files",
+        description="Find files in the workspace by glob pattern: '*.py' matches names at any depth; a "
+                    "pattern with '/' matches paths from the workspace root ('src/**/*.ts', "
+                    "'docs/*.{md,txt}'). Files ignored by .gitignore are left out.",
+        parameters_json_schema=_obj({"pattern": {"type": "string"}}, ["pattern"]),
+    ),
+    ToolDefinition(
+        name="search_text",
+        description="Search the text of the files in the workspace (or in path, a folder or a file) for a "
+                    "Python regular expression, line by line. Answers path:line: text for each matching line. "
+                    "Files ignored by .gitignore and binary files are left out.",
+        parameters_json_schema=_obj({"pattern": {"type": "string"}, "path": {"type": "string"}}, ["pattern"]),
     ),
     ToolDefinition(
         name="run_command",
@@ -73,15 +108,26 @@ REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "read_file": (("path", str),),
     "list_dir": (("path", str),),
     "write_file": (("path", str), ("content", str)),
+    "edit_file": (("path", str), ("old", str), ("new", str)),
+    "find_files": (("pattern", str),),
+    "search_text": (("pattern", str),),
     "run_command": (("command", str),),
     "respond": (("text", str),),
     "plan_write": (("steps", list),),
     "plan_step": (("step", int),),
 }
 OPTIONAL: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
+    "read_file": (("offset", int), ("limit", int)),
+    "edit_file": (("count", int),),
+    "search_text": (("path", str),),
     "run_command": (("timeout_s", (int, float)), ("network", bool)),
 }
-ACTIONS = frozenset({"write_file", "run_command"})
+AT_LEAST_ONE: dict[str, tuple[str, ...]] = {"read_file": ("offset", "limit"), "edit_file": ("count",)}
+"""Integer arguments that must be at least 1 when given."""
+ACTIONS = frozenset({"write_file", "edit_file", "run_command"})
+WRITES = frozenset({"write_file", "edit_file"})
+"""Tools that write a file through the fenced, versioned write (a staged write settles with their result)."""
+READ_ONLY = frozenset({"read_file", "list_dir", "find_files", "search_text"})
 
 
 def check_args(name: str, args: Any) -> str | None:
@@ -101,6 +147,9 @@ def check_args(name: str, args: Any) -> str | None:
             return f"argument {key!r} has the wrong type"
     if name == "plan_write" and not all(isinstance(s, str) for s in args["steps"]):
         return "steps must be strings"
+    for key in AT_LEAST_ONE.get(name, ()):
+        if args.get(key) is not None and args[key] < 1:
+            return f"argument {key!r} must be at least 1"
     return None
 
 
@@ -122,12 +171,248 @@ def clip_output(kept: bytes, total: int, limit: int) -> str:
     return text
 
 
-def read_file(root: Path, rel: str, limit: int) -> str:
-    data = safefs.read(root, rel, max_bytes=limit + 1)
+MAX_READ_BYTES = 20_000_000
+"""read_file reads at most this much of a file to page through it by lines."""
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of ``text``, each with its ``\\n`` (the last may lack one); numbered from 1 as
+    :func:`coxswain.textedit.line_of` numbers them."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
+def read_file(root: Path, rel: str, limit: int, offset: int | None = None, lines: int | None = None) -> str:
+    """The file's text, at most ``limit`` characters of it.
+
+    Without ``offset``/``lines`` a file that fits is answered as it is. Otherwise the answer is
+    whole lines, from line ``offset`` (1-based, default 1), at most ``lines`` of them (the tool's
+    ``limit`` argument), as many as fit in ``limit`` characters, under a first line that says
+    which lines these are, how many the file has and where to read on.
+    """
+    paging = offset is not None or lines is not None
+    data = safefs.read(root, rel, max_bytes=MAX_READ_BYTES + 1 if paging else limit + 1)
     if data is None:
         raise FileNotFoundError(f"no file {rel!r}")
-    text = data.decode("utf-8", errors="replace")
-    return clip(text, limit)
+    if not paging:
+        if len(data) <= limit:
+            return data.decode("utf-8", errors="replace")
+        data = safefs.read(root, rel, max_bytes=MAX_READ_BYTES + 1) or b""
+    partial = len(data) > MAX_READ_BYTES
+    all_lines = split_lines(data[:MAX_READ_BYTES].decode("utf-8", errors="replace"))
+    total = len(all_lines)
+    of = f"at least {total}" if partial else str(total)
+    if total == 0:
+        return "[the file is empty]"
+    start = offset or 1
+    if start > total:
+        raise ValueError(f"offset {start} is past the end: {rel} has {of} lines")
+    end = total if lines is None else min(total, start - 1 + lines)
+    budget = max(limit - 120, 200)
+    shown: list[str] = []
+    used = 0
+    for line in all_lines[start - 1:end]:
+        if used + len(line) > budget:
+            if not shown:  # one line longer than the whole budget: show its start
+                shown.append(line[:budget] + f"[... {len(line) - budget} more characters of this line]\n")
+            break
+        shown.append(line)
+        used += len(line)
+    last = start + len(shown) - 1
+    more = f"; read on with offset={last + 1}" if last < total else ""
+    return f"[lines {start}-{last} of {of}{more}]\n" + "".join(shown)
+
+
+def edit_file(root: Path, rel: str, old: str, new: str, count: int | None = None) -> textedit.Edit:
+    """``edit_file``'s new content for the file as it is now (or why there is none). Writes
+    nothing: the caller writes ``content`` like write_file (the previous content kept first)."""
+    current = safefs.read(root, rel, max_bytes=textedit.MAX_EDIT_BYTES + 1)
+    return textedit.edit_bytes(current, old, new, count, rel)
+
+
+MAX_FIND_RESULTS = 500
+MAX_SEARCH_MATCHES = 200
+MAX_SEARCH_LINE = 300
+MAX_SEARCH_FILE_BYTES = 2_000_000
+MAX_BRACE_EXPANSIONS = 64
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    """``a.{md,txt}`` -> ``a.md``, ``a.txt`` (not nested; at most MAX_BRACE_EXPANSIONS)."""
+    m = re.search(r"\{([^{}]*,[^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    out: list[str] = []
+    for alt in m[1].split(","):
+        out.extend(_expand_braces(pattern[:m.start()] + alt + pattern[m.end():]))
+        if len(out) > MAX_BRACE_EXPANSIONS:
+            raise ValueError(f"the pattern expands to more than {MAX_BRACE_EXPANSIONS} patterns")
+    return out
+
+
+def _glob_regex(glob: str) -> str:
+    out: list[str] = []
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        if glob.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[" and "]" in glob[i + 2:]:
+            j = glob.index("]", i + 2)
+            body = glob[i + 1:j]
+            neg = body[:1] in ("!", "^")
+            body = body[1:] if neg else body
+            out.append("[" + ("^" if neg else "") + body.replace("\\", "\\\\") + "]")
+            i = j + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return "".join(out)
+
+
+def glob_matcher(pattern: str) -> tuple[re.Pattern[str], bool]:
+    """A regular expression for a find_files pattern, and whether it matches the whole path (a
+    pattern with ``/``) rather than the file name at any depth."""
+    pat = _normal(pattern)
+    if not pat:
+        raise ValueError("the pattern is empty")
+    if pat.startswith("/") or ".." in pat.split("/"):
+        raise ValueError("the pattern must be relative to the workspace, without '..'")
+    pats = _expand_braces(pat)
+    whole = any("/" in p for p in pats)
+    if whole:  # a name-only alternative next to a path one matches at any depth
+        pats = [p if "/" in p else "**/" + p for p in pats]
+    return re.compile("(?:" + "|".join(_glob_regex(p) for p in pats) + r")\Z"), whole
+
+
+def _normal(pattern: str) -> str:
+    pat = pattern.strip()
+    while pat.startswith("./"):
+        pat = pat[2:]
+    return pat
+
+
+def _literal_prefix(pattern: str) -> str:
+    """The folders a path pattern names literally before its first wildcard: where to start."""
+    folders = _normal(pattern).split("/")[:-1]
+    out: list[str] = []
+    for part in folders:
+        if any(ch in part for ch in "*?[{"):
+            break
+        out.append(part)
+    return "/".join(out)
+
+
+def _start_folder(root: Path, start: str, store_dir: str) -> bool:
+    """Whether the folder ``start`` may be walked with the rules above it applied (False: it is
+    ignored itself, and was named on purpose, so those rules do not apply)."""
+    if start and walk.never(start, store_dir):
+        raise ValueError(f"{start} is never searched (.git, the versions store, the credential denylist)")
+    return not walk.ignored(root, start, True)
+
+
+def find_files(root: Path, pattern: str, limit: int, store_dir: str = ".coxswain",
+               max_results: int = MAX_FIND_RESULTS) -> str:
+    """The workspace's files that match ``pattern`` (see the tool's description), one per line."""
+    rx, whole = glob_matcher(pattern)
+    start = _literal_prefix(pattern) if whole else ""
+    try:
+        use_ignore = _start_folder(root, start, store_dir)
+        found = walk.walk(root, start, store_dir, use_ignore=use_ignore)
+    except Invalid:
+        if not start:
+            raise
+        return f"(no files match {pattern!r}: there is no folder {start!r})"
+    hits = [f for f in found.files if rx.match(f if whole else f.rsplit("/", 1)[-1])]
+    notes: list[str] = []
+    if len(hits) > max_results:
+        notes.append(f"[... {len(hits) - max_results} more files match; narrow the pattern]")
+    if found.truncated:
+        notes.append(f"[the search stopped after {found.seen} entries; some files were not looked at]")
+    if not hits:
+        return "\n".join([f"(no files match {pattern!r})", *notes])
+    return clip("\n".join([*hits[:max_results], *notes]), limit)
+
+
+def _window(line: str, at: int, width: int) -> str:
+    if len(line) <= width:
+        return line
+    begin = max(0, min(at - width // 3, len(line) - width))
+    return ("..." if begin else "") + line[begin:begin + width] + ("..." if begin + width < len(line) else "")
+
+
+def search_text(root: Path, pattern: str, rel: str, limit: int, store_dir: str = ".coxswain",
+                max_matches: int = MAX_SEARCH_MATCHES, max_line: int = MAX_SEARCH_LINE) -> str:
+    """``path:line: text`` for every line of the files beneath ``rel`` (a folder, ``""`` for the
+    workspace, or one file) that the regular expression ``pattern`` matches.
+
+    Bounded: at most ``max_matches`` lines, each cut to ``max_line`` characters around the match,
+    files over MAX_SEARCH_FILE_BYTES and binary ones (a NUL in their first 8 KiB) skipped, at most
+    ``limit`` characters in all. A file named on purpose is searched even if ignored.
+    """
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+    rel = rel.strip("/")
+    if rel in (".", ""):
+        rel = ""
+    if rel and walk.never(rel, store_dir):
+        raise ValueError(f"{rel} is never searched (.git, the versions store, the credential denylist)")
+    fd = walk.open_file(root, rel) if rel else None
+    if fd is not None:
+        os.close(fd)
+        files, truncated = [rel], False
+    else:
+        found = walk.walk(root, rel, store_dir, use_ignore=_start_folder(root, rel, store_dir))
+        files, truncated = found.files, found.truncated
+    out: list[str] = []
+    big = 0
+    full = False
+    for path in files:
+        fd = walk.open_file(root, path)
+        if fd is None:
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_SEARCH_FILE_BYTES + 1)
+        if len(data) > MAX_SEARCH_FILE_BYTES:
+            big += 1
+            continue
+        if b"\0" in data[:8192]:
+            continue
+        for n, line in enumerate(data.decode("utf-8", errors="replace").split("\n"), 1):
+            m = rx.search(line)
+            if m is None:
+                continue
+            if len(out) >= max_matches:
+                full = True
+                break
+            out.append(f"{path}:{n}: {_window(line.rstrip(chr(13)), m.start(), max_line)}")
+        if full:
+            break
+    notes: list[str] = []
+    if full:
+        notes.append(f"[stopped at {max_matches} matching lines; narrow the pattern or the path]")
+    if big:
+        notes.append(f"[{big} file(s) over {MAX_SEARCH_FILE_BYTES} bytes were not searched]")
+    if truncated:
+        notes.append("[the search stopped early: the folder holds too many files; give a narrower path]")
+    if not out:
+        return "\n".join([f"(no matches for {pattern!r} in {rel or '.'})", *notes])
+    return clip("\n".join([*out, *notes]), limit)
 
 
 def list_dir(root: Path, rel: str) -> str:

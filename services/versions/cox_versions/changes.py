@@ -24,6 +24,8 @@ from typing import Any
 from coxswain.models import PREVIEW_UNAVAILABLE, WRITTEN_LABEL, ChangeEntry, ChangesResult
 
 NOT_TOOL = ("command", "restore", "undo")
+WRITE_TOOLS = ("write_file", "edit_file")
+"""Tools whose allowed decision carries the preview of a write (guard computes it for both)."""
 
 
 def build(events: list[dict[str, Any]]) -> ChangesResult:
@@ -33,7 +35,7 @@ def build(events: list[dict[str, Any]]) -> ChangesResult:
     latest: dict[str, ChangeEntry] = {}
     for e in events:
         kind = e.get("type")
-        if kind == "tool.call" and e.get("name") == "write_file":
+        if kind == "tool.call" and e.get("name") in WRITE_TOOLS:
             args = e.get("args")
             if isinstance(args, dict) and isinstance(args.get("path"), str):
                 write_paths[str(e.get("call_id"))] = args["path"]
@@ -58,7 +60,7 @@ def build(events: list[dict[str, Any]]) -> ChangesResult:
             previews.setdefault(call_id, e["preview"])
         if e.get("verdict") != "allow":
             continue
-        if e.get("name") not in (None, "write_file") or (e.get("name") is None and call_id not in write_paths):
+        if (e.get("name") is not None and e.get("name") not in WRITE_TOOLS) or (e.get("name") is None and call_id not in write_paths):
             continue
         path = e.get("path") or write_paths.get(call_id)
         if not isinstance(path, str):

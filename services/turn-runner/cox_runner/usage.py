@@ -1,0 +1,68 @@
+"""What one model response used and cost: the fields of a ``usage`` event (docs/api.md, Events).
+
+Tokens are pydantic-ai's (``input_tokens`` counts every input token, cache reads and writes
+included; ``cache_read_tokens``/``cache_write_tokens`` are the parts of it served from or written
+to the provider's prompt cache). The cost in USD: the provider's configured prices
+(``input_price``, ``output_price``, ``cache_read_price``, ``cache_write_price``, USD per million
+tokens; an unset cache price counts as ``input_price``), else pydantic-ai's price data
+(genai-prices, ``response.cost()``) for a model it knows, else 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic_ai.messages import ModelResponse
+
+from coxswain.config import ProviderConfig
+
+UNPRICED_MODELS = frozenset({"", "script"})
+"""Model names never priced from genai-prices' data (the built-in script model)."""
+
+
+def configured_cost(provider: ProviderConfig, input_tokens: int, output_tokens: int,
+                    cache_read_tokens: int = 0, cache_write_tokens: int = 0) -> float:
+    """USD by the provider's configured prices (per million tokens)."""
+    ip = provider.input_price or 0.0
+    op = provider.output_price or 0.0
+    crp = provider.cache_read_price if provider.cache_read_price is not None else ip
+    cwp = provider.cache_write_price if provider.cache_write_price is not None else ip
+    plain = max(0, input_tokens - cache_read_tokens - cache_write_tokens)
+    return (plain * ip + cache_read_tokens * crp + cache_write_tokens * cwp + output_tokens * op) / 1_000_000
+
+
+def priced(provider: ProviderConfig | None) -> bool:
+    """Whether the provider has any price of its own (else genai-prices' data is asked)."""
+    return provider is not None and any(
+        p is not None for p in (provider.input_price, provider.output_price,
+                                provider.cache_read_price, provider.cache_write_price))
+
+
+def response_cost(response: ModelResponse, provider: ProviderConfig | None) -> float:
+    """USD this response cost (see the module's docstring)."""
+    u = response.usage
+    if provider is not None and priced(provider):
+        return configured_cost(provider, u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens)
+    if (response.model_name or "") in UNPRICED_MODELS:
+        return 0.0
+    known = getattr(u, "cost", None)
+    if known is not None:
+        return float(known)
+    try:
+        return float(response.cost().total_price)
+    except Exception:  # noqa: BLE001 - a model genai-prices does not know costs nothing we can count
+        return 0.0
+
+
+def usage_of(response: ModelResponse, provider: ProviderConfig | None) -> dict[str, Any]:
+    """``{input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost}`` of one
+    response: the fields of a ``usage`` event besides ``purpose`` and ``model``. ``cost`` is USD,
+    rounded to 8 places (0 when unknown)."""
+    u = response.usage
+    return {
+        "input_tokens": int(u.input_tokens),
+        "output_tokens": int(u.output_tokens),
+        "cache_read_tokens": int(u.cache_read_tokens),
+        "cache_write_tokens": int(u.cache_write_tokens),
+        "cost": round(response_cost(response, provider), 8),
+    }
