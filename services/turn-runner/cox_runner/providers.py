@@ -98,10 +98,9 @@ class Models:
             return ScriptModel()
         key = p.key()
         if p.kind == "openai":
+            from openai import AsyncOpenAI
             from pydantic_ai.models.openai import OpenAIChatModel
             from pydantic_ai.providers.openai import OpenAIProvider
-
-            from openai import AsyncOpenAI
 
             client = AsyncOpenAI(base_url=p.base_url, api_key=key or "none", max_retries=0)
             return OpenAIChatModel(p.model, provider=OpenAIProvider(openai_client=client))
