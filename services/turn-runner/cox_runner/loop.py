@@ -500,13 +500,14 @@ class TurnLoop:
 
     async def _warnings(self) -> None:
         """Warn before a hard limit stops the turn: at ``[limits] warn_at`` of it, once per limit
-        and turn, a ``limit.warning`` and a system Lead that joins the turn at its next boundary."""
+        and turn, a ``limit.warning`` and a system Lead that joins the turn with its next model
+        request (a note: unlike a person's Lead it skips none of the calls already asked for)."""
         for w in self.budget.warnings_due(time.monotonic()):
             shown = f"{w.value:g}" if isinstance(w.value, int) else f"{w.value:.4g}"
             await self.rec.emit(ev.LimitWarning(**self.rec.e(), limit=w.limit, value=w.value, of=w.of))
             await self.rec.user_message(
                 f"[coxswain] {shown} of {w.of:g} {w.limit.replace('_', ' ')} used in this turn: wrap up, "
-                "or say what you need to finish.", f"warn-{w.limit}-{self.turn.turn_id}", "lead")
+                "or say what you need to finish.", f"warn-{w.limit}-{self.turn.turn_id}", "lead", note=True)
 
     async def _soft_checks(self) -> None:
         """A soft limit set lower than its hard one is a checkpoint: the person is asked whether

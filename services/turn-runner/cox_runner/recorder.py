@@ -37,7 +37,11 @@ class Recorder:
         self.open: dict[str, ToolCallPart] = {}
         """Calls of the latest response without a result yet; closed on every way out of the turn."""
         self.pending_user: list[tuple[str, str]] = []
-        """User messages recorded but not yet in a model request: (text, via)."""
+        """User messages recorded but not yet in a model request: (text, via). A newer instruction:
+        the calls of the response not started yet are skipped for it."""
+        self.notes: list[tuple[str, str]] = []
+        """System notes recorded as user messages (a budget warning): sent with the next model
+        request, without skipping any call."""
         self.last_output = ""
         self.leads_hint = 0
         self.observed_hint = 0
@@ -114,14 +118,15 @@ class Recorder:
             self.open.pop(c.tool_call_id, None)
             self.history.tool_return(c.tool_call_id, transcript.skip_text(reason), c.tool_name)
 
-    async def user_message(self, text: str, message_id: str, via: str) -> None:
-        """A user message joined to the turn (an approval's message): recorded now, sent with the
-        next model request, right after the tool result it answers."""
-        self.pending_user.append((text, via))
+    async def user_message(self, text: str, message_id: str, via: ev.Via, note: bool = False) -> None:
+        """A user message joined to the turn (an approval's message; with ``note`` a system note):
+        recorded now, sent with the next model request, right after the tool result it answers."""
+        (self.notes if note else self.pending_user).append((text, via))
         await self.emit(ev.UserMsg(**self.e(), message_id=message_id, text=text, via=via))
 
     def take_pending(self) -> None:
         """Move the recorded user messages into the transcript (before a model request)."""
-        for text, via in self.pending_user:
+        for text, via in (*self.pending_user, *self.notes):
             self.history.user(text, via)
         self.pending_user.clear()
+        self.notes.clear()
