@@ -2,7 +2,8 @@
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
-RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
+# git for versions; bubblewrap is the command sandbox the runner puts every command in.
+RUN apt-get update && apt-get install -y --no-install-recommends git bubblewrap && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY shared shared
 COPY cli cli

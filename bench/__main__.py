@@ -25,14 +25,14 @@ from typing import Any
 
 import uvloop
 
-from . import floors, latency, memory, report, sweep, toolcalls, traces
+from . import floors, latency, memory, report, sandbox, sweep, toolcalls, traces
 from .client import Pool
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
 from .stack import Servers, Stack
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "memory", "peer")
+PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "memory", "sandbox", "peer")
 T0 = time.perf_counter()
 
 
@@ -134,6 +134,8 @@ class Run:
                 floor_fn, log))
         if self.want("memory"):
             self.res["phases"]["memory"] = await self.phase("memory", self.memory())
+        if self.want("sandbox"):
+            self.res["phases"]["sandbox"] = await self.phase("sandbox", sandbox.per_command(c.sandbox_n))
         if self.peer and self.want("peer"):
             from .peer import langgraph
 

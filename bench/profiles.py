@@ -23,6 +23,8 @@ class Counts:
     sweep_delay_ms: int = 50
     sweep_timeout_s: float = 240.0
     memory_sessions: int = 10_000
+    sandbox_n: int = 500
+    """Commands (``true``) each way, bwrap and bare."""
     peer_threads: tuple[int, ...] = (10, 100)
     peer_steer_n: int = 30
 
@@ -30,6 +32,6 @@ class Counts:
 FULL = Counts(name="full")
 QUICK = Counts(
     name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10,
-    sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000,
+    sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000, sandbox_n=100,
     peer_threads=(10,), peer_steer_n=5,
 )

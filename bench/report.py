@@ -29,9 +29,13 @@ def _r(x: Any, d: int = 3) -> Any:
 
 def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    if sb := res.get("phases", {}).get("sandbox"):
+        for q in ("p50", "p99"):
+            out.append(_row("sandbox", f"`true` in bwrap, per command {q}", sb["bwrap"][q], sb["bare"][q], "ms",
+                            "floor = the same command bare (mode none), same code path, alternated"))
     f = res.get("floors")
     if not f:
-        return list(res.get("peer_rows") or [])
+        return out + list(res.get("peer_rows") or [])
     c = {q: floors.composite(f, q) for q in ("p50", "p99")}
     ph = res.get("phases", {})
     if s := ph.get("send"):

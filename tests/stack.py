@@ -37,7 +37,7 @@ SERVICE_OF = {**{module: name for name, module in SERVICES.items()}, "cox_runner
 
 class Stack:
     def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
-                 lease_ms: int = 2000) -> None:
+                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.runners = runners
@@ -48,6 +48,8 @@ class Stack:
         self.lease_ms = lease_ms
         self.config_text = config
         self.extra_env = env or {}
+        self.runner_env = runner_env or {}
+        """Environment only the turn-runners get (e.g. a PATH without bwrap)."""
         docker = docker_available()
         # Both servers admit only the stack's users: each service its own, ``admin`` for tests
         # that talk to a server directly (``stack.nats.admin_url``, ``stack.redis.admin_url``).
@@ -80,7 +82,8 @@ class Stack:
 
     def spawn(self, instance: str, module: str) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{instance}.log", "ab")
-        env = {**self.env, **self.credentials.service_env(SERVICE_OF[module]), "COX_INSTANCE": instance}
+        env = {**self.env, **self.credentials.service_env(SERVICE_OF[module]),
+               **(self.runner_env if module == "cox_runner" else {}), "COX_INSTANCE": instance}
         proc = subprocess.Popen([sys.executable, "-m", module], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=die_with_parent)

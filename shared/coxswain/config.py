@@ -130,6 +130,26 @@ class RunnerConfig(_Section):
         return self.renew_ms or max(50, self.lease_ms // 3)
 
 
+class SandboxConfig(_Section):
+    """Where a command (the model's ``run_command``, a person's ``!command``) runs.
+
+    ``bwrap``: in a bubblewrap sandbox that sees its workspace read-write, the system read-only,
+    a private ``/tmp`` and no network (its own network namespace). ``none`` runs commands bare
+    as the runner's user; it must be chosen explicitly and is reported loudly. When the sandbox
+    cannot start, commands are refused (fail closed), never run bare.
+    """
+
+    mode: Literal["bwrap", "none"] = "bwrap"
+    network: bool = False
+    """Every command may use the network (else only a command the person allowed it for)."""
+    extra_ro: list[Path] = Field(default_factory=list)
+    """More host paths a command sees read-only (at the same path)."""
+    extra_rw: list[Path] = Field(default_factory=list)
+    """More host paths a command may write (at the same path)."""
+    bwrap: str = "bwrap"
+    """The bubblewrap program: a name looked up in ``PATH``, or a path."""
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
@@ -169,6 +189,7 @@ class Settings(BaseSettings):
     model: ModelConfig = Field(default_factory=ModelConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

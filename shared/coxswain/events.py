@@ -22,7 +22,7 @@ SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", 
 """Why a tool call never started. ``approval``: an approval answer carried a message (a newer
 instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``: the turn ended so."""
 Verdict = Literal["allow", "ask", "refuse"]
-Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask"]
+Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox"]
 
 
 class _Event(BaseModel):

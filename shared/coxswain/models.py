@@ -109,6 +109,15 @@ class Plan(_Out):
     turn_id: str | None = None
 
 
+class SandboxInfo(_Out):
+    """Where this session's commands run: ``mode`` from ``[sandbox] mode``; ``network`` is
+    ``off`` (no network), ``session`` (a person allowed it for this session's commands) or ``on``
+    (``[sandbox] network = true``: every command has it)."""
+
+    mode: Literal["bwrap", "none"]
+    network: Literal["off", "session", "on"]
+
+
 class Session(_Out):
     id: str
     workspace: str
@@ -123,6 +132,9 @@ class Session(_Out):
     approvals: list[ApprovalInfo]
     plan: Plan | None
     dont_ask: bool
+    standing: list[str] = Field(default_factory=list)
+    """Standing approvals ("always this session"): command prefixes, ``write:<path>``, ``network``."""
+    sandbox: SandboxInfo | None = None
     created: int = 0
     next_model: str | None = None
     last_seq: int = 0
@@ -211,6 +223,11 @@ class CallSpec(_Body):
     args: dict[str, Any]
 
 
+STANDING_NETWORK = "network"
+"""The standing approval a person's "always" on a network confirm records: the session's
+commands may ask for the network without asking again."""
+
+
 class GuardRequest(_Body):
     sid: Id
     workspace: str
@@ -248,6 +265,10 @@ class JudgeRequest(_Body):
     call: CallSpec
     task: str = ""
     plan: Plan | None = None
+    sandboxed: bool = True
+    """The command would run in the sandbox (workspace only, system read-only)."""
+    network: bool = False
+    """The command would run with the network (asked for by the call, or allowed by config)."""
 
 
 class JudgeResult(_Out):

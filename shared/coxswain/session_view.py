@@ -8,11 +8,14 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from . import keys
-from .models import ApprovalInfo, LeadInfo, Plan, QueueItem, Session
+from .config import SandboxConfig
+from .models import STANDING_NETWORK, ApprovalInfo, LeadInfo, Plan, QueueItem, SandboxInfo, Session
 
 
-async def load(redis: aioredis.Redis, sid: str, principal: str | None) -> Session | None:
-    """The session, or None when it does not exist or belongs to another principal."""
+async def load(redis: aioredis.Redis, sid: str, principal: str | None,
+               sandbox: SandboxConfig | None = None) -> Session | None:
+    """The session, or None when it does not exist or belongs to another principal. With
+    ``sandbox`` (the process's settings) the view says where the session's commands run."""
     base = keys.session(sid)
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hgetall(base)
@@ -20,10 +23,16 @@ async def load(redis: aioredis.Redis, sid: str, principal: str | None) -> Sessio
         pipe.lrange(base + keys.QUEUE, 0, -1)
         pipe.hgetall(base + keys.LEADS)
         pipe.hgetall(base + keys.APPROVALS)
-        h, steer, queue, leads, approvals = await pipe.execute()
+        pipe.smembers(base + keys.STANDING)
+        h, steer, queue, leads, approvals, standing = await pipe.execute()
     if not h or (principal is not None and h.get("principal") != principal):
         return None
-    return build(sid, h, steer, queue, leads, approvals)
+    view = build(sid, h, steer, queue, leads, approvals)
+    view.standing = sorted(standing)
+    if sandbox is not None:
+        network = "on" if sandbox.network else "session" if STANDING_NETWORK in standing else "off"
+        view.sandbox = SandboxInfo(mode=sandbox.mode, network=network)
+    return view
 
 
 def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads: dict[str, str],

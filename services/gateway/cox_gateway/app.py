@@ -85,7 +85,7 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.get("/v1/sessions")
     async def list_sessions(who: Principal, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[Session]:
         sids = await gw.redis.zrevrange(keys.principal(who), 0, limit - 1)
-        views = await asyncio.gather(*(session_view.load(gw.redis, s, who) for s in sids))
+        views = await asyncio.gather(*(session_view.load(gw.redis, s, who, gw.settings.sandbox) for s in sids))
         return [v for v in views if v is not None]
 
     @app.get("/v1/models")
@@ -99,7 +99,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/sessions/{sid}")
     async def get_session(sid: Sid, who: Principal) -> Session:
-        view = await session_view.load(gw.redis, sid, who)
+        view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox)
         if view is None:
             raise NotFound("no such session")
         return view
@@ -196,7 +196,12 @@ def create_app(gw: Gateway) -> FastAPI:
         checks = await asyncio.gather(*(_health(gw, s) for s in subjects.SERVICES))
         services = dict(zip(subjects.SERVICES, checks, strict=True))
         ok = all(c.get("ok") for c in checks)
-        return JSONResponse({"ok": ok, "services": services}, status_code=200 if ok else 503)
+        sandbox = gw.settings.sandbox
+        body = {"ok": ok, "services": services,
+                "sandbox": {"mode": sandbox.mode, "network": sandbox.network,
+                            **({"warning": "commands run WITHOUT a sandbox ([sandbox] mode = \"none\")"}
+                               if sandbox.mode == "none" else {})}}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -9,7 +9,9 @@ Order, first match wins:
    approvals do not answer them): a protected path (``.git/`` at any depth, the store folder, CI
    definitions, ``scripts/``, ``Makefile`` ...) written by ``write_file`` or by a command's
    redirection, content that looks like a credential (detect-secrets), a command built from tool
-   output (taint, see :mod:`cox_guard.taint`).
+   output (taint, see :mod:`cox_guard.taint`), a command that asks for the network (its
+   sandbox has none) unless config or a standing ``network`` approval grants it; the judge is
+   asked for its view of a network confirm, which the person sees.
 3. Standing approvals: config ``allow_commands`` prefixes and a person's "always this session"
    (a command prefix, or ``write:<path>``).
 4. The settings: ``writes = allow|ask``; ``commands = allow|ask|judge`` (judge kind ``none``
@@ -27,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from coxswain import safefs, shell, textdiff
 from coxswain.config import Settings
 from coxswain.errors import CoxError
-from coxswain.models import GuardRequest, GuardResult
+from coxswain.models import STANDING_NETWORK, GuardRequest, GuardResult
 
 from . import secrets, taint
 
@@ -160,7 +162,11 @@ def _command(settings: Settings, req: GuardRequest, root: Path, command: str) ->
         if prot:
             return GuardResult(verdict="ask", actor="policy", security=True, route="person",
                                reason=f"the command writes {rel}, a protected path ({prot}): a security confirm")
-    standing = [p for p in (*settings.approval.allow_commands, *req.standing) if p and not p.startswith("write:")]
+    if req.call.args.get("network") is True and not settings.sandbox.network and STANDING_NETWORK not in req.standing:
+        return GuardResult(verdict="ask", actor="policy", security=True, route="judge",
+                           reason="the command asks for the network (its sandbox has none): a security confirm")
+    standing = [p for p in (*settings.approval.allow_commands, *req.standing)
+                if p and not p.startswith("write:") and p != STANDING_NETWORK]
     prefix = shell.covered(parsed, standing)
     if prefix is not None:
         return GuardResult(verdict="allow", actor="standing", reason=f"standing approval {prefix!r}")

@@ -71,7 +71,11 @@ def prompt(req: JudgeRequest) -> str:
         marks = set(req.plan.marks)
         plan = "\n".join(f"{i}. [{'x' if i in marks else ' '}] {s}" for i, s in enumerate(req.plan.steps, 1))
     call = json.dumps({"tool": req.call.name, **req.call.args}, ensure_ascii=False)
-    return f"<task>\n{req.task}\n</task>\n<plan>\n{plan}\n</plan>\n<call>\n{call}\n</call>"
+    where = ("in a sandbox that sees only the project folder (the system read-only)" if req.sandboxed
+             else "WITHOUT a sandbox, as the runner's user (it can read and write anything that user can)")
+    net = "with network access" if req.network else "without network access"
+    return (f"<task>\n{req.task}\n</task>\n<plan>\n{plan}\n</plan>\n<call>\n{call}\n</call>\n"
+            f"<runs>\nThe command would run {where}, {net}.\n</runs>")
 
 
 def _said(messages: list[Any]) -> str:

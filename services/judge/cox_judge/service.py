@@ -43,13 +43,31 @@ class Judge(Service):
         if self.model_judge is not None:
             result = await self.model_judge.decide(req)
             self.log.info("judge.decided", kind="model", verdict=result.verdict, score=result.score)
-            return result
-        command = str(req.call.args.get("command", ""))
-        v = rules.judge(command)
-        score = 1.0 if v.ok else 0.0
-        verdict: Literal["allow", "refuse"] = "allow" if score >= cfg.approve_threshold else "refuse"
-        return JudgeResult(verdict=verdict, score=score, reason=v.reason, kind="rules",
-                           answer="allow" if v.ok else "refuse", threshold=cfg.approve_threshold)
+        else:
+            command = str(req.call.args.get("command", ""))
+            v = rules.judge(command)
+            score = 1.0 if v.ok else 0.0
+            verdict: Literal["allow", "refuse"] = "allow" if score >= cfg.approve_threshold else "refuse"
+            result = JudgeResult(verdict=verdict, score=score, reason=v.reason, kind="rules",
+                                 answer="allow" if v.ok else "refuse", threshold=cfg.approve_threshold)
+        return confined_only(req, result)
+
+
+def confined_only(req: JudgeRequest, result: JudgeResult) -> JudgeResult:
+    """The judge allows without asking only what runs confined: in the sandbox, without network.
+
+    Its view is kept (the person sees it); only the verdict changes. What the file system and
+    the network let a command reach is what makes "read-only" safe to allow unasked.
+    """
+    if result.verdict != "allow":
+        return result
+    if not req.sandboxed:
+        why = "commands run without a sandbox here ([sandbox] mode = \"none\"): a person decides"
+    elif req.network:
+        why = "the command would run with the network: a person decides"
+    else:
+        return result
+    return result.model_copy(update={"verdict": "refuse", "reason": f"{result.reason}; but {why}"})
 
 
 def main() -> None:

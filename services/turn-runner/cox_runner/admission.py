@@ -9,15 +9,17 @@ A send to an idle session starts the turn on the runner that admitted it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coxswain import events as ev
 from coxswain import keys, safefs, session_view
-from coxswain.errors import Invalid, NotFound, TooLarge, Unavailable
+from coxswain.errors import Conflict, Invalid, NotFound, TooLarge, Unavailable
 from coxswain.ids import new_id
 from coxswain.models import (
     Accepted,
@@ -39,9 +41,9 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import tools
+from . import cmdversions, tools
 from .drive import Drive
-from .errors import LeaseLost, StoreDown
+from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .store import as_list
 
 if TYPE_CHECKING:
@@ -84,7 +86,7 @@ class Admission:
         await self.r.store.call("cox_create", sid,
                                 [sid, cmd.principal, str(ws), model, cmd.title or "", body, self.r.owner],
                                 extra_keys=[keys.principal(cmd.principal)])
-        view = await session_view.load(self.r.redis, sid, cmd.principal)
+        view = await session_view.load(self.r.redis, sid, cmd.principal, self.r.settings.sandbox)
         assert view is not None
         return view
 
@@ -104,7 +106,7 @@ class Admission:
         if cmd.dont_ask is not None:
             # the holder re-reads its settings; turned on, it also answers a pending approval
             await self.r.ring(res.get("runner"), cmd.sid, "approval")
-        view = await session_view.load(self.r.redis, cmd.sid, cmd.principal)
+        view = await session_view.load(self.r.redis, cmd.sid, cmd.principal, self.r.settings.sandbox)
         if view is None:
             raise NotFound("no such session")
         return view
@@ -177,29 +179,66 @@ class Admission:
         return Accepted()
 
     async def observe(self, cmd: ObserveCmd) -> Accepted:
-        """The operator's ``!command``: run it now, record it, fold it into the next tool result.
+        """The operator's ``!command``: run it now (in the sandbox, versioned like the model's
+        commands), record it, fold it into the next tool result.
 
         The ``observed`` event and the entry the turn loop folds are written in one call, so the
         loop (which takes the entries atomically with the tool result it records) and a rebuild
-        from the log agree on which result carried it.
+        from the log agree on which result carried it. The files it changed are recorded in the
+        same call, before it.
         """
         r = self.r
         base = keys.session(cmd.sid)
         ws, owner = await r.redis.hmget(base, ["workspace", "principal"])
         if ws is None or owner != cmd.principal:
             raise NotFound("no such session")
-        res = await tools.run_command(Path(ws), cmd.command, OBSERVE_TIMEOUT_S, r.settings.runner.output_limit)
-        output = (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
+        kept: list[ev._Event] = []
+        exit_code: int | None = None
+        async with self._command_token(cmd.sid, cmd.principal) as token:
+            turn_id = await r.redis.hget(base, "turn_id") or None
+            snap = await cmdversions.snapshot(r.clients, r.log, cmd.sid, ws, token) if token else None
+            call_id = new_id("obs")
+            try:
+                res = await tools.run_command(Path(ws), cmd.command, OBSERVE_TIMEOUT_S,
+                                              r.settings.runner.output_limit, r.sandbox)
+            except SandboxUnavailable as exc:
+                output = (f"Refused: the command sandbox is unavailable ({exc.detail}); the command was not "
+                          "run.")
+            else:
+                exit_code = res.exit_code
+                output = (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
+            if token is not None:
+                kept = await cmdversions.changes(r.clients, r.log, cmd.sid, ws, token, snap, turn_id, call_id)
         turn_id, runner_id = await r.redis.hmget(base, ["turn_id", "runner"])
         turn_id = turn_id or None
         record = json.dumps({"command": cmd.command, "output": output}, ensure_ascii=False)
         await r.store.call("cox_emit", cmd.sid, [
-            cmd.sid, "", r.owner, "1", "rpush", keys.OBSERVED, "", record,
+            cmd.sid, "", r.owner, "1", "rpush", keys.OBSERVED, "", record, *(ev.body(e) for e in kept),
             ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command, output=output,
-                                exit_code=res.exit_code)),
+                                exit_code=exit_code)),
         ])
         await r.ring(runner_id, cmd.sid, "observe")
         return Accepted()
+
+    @contextlib.asynccontextmanager
+    async def _command_token(self, sid: str, principal: str) -> AsyncIterator[int | None]:
+        """The fencing token a person's command is versioned under: the session's own lease
+        while idle (taken like a person's write, so no turn starts meanwhile), else the running
+        turn's. None when neither can be had: the command then runs unversioned (logged)."""
+        try:
+            d = await self._begin_op(sid, principal, "observe")
+        except Conflict:
+            cur = await self.r.redis.get(keys.session(sid) + keys.LEASE)
+            if cur is None or not cur.isdigit():
+                self.r.log.warning("observe.unversioned", sid=sid, reason="no lease to version under")
+                yield None
+            else:
+                yield int(cur)
+            return
+        try:
+            yield int(d.token)
+        finally:
+            await self._end_op(d, "observe")
 
     # ------------------------------------------------------------------ a person's writes
     async def restore(self, cmd: RestoreCmd) -> WriteOutcome:
@@ -211,12 +250,7 @@ class Admission:
     async def _person_write(self, sid: str, principal: str, op: str, version_id: str | None) -> WriteOutcome:
         """Restore and undo are writes like any other: under the session's lease, versioned first."""
         r = self.r
-        sent = time.monotonic()
-        res = await r.store.call("cox_op_begin", sid, [sid, principal, r.runner_id, str(r.settings.runner.lease_ms), op])
-        token = str(res["token"])
-        d = Drive(sid=sid, token=token, acquired=sent)
-        r.drives[sid] = d  # renewed by the lease keeper while the write runs
-        try:
+        async with self._op_lease(sid, principal, op) as token:
             ws = await r.redis.hget(keys.session(sid), "workspace") or ""
             if version_id is not None:
                 out = await r.clients.restore(RestoreRequest(sid=sid, workspace=ws, version_id=version_id,
@@ -231,15 +265,35 @@ class Admission:
                                                deleted=f.deleted))]
             await r.store.call("cox_emit", sid, [sid, token, r.owner, "0", *evs])
             return out
+
+    @contextlib.asynccontextmanager
+    async def _op_lease(self, sid: str, principal: str, op: str) -> AsyncIterator[str]:
+        """Hold an idle session's lease for a person's operation (its fencing token); released
+        (or the queue run) after. Conflict ``busy`` while a turn runs."""
+        d = await self._begin_op(sid, principal, op)
+        try:
+            yield d.token
         except StoreDown as exc:
             raise Unavailable(f"redis is unavailable: {exc}") from exc
         finally:
-            if r.drives.get(sid) is d:
-                del r.drives[sid]
-            d.disarm()
-            try:
-                await r.finish_op(d)
-            except LeaseLost as exc:
-                # The lease lapsed (Redis gone or this runner stalled): a takeover releases the
-                # session or runs what was queued meanwhile.
-                r.log.warning("op.lease_lost", sid=sid, op=op, error=str(exc))
+            await self._end_op(d, op)
+
+    async def _begin_op(self, sid: str, principal: str, op: str) -> Drive:
+        r = self.r
+        sent = time.monotonic()
+        res = await r.store.call("cox_op_begin", sid, [sid, principal, r.runner_id, str(r.settings.runner.lease_ms), op])
+        d = Drive(sid=sid, token=str(res["token"]), acquired=sent)
+        r.drives[sid] = d  # renewed by the lease keeper while the operation runs
+        return d
+
+    async def _end_op(self, d: Drive, op: str) -> None:
+        r = self.r
+        if r.drives.get(d.sid) is d:
+            del r.drives[d.sid]
+        d.disarm()
+        try:
+            await r.finish_op(d)
+        except LeaseLost as exc:
+            # The lease lapsed (Redis gone or this runner stalled): a takeover releases the
+            # session or runs what was queued meanwhile.
+            r.log.warning("op.lease_lost", sid=d.sid, op=op, error=str(exc))

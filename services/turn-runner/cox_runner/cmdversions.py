@@ -6,54 +6,66 @@ changed or deleted (reason ``command``), so ``/versions``, ``/diff``, ``/restore
 work for them. The turn records a ``version.kept`` and a ``file.written`` (``via: "command"``)
 per file, before the command's ``tool.result``.
 
-A snapshot that fails or is skipped never blocks the command: it runs unversioned and the log
-says so.
+A person's ``!command`` is versioned the same way (its events carry the turn it ran beside, if
+any). A snapshot that fails or is skipped never blocks the command: it runs unversioned and the
+log says so.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coxswain import events as ev
 from coxswain.errors import CoxError
 from coxswain.models import CommandChangesRequest, SnapshotRequest
 
 if TYPE_CHECKING:
+    from .clients import Clients
     from .loop import TurnLoop
 
 
-async def before(loop: TurnLoop) -> str | None:
+async def snapshot(clients: Clients, log: Any, sid: str, workspace: str, token: int) -> str | None:
     """The snapshot id to compare against after the command, or None."""
-    t = loop.turn
     try:
-        snap = await loop.runner.clients.snapshot(SnapshotRequest(sid=t.sid, workspace=str(t.workspace),
-                                                                  token=int(t.token)))
+        snap = await clients.snapshot(SnapshotRequest(sid=sid, workspace=workspace, token=token))
     except CoxError as exc:
-        loop.log.warning("command.snapshot_failed", error=exc.detail)
+        log.warning("command.snapshot_failed", sid=sid, error=exc.detail)
         return None
     if snap.snapshot is None:
-        loop.log.warning("command.snapshot_skipped", reason=snap.skipped)
+        log.warning("command.snapshot_skipped", sid=sid, reason=snap.skipped)
     return snap.snapshot
 
 
-async def after(loop: TurnLoop, call_id: str, snapshot: str | None) -> list[ev._Event]:
-    """Keep what the command changed; the events that record it."""
-    if snapshot is None:
+async def changes(clients: Clients, log: Any, sid: str, workspace: str, token: int, snap: str | None,
+                  turn_id: str | None, call_id: str) -> list[ev._Event]:
+    """Keep what the command changed since ``snap``; the events that record it."""
+    if snap is None:
         return []
-    t = loop.turn
     try:
-        res = await loop.runner.clients.after_command(CommandChangesRequest(
-            sid=t.sid, workspace=str(t.workspace), snapshot=snapshot, token=int(t.token), turn_id=t.turn_id,
-            call_id=call_id,
+        res = await clients.after_command(CommandChangesRequest(
+            sid=sid, workspace=workspace, snapshot=snap, token=token, turn_id=turn_id, call_id=call_id,
         ))
     except CoxError as exc:
-        loop.log.warning("command.versions_failed", error=exc.detail)
+        log.warning("command.versions_failed", sid=sid, error=exc.detail)
         return []
     if res.skipped:
-        loop.log.info("command.not_kept", paths=res.skipped[:20])
+        log.info("command.not_kept", sid=sid, paths=res.skipped[:20])
     out: list[ev._Event] = []
     for c in res.changes:
-        out.append(ev.VersionKept(sid=t.sid, turn_id=t.turn_id, path=c.path, version_id=c.version_id, store=c.store))
-        out.append(ev.FileWritten(sid=t.sid, turn_id=t.turn_id, path=c.path, added=c.added, removed=c.removed,
+        out.append(ev.VersionKept(sid=sid, turn_id=turn_id, path=c.path, version_id=c.version_id, store=c.store))
+        out.append(ev.FileWritten(sid=sid, turn_id=turn_id, path=c.path, added=c.added, removed=c.removed,
                                   via="command", deleted=c.deleted))
     return out
+
+
+async def before(loop: TurnLoop) -> str | None:
+    """The turn's snapshot before its command."""
+    t = loop.turn
+    return await snapshot(loop.runner.clients, loop.log, t.sid, str(t.workspace), int(t.token))
+
+
+async def after(loop: TurnLoop, call_id: str, snap: str | None) -> list[ev._Event]:
+    """Keep what the turn's command changed; the events that record it."""
+    t = loop.turn
+    return await changes(loop.runner.clients, loop.log, t.sid, str(t.workspace), int(t.token), snap,
+                         t.turn_id, call_id)

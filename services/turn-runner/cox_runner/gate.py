@@ -26,7 +26,15 @@ from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import CoxError, Resolved
 from coxswain.ids import new_id
-from coxswain.models import CallSpec, GuardRequest, GuardResult, JudgeRequest, JudgeResult, Plan
+from coxswain.models import (
+    STANDING_NETWORK,
+    CallSpec,
+    GuardRequest,
+    GuardResult,
+    JudgeRequest,
+    JudgeResult,
+    Plan,
+)
 
 from .errors import StopRequested
 from .script_model import SCRIPT_RE
@@ -50,7 +58,10 @@ class GateOutcome:
 
 
 def standing_key(name: str, args: dict[str, Any], path: str | None) -> str:
-    """What "always" remembers: a command's program (and subcommand), or a written path."""
+    """What "always" remembers: a command's program (and subcommand), a written path, or, for a
+    command that asked for the network, the network."""
+    if name == "run_command" and args.get("network") is True:
+        return STANDING_NETWORK
     if name == "run_command":
         try:
             words = shlex.split(str(args.get("command", "")))
@@ -107,9 +118,9 @@ async def decide(loop: TurnLoop, call: CallSpec) -> GateOutcome:
         return GateOutcome(True, "don't ask is on", "setting", g.path, guard=g)
 
     judge_info: dict[str, Any] | None = None
-    if g.route == "judge" and not g.security:
+    if g.route == "judge":  # a security confirm routed here gets the judge's view, never its allow
         j = await _ask_judge(loop, call)
-        if j.verdict == "allow":
+        if j.verdict == "allow" and not g.security:
             await _decided(loop, call, "allow", "judge", j.reason, g)
             return GateOutcome(True, j.reason, "judge", g.path, guard=g)
         judge_info = j.model_dump(mode="json", exclude_none=True)
@@ -142,10 +153,12 @@ async def _decided(loop: TurnLoop, call: CallSpec, verdict: str, actor: str, rea
 async def _ask_judge(loop: TurnLoop, call: CallSpec) -> JudgeResult:
     t = loop.turn
     plan = loop.plan
+    sandbox = loop.settings.sandbox
     try:
         return await loop.runner.clients.judge(JudgeRequest(
             sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
             plan=Plan(steps=plan["steps"], marks=plan.get("marks", [])) if plan else None,
+            sandboxed=sandbox.mode != "none", network=sandbox.network or call.args.get("network") is True,
         ))
     except CoxError as exc:
         return JudgeResult(verdict="error", reason=f"the judge failed: {exc.detail}", kind="unavailable")
@@ -204,7 +217,7 @@ async def ask_person(loop: TurnLoop, call: CallSpec, g: GuardResult | None,
     decision = a.get("decision", "deny")
     actor = a.get("actor") or "person"
     message = a.get("message")
-    if decision == "allow" and a.get("scope") == "turn" and key and not sec:
+    if decision == "allow" and a.get("scope") == "turn" and key and (not sec or key == STANDING_NETWORK):
         t.turn_standing.add(key)
     said = f"allowed by {_who(actor)}" if decision == "allow" else f"denied by {_who(actor)}"
     await _decided(loop, call, "allow" if decision == "allow" else "refuse", actor, said, g)

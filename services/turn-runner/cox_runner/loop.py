@@ -504,12 +504,15 @@ class TurnLoop:
                 self.actions += 1
                 await self._write(call, outcome.path or args["path"], args["content"])
             elif name == "run_command":
+                if not await self._sandbox_ready(call):
+                    return
                 self.actions += 1
                 timeout = float(args.get("timeout_s") or self.settings.runner.command_timeout_s)
                 timeout = min(timeout, max(1.0, self.limits.seconds - self.elapsed()))
                 snap = await cmdversions.before(self)
                 try:
-                    res = await self.guarded(tools.run_command(root, args["command"], timeout, limit))
+                    res = await self.guarded(tools.run_command(root, args["command"], timeout, limit,
+                                                               self.runner.sandbox, bool(args.get("network"))))
                 except StopRequested:
                     await self._result(call, False, f"Cancelled: {_stopped_by(t.stop_reason)} the turn; "
                                                     "the command was killed.",
@@ -532,6 +535,23 @@ class TurnLoop:
             await self._result(call, False, f"Error: {exc.detail}")
         except (OSError, ValueError) as exc:
             await self._result(call, False, f"Error: {exc}")
+
+    async def _sandbox_ready(self, call: ToolCallPart) -> bool:
+        """Fail closed: a command whose sandbox cannot start is refused (recorded), never run bare."""
+        sandbox = self.runner.sandbox
+        await sandbox.ready()
+        status = sandbox.status()
+        if status.available:
+            return True
+        t = self.turn
+        await self.emit(ev.PolicyDecision(**self._e(), call_id=call.tool_call_id, verdict="refuse", actor="sandbox",
+                                          reason=f"the command sandbox is unavailable: {status.reason}",
+                                          name=call.tool_name))
+        self.log.error("sandbox.refused", sid=t.sid, call_id=call.tool_call_id, reason=status.reason)
+        await self._result(call, False, f"Refused: the command sandbox is unavailable ({status.reason}); the "
+                                        "command was not run. Commands never run outside the sandbox unless the "
+                                        "operator sets [sandbox] mode = \"none\".")
+        return False
 
     async def _write(self, call: ToolCallPart, rel: str, content: str) -> None:
         """Keep the previous content, then write atomically. Never cancelled half-way: neither a

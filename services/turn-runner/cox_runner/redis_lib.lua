@@ -336,7 +336,8 @@ end
 -- actor ('' = person), reason. A person answers through the API (principal checked); the runner
 -- answers for the don't-ask switch (actor dont_ask) and dismisses an approval whose turn is
 -- ending (actor policy: state "dismissed"). Answering twice is refused: resolved.
--- "Always this session" makes the approval's standing_key standing (never for a security confirm).
+-- "Always this session" makes the approval's standing_key standing (never for a security confirm,
+-- except the network confirm, whose standing key 'network' is the session's recorded permission).
 local function cox_answer(keys, args)
   local base = keys[1]
   local sid, principal, aid, decision, scope, message, owner, actor, why = unpack(args)
@@ -354,7 +355,8 @@ local function cox_answer(keys, args)
   if message ~= '' then a.message = message end
   redis.call('HSET', base .. ':appr', aid, cjson.encode(a))
   local prefix = a.standing_key
-  if decision == 'allow' and scope == 'session' and type(prefix) == 'string' and prefix ~= '' and not a.security then
+  if decision == 'allow' and scope == 'session' and type(prefix) == 'string' and prefix ~= ''
+     and (not a.security or prefix == 'network') then
     redis.call('SADD', base .. ':standing', prefix)
   end
   local ev = { type = 'approval.resolved', turn_id = a.turn_id, approval_id = aid, decision = decision,

@@ -45,6 +45,7 @@ from .clients import Clients
 from .drive import Drive
 from .errors import StopRequested
 from .providers import Models
+from .sandbox import Sandbox
 from .store import Store
 
 SHUTDOWN_GRACE_S = 8.0
@@ -63,6 +64,7 @@ class Runner(Service):
         self.drives: dict[str, Drive] = {}
         self.models = Models(settings.model)
         self.turns_started = 0
+        self.sandbox = Sandbox(settings.sandbox, settings.store_dir)
 
     async def start(self) -> None:
         # Never let the client resend a call whose connection broke: a transition may have run
@@ -73,6 +75,7 @@ class Runner(Service):
         self.store = Store(self.redis, self.js, self.owner, self.log)
         await self.store.load()
         await self._check_durability()
+        await self._check_sandbox()
         self.clients = Clients(self.nc, judge_timeout=self.settings.judge.timeout_s + 5)
         self.admission = Admission(self)
         a = self.admission
@@ -99,9 +102,22 @@ class Runner(Service):
                              detail="a message answered 202 may be lost if Redis dies; run it with "
                                     "--appendonly yes --appendfsync always")
 
+    async def _check_sandbox(self) -> None:
+        """Probe the command sandbox once at start and say loudly when commands are not confined."""
+        status = await self.sandbox.probe()
+        if status.mode == "none":
+            self.log.warning("sandbox.off", detail="[sandbox] mode = \"none\": commands run WITHOUT a sandbox, "
+                                                   "as this process's user, with its file and network access")
+        elif not status.available:
+            self.log.error("sandbox.unavailable", reason=status.reason,
+                           detail="every command is refused until the sandbox can start")
+        else:
+            self.log.info("sandbox.ready", mode=status.mode, network=self.settings.sandbox.network)
+
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
-        return {"runner": self.runner_id, "drives": len(self.drives), "turns_started": self.turns_started}
+        return {"runner": self.runner_id, "drives": len(self.drives), "turns_started": self.turns_started,
+                "sandbox": self.sandbox.status().as_dict()}
 
     # ------------------------------------------------------------------ drives
     def start_drive(self, d: Drive) -> None:

@@ -19,6 +19,8 @@ from pydantic_ai.tools import ToolDefinition
 from coxswain import safefs
 from coxswain.proc import die_with_parent
 
+from .sandbox import Sandbox
+
 
 def _obj(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
@@ -41,9 +43,13 @@ TOOLS: list[ToolDefinition] = [
     ),
     ToolDefinition(
         name="run_command",
-        description="Run a shell command in the workspace folder and return its output.",
+        description="Run a shell command in the workspace folder and return its output. It runs in a "
+                    "sandbox that sees only the workspace (and the system, read-only), without network. "
+                    "Set network to true only when the command needs the network (downloads, "
+                    "package installs): the person is asked to allow it.",
         parameters_json_schema=_obj(
-            {"command": {"type": "string"}, "timeout_s": {"type": "number", "minimum": 1, "maximum": 3600}},
+            {"command": {"type": "string"}, "timeout_s": {"type": "number", "minimum": 1, "maximum": 3600},
+             "network": {"type": "boolean"}},
             ["command"],
         ),
     ),
@@ -71,6 +77,9 @@ REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "plan_write": (("steps", list),),
     "plan_step": (("step", int),),
 }
+OPTIONAL: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
+    "run_command": (("timeout_s", (int, float)), ("network", bool)),
+}
 ACTIONS = frozenset({"write_file", "run_command"})
 
 
@@ -84,6 +93,10 @@ def check_args(name: str, args: Any) -> str | None:
         if key not in args:
             return f"missing argument {key!r}"
         if not isinstance(args[key], typ) or (typ is int and isinstance(args[key], bool)):
+            return f"argument {key!r} has the wrong type"
+    for key, typ in OPTIONAL.get(name, ()):
+        value = args.get(key)
+        if value is not None and (not isinstance(value, typ) or (typ is not bool and isinstance(value, bool))):
             return f"argument {key!r} has the wrong type"
     if name == "plan_write" and not all(isinstance(s, str) for s in args["steps"]):
         return "steps must be strings"
@@ -130,10 +143,15 @@ class CommandResult:
     cancelled: bool = False
 
 
-async def run_command(workspace: Path, command: str, timeout_s: float, limit: int) -> CommandResult:
-    """Run ``command`` with bash in its own process group; cancel kills the whole group."""
+async def run_command(workspace: Path, command: str, timeout_s: float, limit: int, sandbox: Sandbox,
+                      network: bool = False) -> CommandResult:
+    """Run ``command`` with bash in the sandbox, in its own process group; cancel kills the whole
+    group. Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
+    cannot start."""
+    await sandbox.ready()
+    argv = sandbox.argv(workspace, command, network)
     proc = await asyncio.create_subprocess_exec(
-        "/bin/bash", "-c", command, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
+        *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         env=command_env(workspace), preexec_fn=die_with_parent,
     )
