@@ -136,14 +136,12 @@ class NatsContainer(_Container):
         return ["-c", "/etc/nats/nats.conf"]
 
     def _configure(self, tc: Any) -> Any:
-        # The same users and rights as cox.servers.NatsServer, in a file mounted read-only.
-        # The file is readable by the image's nats user (the folder, 0700, keeps it ours on the host).
+        # The same users and rights as cox.servers.NatsServer, in a 0600 file mounted read-only.
         conf = Path(self.workdir or tempfile.mkdtemp(prefix="cox-nats-")) / "nats.conf"
         conf.parent.mkdir(parents=True, exist_ok=True)
-        conf.parent.chmod(0o700)
         write_private(conf, nats_config("0.0.0.0:4222", "cox", "/data", self.credentials))
-        conf.chmod(0o644)
-        return tc.with_volume_mapping(str(conf), "/etc/nats/nats.conf", "ro")
+        # As root, as the official image runs: the image's nats user could not read a 0600 file of ours.
+        return tc.with_volume_mapping(str(conf), "/etc/nats/nats.conf", "ro").with_kwargs(user="0")
 
     @property
     def url(self) -> str:
