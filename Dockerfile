@@ -1,14 +1,28 @@
 # One image for every coxswain service; the compose file picks the module to run.
-FROM python:3.11-slim
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# BASE is the official python:3.11-slim; deploy/images/build (./dev images) passes its own Debian
+# base instead, and PIP_ARGS=--no-index with every wheel in deploy/images/wheels (no registry).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ARG PIP_ARGS=""
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-# git for versions; bubblewrap is the command sandbox the runner puts every command in.
-RUN apt-get update && apt-get install -y --no-install-recommends git bubblewrap && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml README.md ./
+# bubblewrap: every command the runner starts runs in its sandbox. The local base has both.
+RUN if ! command -v bwrap >/dev/null || ! command -v git >/dev/null; then \
+      apt-get update && apt-get install -y --no-install-recommends bubblewrap git \
+      && rm -rf /var/lib/apt/lists/*; fi
+RUN python -m venv /opt/cox
+ENV PATH=/opt/cox/bin:$PATH
+# The dependencies first, from pyproject.toml alone: this layer is rebuilt only when it changes.
+COPY deploy/images/wheels/ /tmp/wheels/
+COPY pyproject.toml ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+print('\n'.join(p['project']['dependencies'] + p['build-system']['requires']))" > /tmp/requirements.txt \
+    && pip install $PIP_ARGS --find-links /tmp/wheels -r /tmp/requirements.txt
+COPY README.md ./
 COPY shared shared
 COPY cli cli
 COPY services services
-RUN pip install .
+RUN pip install $PIP_ARGS --no-deps --no-build-isolation . && rm -rf /tmp/wheels
 RUN useradd --create-home --uid 10001 cox && mkdir -p /workspaces && chown cox /workspaces
 USER cox
 ENV COX_ROOT=/workspaces

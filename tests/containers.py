@@ -1,13 +1,15 @@
-"""NATS and Redis in containers (testcontainers), for machines where a Docker engine answers.
+"""NATS and Redis in containers (testcontainers), chosen by one switch: ``COX_TEST_DOCKER=1``.
 
 Same interface as :class:`cox.servers.NatsServer`/``RedisServer`` (``start``, ``stop``,
 ``kill``, ``url``, ``admin_url``, the same users and rights): a stopped or killed container starts
 again on the same host port with its data, as the outage tests need. Readiness is the same log line, counted, so a restart waits
 for a *new* ready line rather than finding the old one.
 
-``COX_TEST_DOCKER=0`` forces local binaries; without a reachable engine they are used anyway, and
-so they are when the images are not already on the engine: no registry is reachable from the
-project's machines, so pulling them would only fail.
+``COX_TEST_DOCKER=1``: every stack's NATS and Redis are containers, from the images
+``./dev images`` builds (``coxswain/nats:local``, ``coxswain/redis:local``; ``COX_NATS_IMAGE`` and
+``COX_REDIS_IMAGE`` name others, e.g. the official ``nats:2.11``/``redis:7`` where a registry is
+reachable); an engine that does not answer, or a missing image, fails the run rather than
+quietly testing something else. Unset or ``0``: local binaries.
 """
 
 from __future__ import annotations
@@ -22,22 +24,42 @@ from typing import Any
 from cox.creds import Credentials, nats_admin_url, redis_admin_url, write_private
 from cox.servers import free_port, nats_config, redis_user_args
 
+# Ryuk, testcontainers' reaper, is an image from Docker Hub, which no machine here can pull; each
+# container is removed by the stack that started it (close()).
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+NATS_IMAGE = os.environ.get("COX_NATS_IMAGE", "coxswain/nats:local")
+REDIS_IMAGE = os.environ.get("COX_REDIS_IMAGE", "coxswain/redis:local")
 
-@functools.cache
-def docker_available() -> bool:
-    if os.environ.get("COX_TEST_DOCKER", "") == "0":
-        return False
+
+def engine_problem() -> str:
+    """Why containers cannot run here ("" when an engine answers and both images are on it)."""
     try:
         import docker
         import testcontainers  # noqa: F401
-
-        client = docker.from_env(timeout=2)
+    except ImportError as exc:
+        return f"the docker/testcontainers packages are missing ({exc})"
+    try:
+        client = docker.from_env(timeout=5)
         client.ping()
-        for image in (NatsContainer.image, RedisContainer.image):
+    except Exception as exc:  # noqa: BLE001 - whatever the SDK raises, it is the reason
+        return f"no Docker engine answers ({exc})"
+    for image in (NATS_IMAGE, REDIS_IMAGE):
+        try:
             client.images.get(image)
-        return True
-    except Exception:  # noqa: BLE001 - no SDK, no engine, no permission: local binaries then
+        except Exception:  # noqa: BLE001
+            return f"image {image} is not on the engine (./dev images builds it)"
+    return ""
+
+
+@functools.cache
+def docker_available() -> bool:
+    """Whether stacks use containers: ``COX_TEST_DOCKER=1`` (then they must be able to)."""
+    if os.environ.get("COX_TEST_DOCKER", "0") != "1":
         return False
+    problem = engine_problem()
+    if problem:
+        raise RuntimeError(f"COX_TEST_DOCKER=1 but {problem}")
+    return True
 
 
 class _Container:
@@ -105,7 +127,7 @@ class _Container:
 
 
 class NatsContainer(_Container):
-    image = "nats:2.11"
+    image = NATS_IMAGE
     internal_port = 4222
     ready_line = "Server is ready"
 
@@ -118,7 +140,8 @@ class NatsContainer(_Container):
         conf = Path(self.workdir or tempfile.mkdtemp(prefix="cox-nats-")) / "nats.conf"
         conf.parent.mkdir(parents=True, exist_ok=True)
         write_private(conf, nats_config("0.0.0.0:4222", "cox", "/data", self.credentials))
-        return tc.with_volume_mapping(str(conf), "/etc/nats/nats.conf", "ro")
+        # As root, as the official image runs: the image's nats user could not read a 0600 file of ours.
+        return tc.with_volume_mapping(str(conf), "/etc/nats/nats.conf", "ro").with_kwargs(user="0")
 
     @property
     def url(self) -> str:
@@ -130,7 +153,7 @@ class NatsContainer(_Container):
 
 
 class RedisContainer(_Container):
-    image = "redis:7"
+    image = REDIS_IMAGE
     internal_port = 6379
     ready_line = "Ready to accept connections"
 

@@ -198,6 +198,11 @@ class SandboxConfig(_Section):
     """More host paths a command may write (at the same path)."""
     bwrap: str = "bwrap"
     """The bubblewrap program: a name looked up in ``PATH``, or a path."""
+    proc: Literal["own", "none"] = "own"
+    """``own``: the command gets a fresh ``/proc`` of its own process namespace. ``none``: an empty
+    ``/proc`` (the process namespace stays its own). For a runner in a container whose ``/proc``
+    Docker masks (the default; ``systempaths=unconfined`` lifts it, which Compose cannot pass):
+    the kernel refuses such a container a fresh ``/proc``."""
 
 
 class GatewayConfig(_Section):

@@ -6,7 +6,8 @@ What a sandboxed command sees:
 - the system (``/usr`` and the ``/bin``, ``/lib*``, ``/sbin`` links or folders) read-only, and
   ``/etc`` read-only with every entry other users may not read hidden (``/etc/shadow``, host
   keys, ...): hidden folders are empty, hidden files cannot be opened;
-- a private ``/tmp``, its own ``/proc`` (its own process namespace) and a minimal ``/dev``;
+- a private ``/tmp``, its own ``/proc`` (its own process namespace; an empty one with
+  ``[sandbox] proc = "none"``) and a minimal ``/dev``;
 - nothing else: no home folder, no other workspace, no ``.cox/`` state, no project checkout;
 - no network (its own network namespace: not even the host's loopback, so neither the stack's
   Redis nor its NATS) unless the call was granted the network;
@@ -136,7 +137,8 @@ class Sandbox:
             args += ["--tmpfs", d]
         for f in files:
             args += ["--ro-bind", "/dev/null", f]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
+        args += ["--proc", "/proc"] if self.cfg.proc == "own" else ["--dir", "/proc"]
+        args += ["--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
         for p in self.cfg.extra_ro:
             args += ["--ro-bind-try", str(p), str(p)]
         for p in self.cfg.extra_rw:
@@ -191,6 +193,9 @@ class Sandbox:
                 return self._status
         if proc.returncode != 0:
             why = err.decode(errors="replace").strip()[-300:] or f"exit code {proc.returncode}"
+            if "mount proc" in why:
+                why += (" (a container whose /proc Docker masks: run it with systempaths=unconfined, "
+                        "or set [sandbox] proc = \"none\")")
             self._status = SandboxStatus("bwrap", False, f"bwrap cannot make its namespaces here: {why}")
         else:
             self._status = SandboxStatus("bwrap", True)
