@@ -243,11 +243,11 @@ def test_a_repeated_keep_is_answered_with_the_version_already_kept(bus: Stack) -
         (Path(s["workspace"]) / "a.txt").write_text("before\n")
         ok(api.send(sid, writes("again", 40, 100)))
         api.wait_type(sid, "tool.result", timeout=30)
-        token = redis.Redis.from_url(bus.redis.url, decode_responses=True).get(keys.session(sid) + keys.LEASE)
+        token = redis.Redis.from_url(bus.redis.admin_url, decode_responses=True).get(keys.session(sid) + keys.LEASE)
         assert token
 
         async def keep(call_id: str, again: bool) -> str:
-            nc = await nats.connect(bus.nats.url)
+            nc = await nats.connect(bus.nats.admin_url)
             try:
                 body = KeepRequest(sid=sid, workspace=s["workspace"], path="a.txt", token=int(token),
                                    turn_id="t_x", call_id=call_id, again=again)

@@ -83,7 +83,9 @@ NATS: Final[Mapping[str, NatsPermissions]] = {
     RUNNER: NatsPermissions(
         publish=(*_rpcs(GUARD, "check"), *_rpcs(JUDGE, "decide"),
                  *_rpcs(VERSIONS, "keep", "restore", "undo", "diff", "snapshot", "after"),
-                 subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM, LAST_EVENT, *READ_EVENTS),
+                 subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM, LAST_EVENT, *READ_EVENTS,
+                 # before starting a queued turn after an outage: do guard, the judge, versions answer?
+                 *(subjects.rpc(svc, "health") for svc in (GUARD, JUDGE, VERSIONS))),
         subscribe=(*_serves(RUNNER), *_calls(RUNNER), subjects.CONTROL_WILDCARD),
     ),
     GUARD: NatsPermissions(publish=(), subscribe=_serves(GUARD)),
