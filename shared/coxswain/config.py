@@ -60,6 +60,9 @@ class LimitsConfig(_Section):
     soft: SoftLimits = Field(default_factory=SoftLimits)
     stuck_repeats: int = Field(3, ge=2)
     """How many times the same call with the same result counts as stuck (progress guard)."""
+    compact_at: float = Field(0.8, gt=0.0, le=1.0)
+    """Compact the transcript when the next request would pass this share of the model's
+    context window (``context_window`` of a provider, ``[model.script] context_window``)."""
 
     def hard_value(self, name: str) -> float | None:
         value = getattr(self, name)
@@ -97,15 +100,29 @@ class ProviderConfig(_Section):
     temperature: float | None = None
     input_price: float | None = Field(None, ge=0)
     output_price: float | None = Field(None, ge=0)
+    context_window: int | None = Field(None, ge=1)
+    """Input tokens the model takes per request; unset: unknown (no automatic compaction),
+    except ``kind = "script"``, which takes ``[model.script] context_window``."""
 
     def key(self) -> str | None:
         """The API key: given here, else read from the variable ``api_key_env`` names."""
         return self.api_key or (os.environ.get(self.api_key_env) if self.api_key_env else None)
 
 
+class ScriptModelConfig(_Section):
+    """The built-in ``script`` model (``[model.script]``)."""
+
+    context_window: int = Field(200_000, ge=1)
+    """Its context window in tokens (small in tests, to make turns compact)."""
+
+
 class ModelConfig(_Section):
     default: str | None = "script"
     providers: list[ProviderConfig] = Field(default_factory=list)
+    script: ScriptModelConfig = Field(default_factory=ScriptModelConfig)
+    compactor: str | None = None
+    """The model that writes compaction summaries (``script`` or a provider name); unset: the
+    session's own model."""
 
     def names(self) -> set[str]:
         return {"script"} | {p.name for p in self.providers}

@@ -58,6 +58,7 @@ from coxswain.models import CallSpec, Plan
 
 from . import handlers, tools, transcript
 from .budget import Budget
+from .compaction import Compactor
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
 from .gate import Gate, Taint
@@ -97,6 +98,7 @@ class TurnLoop:
         self.tools = ToolContext(deps=deps, turn=turn, rec=self.rec, budget=self.budget, taint=self.taint,
                                  plan=self.plan, log=self.log, guarded=self.guarded)
         self.titled = False
+        self.compactor = Compactor(deps, turn, self.rec, self.budget, self.log, self.instructions, self.guarded)
 
     def elapsed(self) -> float:
         """Seconds of work so far: wall time minus time spent waiting for the person."""
@@ -221,6 +223,7 @@ class TurnLoop:
         t = self.turn
         rec = self.rec
         rec.take_pending()
+        await self.compactor.before_request()  # keeps the request inside the context window
         messages = rec.history.request_messages(self.instructions())
         if rec.history.synthesized:
             self.log.warning("transcript.unanswered_calls", count=rec.history.synthesized)
