@@ -328,7 +328,7 @@ def cost_of(deps: Any, model_name: str, resp: ModelResponse) -> float:
     prices = deps.models.prices(model_name)
     u = resp.usage
     if prices is not None:
-        return (u.input_tokens * prices[0] + u.output_tokens * prices[1]) / 1_000_000
+        return float((u.input_tokens * prices[0] + u.output_tokens * prices[1]) / 1_000_000)
     if resp.model_name in (None, "", "script"):
         return 0.0
     try:
@@ -391,7 +391,8 @@ class Compactor:
     """(budget tokens, transcript length) when the last request went out."""
 
     def window(self) -> int | None:
-        return self.deps.models.window(self.turn.model)
+        window: int | None = self.deps.models.window(self.turn.model)
+        return window
 
     def expected(self) -> int:
         """Input tokens of the request about to go out: the provider's count of the last request
