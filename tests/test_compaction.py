@@ -213,3 +213,38 @@ def test_a_failed_summary_falls_back_to_dropping_old_outputs(stack: Stack, api: 
     tools_out = [m["content"] for m in last["messages"] if m["role"] == "tool"]
     assert any("dropped to fit the context window" in t for t in tools_out)
     assert "of the big file" in tools_out[-1] or "elif gib" in tools_out[-1], "the newest output stays"
+
+
+def test_a_person_compacts_between_turns_and_not_during_one(stack: Stack, api: Api) -> None:
+    s = api.create("compact-manual")
+    sid = s["id"]
+    steps = [{"tools": [tool("write_file", path=f"f{i}.txt", content=BIG)]} for i in range(3)]
+    api.send(sid, script(*steps, {"text": "Wrote them."}, text="MANUAL-ORIGINAL write three files"))
+    end, evs = finished(api, sid)
+    assert end["outcome"] == "completed"
+
+    r = api.http.post(f"/v1/sessions/{sid}/compact", json={"focus": "the files written"})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["compacted"] is True and out["summary"].startswith("Summary by the script model")
+    assert out["after_tokens"] < out["before_tokens"]
+    event = api.wait_type(sid, "context.compacted")
+    assert event["turn_id"] is None and event["summary"] == out["summary"]
+    assert event["through_seq"] == end["seq"] or event["through_seq"] >= of_type(evs, "assistant.msg")[-1]["seq"]
+    assert not api.session(sid)["busy"]
+
+    # No body at all is fine too; and the next turn starts from the compacted transcript.
+    assert api.http.post(f"/v1/sessions/{sid}/compact").status_code == 200
+    after = last_seq(api, sid)
+    api.send(sid, script({"tools": [tool("read_file", path="f0.txt")]}, {"text": "ok"}, text="next turn"))
+    end, _ = finished(api, sid, after=after)
+    assert end["outcome"] == "completed"
+
+    # While a turn runs: 409 busy, and nothing recorded.
+    after = last_seq(api, sid)
+    api.send(sid, script({"tools": [tool("run_command", command="sleep 2")]}, {"text": "slept"}))
+    api.wait_type(sid, "tool.call", after=after)
+    r = api.http.post(f"/v1/sessions/{sid}/compact", json={})
+    assert r.status_code == 409 and r.json()["error"] == "busy", r.text
+    _, evs = finished(api, sid, after=after)
+    assert not [e for e in of_type(evs, "context.compacted") if e["seq"] > after]

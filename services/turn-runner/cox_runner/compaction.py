@@ -63,6 +63,8 @@ DROPPED_TEXT = "[This tool output was dropped to fit the context window.]"
 TURN_STARTS = frozenset({"send", "queue", "steer"})
 KEPT_VIAS = frozenset({"lead", "approval"})
 COMPACT_TIMEOUT_S = 300.0
+DEFAULT_WINDOW = 200_000
+"""For a person's compaction on a model whose window is unknown: how much the summarizer sees."""
 RESULT_CLIP = 2000
 """Characters of one tool output shown to the summarizer."""
 PART_OVERHEAD = 4
