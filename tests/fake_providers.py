@@ -10,6 +10,12 @@ What they answer is chosen per conversation, like the ``script`` model: the late
 holding a tag ``[case:NAME]`` picks ``cases[NAME]``, and the n-th response after it is
 ``cases[NAME][n]`` (past the end: ``"fake done"``). A request that asks for a title gets
 ``TITLE``. Every request body is kept in ``requests`` for the test to inspect.
+
+Long turns: a case named in ``stateful`` answers its n-th request (whatever the transcript
+holds, since compaction shortens it) with ``cases[NAME][n]``. A compaction's summary request
+(its instructions say ``COMPACT_MARK``) gets ``SUMMARY``, or ``summary_error`` as an HTTP status.
+With ``window`` set, a request whose text (system, messages, tool arguments) is over ``window``
+tokens (4 characters each) is refused with 400 ``context_length_exceeded``, as real servers do.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from cox.servers import free_port
 CASE_RE = re.compile(r"\[case:([\w-]+)\]")
 TITLE = "Fake Title From The Model"
 TITLE_MARK = "Give this conversation a title"
+COMPACT_MARK = "You are compacting a conversation"
+SUMMARY = "FAKE SUMMARY: the agent read big.txt many times."
 
 
 @dataclass
@@ -65,6 +73,11 @@ class FakeModels:
         self.requests: list[dict[str, Any]] = []
         self.refused: list[str] = []
         self._failed: dict[int, int] = {}
+        self.stateful: set[str] = set()
+        self.window: int | None = None
+        self.summary_error: int | None = None
+        self.over_window: list[int] = []
+        """Requests refused for being over ``window`` (their token counts)."""
         self._n = 0
         app = Starlette(routes=[
             Route("/v1/chat/completions", self.openai, methods=["POST"]),
@@ -89,7 +102,31 @@ class FakeModels:
 
     def for_case(self, case: str, kind: str = "openai") -> list[dict[str, Any]]:
         """The requests (not title requests) of one case, in order."""
-        return [r for r in self.requests if r.get("_case") == case and r.get("_kind") == kind and not r.get("_title")]
+        return [r for r in self.requests if r.get("_case") == case and r.get("_kind") == kind
+                and not r.get("_title") and not r.get("_summary")]
+
+    def summaries(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r.get("_summary")]
+
+    def _special(self, kind: str, system: str, body: dict[str, Any],
+                 case: str | None) -> tuple[Reply | None, Response | None]:
+        """A summary request, a request over the window, or the next reply of a stateful case."""
+        if COMPACT_MARK in system:
+            self.requests.append({**body, "_kind": kind, "_case": None, "_summary": True})
+            if self.summary_error:
+                return None, _error(kind, self.summary_error, "summary refused by the test")
+            return Reply(SUMMARY), None
+        if self.window is not None and TITLE_MARK not in system:
+            size = _tokens(system, body.get("messages", []))
+            if size > self.window:
+                self.over_window.append(size)
+                return None, _error(kind, 400, f"context_length_exceeded: {size} tokens is over the window "
+                                               f"of {self.window}")
+        if case in self.stateful:
+            n = len(self.for_case(case, kind))
+            replies = self.cases.get(case, [])
+            return (replies[n] if n < len(replies) else Reply("fake done")), None
+        return None, None
 
     def _id(self, prefix: str) -> str:
         self._n += 1
@@ -126,7 +163,14 @@ class FakeModels:
         case, reply = (None, Reply(TITLE)) if is_title else self._pick(users, after)
         if is_title:
             case = next((c.group(1) for u in users if (c := CASE_RE.search(u))), None)
-        self.requests.append({**body, "_kind": "openai", "_case": case, "_title": is_title})
+        special, answer = self._special("openai", system, body, case)
+        if answer is not None:
+            return answer
+        if special is not None and special.text == SUMMARY:
+            reply = special
+        else:
+            reply = special or reply
+            self.requests.append({**body, "_kind": "openai", "_case": case, "_title": is_title})
         if reply.fails and self._failed.get(id(reply), 0) < reply.fails:
             self._failed[id(reply)] = self._failed.get(id(reply), 0) + 1
             return JSONResponse({"error": {"message": "rate limited by the test", "type": "rate_limit_error",
@@ -199,7 +243,14 @@ class FakeModels:
         after = [sum(after[i:]) for i in range(len(after))]
         is_title = TITLE_MARK in system_text
         case, reply = (None, Reply(TITLE)) if is_title else self._pick(users, after)
-        self.requests.append({**body, "_kind": "anthropic", "_case": case, "_title": is_title})
+        special, answer = self._special("anthropic", system_text, body, case)
+        if answer is not None:
+            return answer
+        if special is not None and special.text == SUMMARY:
+            reply = special
+        else:
+            reply = special or reply
+            self.requests.append({**body, "_kind": "anthropic", "_case": case, "_title": is_title})
         model = body.get("model", "claude-fake")
         stop = reply.finish or ("tool_use" if reply.tools else "end_turn")
         mid = self._id("msg_")
@@ -238,6 +289,32 @@ class FakeModels:
             yield event("message_stop", {})
 
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def _error(kind: str, status: int, message: str) -> Response:
+    if kind == "openai":
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                       "code": "context_length_exceeded" if status == 400 else None}},
+                            status_code=status)
+    return JSONResponse({"type": "error", "error": {"type": "invalid_request_error", "message": message}},
+                        status_code=status)
+
+
+def _tokens(system: str, msgs: list[dict[str, Any]]) -> int:
+    """The request's size as the fake counts it: its text, 4 characters a token."""
+    chars = len(system)
+    for m in msgs:
+        content = m.get("content")
+        chars += len(_text(content))
+        if isinstance(content, list):  # Anthropic blocks: tool_use input, tool_result content
+            for b in content:
+                if isinstance(b, dict) and b.get("type") == "tool_use":
+                    chars += len(json.dumps(b.get("input")))
+                elif isinstance(b, dict) and b.get("type") == "tool_result":
+                    chars += len(_text(b.get("content")))
+        for c in m.get("tool_calls") or []:
+            chars += len(c["function"].get("arguments") or "")
+    return chars // 4
 
 
 def _text(content: Any) -> str:

@@ -15,12 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 Via = Literal["send", "queue", "steer", "lead", "approval"]
 Outcome = Literal[
     "completed", "empty", "output_limit", "error", "stopped", "canceled",
-    "hard_budget", "spend_limit", "stuck", "crashed", "unavailable",
+    "hard_budget", "spend_limit", "stuck", "crashed", "unavailable", "context_full",
 ]
 """``unavailable``: guard, the judge or versions (or the message bus) did not answer within
-``[runner] infra_wait_s``; the detail names which. Not a tool outcome: the call was not run."""
+``[runner] infra_wait_s``; the detail names which. Not a tool outcome: the call was not run.
+``context_full``: the transcript did not fit the model's context window even after compaction."""
 UNFINISHED: frozenset[str] = frozenset({"error", "stopped", "hard_budget", "spend_limit", "canceled", "crashed",
-                                        "unavailable"})
+                                        "unavailable", "context_full"})
 """Outcomes whose plan is carried into the next turn (docs/design.md, The turn loop: Plan)."""
 SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", "canceled", "error", "unavailable"]
 """Why a tool call never started. ``approval``: an approval answer carried a message (a newer
@@ -264,6 +265,20 @@ class LimitHard(_Event):
     value: float
 
 
+class ContextCompacted(_Event):
+    """The transcript the model sees was compacted (the log keeps everything). Events up to
+    ``through_seq`` are replaced, for the model, by ``summary`` (the turn's original message and
+    its Leads and approval messages stay verbatim); what follows is kept as it was. ``summary``
+    empty: the summary failed and the ``dropped`` oldest tool outputs were replaced by a note."""
+
+    type: Literal["context.compacted"] = "context.compacted"
+    before_tokens: int
+    after_tokens: int
+    summary: str
+    through_seq: int
+    dropped: int = 0
+
+
 class EventOmitted(_Event):
     """Stands in the log for an event too large for the stream (over :data:`MAX_EVENT_BYTES`):
     same seq, what it was and how large. Only a last resort: what a person sends is refused
@@ -307,16 +322,6 @@ class ModelRetry(_Event):
     attempt: int
     delay_s: float
     error: str
-
-
-class ContextCompacted(_Event):
-    """The transcript up to event ``through_seq`` was replaced by ``summary`` for the model."""
-
-    type: Literal["context.compacted"] = "context.compacted"
-    before_tokens: int
-    after_tokens: int
-    summary: str
-    through_seq: int
 
 
 Event = Annotated[

@@ -83,6 +83,12 @@ class ObserveBody(_Body):
     command: Annotated[Text, Field(min_length=1, max_length=8192)]
 
 
+class CompactBody(_Body):
+    """``POST /v1/sessions/{sid}/compact``: what the summary should keep in view (optional)."""
+
+    focus: Annotated[Text, Field(max_length=8192)] | None = None
+
+
 # ---------------------------------------------------------------- HTTP results
 
 
@@ -258,6 +264,21 @@ class RestoreCmd(SessionRef):
 
 class UndoCmd(SessionRef):
     pass
+
+
+class CompactCmd(SessionRef, CompactBody):
+    pass
+
+
+class CompactResult(_Out):
+    """What a person's compaction did (``compacted`` false: nothing to compact, no event)."""
+
+    compacted: bool
+    before_tokens: int = 0
+    after_tokens: int = 0
+    summary: str = ""
+    through_seq: int = 0
+    dropped: int = 0
 
 
 # ---------------------------------------------------------------- RPC: guard

@@ -20,6 +20,9 @@ from coxswain.models import (
     ApprovalAnswer,
     ApprovalCmd,
     ChangesRequest,
+    CompactBody,
+    CompactCmd,
+    CompactResult,
     CreateCmd,
     CreateSession,
     DiffRequest,
@@ -147,6 +150,12 @@ def create_app(gw: Gateway) -> FastAPI:
     async def list_workspaces(who: Principal) -> WorkspacesResult:
         """The folders under the root a new session may use (so a typo need not make a new one)."""
         return await runner("workspaces", WorkspacesCmd(principal=who), WorkspacesResult)
+
+    @app.post("/v1/sessions/{sid}/compact")
+    async def compact(sid: Sid, who: Principal, body: CompactBody | None = None) -> CompactResult:
+        """Compact the transcript between turns (``context.compacted``); 409 ``busy`` during a turn."""
+        focus = body.focus if body is not None else None
+        return await runner("compact", CompactCmd(principal=who, sid=sid, focus=focus), CompactResult, timeout=330)
 
     @app.post("/v1/sessions/{sid}/observe", status_code=202)
     async def observe(sid: Sid, body: ObserveBody, who: Principal) -> dict[str, Any]:

@@ -23,6 +23,8 @@ from coxswain.ids import new_id
 from coxswain.models import (
     Accepted,
     ApprovalCmd,
+    CompactCmd,
+    CompactResult,
     CreateCmd,
     LeadCmd,
     LeadResult,
@@ -40,7 +42,7 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, tools
+from . import cmdversions, compaction, tools, transcript
 from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
@@ -263,6 +265,40 @@ class Admission:
                                                deleted=f.deleted))]
             await r.store.call("cox_emit", sid, [sid, token, r.owner, "0", *evs])
             return out
+
+    # ------------------------------------------------------------------ compaction
+    async def compact(self, cmd: CompactCmd) -> CompactResult:
+        """A person's compaction between turns: under the idle session's lease (409 ``busy``
+        while a turn runs), the transcript rebuilt from the log is summarized by the session's
+        model (or ``[model] compactor``) and a ``context.compacted`` event records it, so the
+        next turn's rebuild applies it. Nothing is kept verbatim but the last turn's message and
+        its Leads and approval messages; a failed summary drops the oldest tool outputs."""
+        r = self.r
+        async with self._op_lease(cmd.sid, cmd.principal, "compact") as token:
+            model = await r.redis.hget(keys.session(cmd.sid), "model") or "script"
+            b = transcript.build(await r.read_events(cmd.sid))
+            window = r.models.window(model) or compaction.DEFAULT_WINDOW
+            name = r.settings.model.compactor or model
+
+            async def make_summary(text: str) -> str:
+                try:
+                    s = await asyncio.wait_for(compaction.summarize(r, name, text, cmd.focus),
+                                               compaction.COMPACT_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - a failed summary falls back
+                    r.log.warning("compaction.summary_failed", sid=cmd.sid, error=repr(exc))
+                    return ""
+                return s.text
+
+            target = int(r.settings.limits.compact_at * window)
+            out = await compaction.compact(b, keep_tokens=0, target=target, instructions="",
+                                           make_summary=make_summary, render_chars=window * 2)
+            if not out.changed:
+                return CompactResult(compacted=False, before_tokens=out.before, after_tokens=out.after)
+            event = ev.ContextCompacted(sid=cmd.sid, before_tokens=out.before, after_tokens=out.after,
+                                        summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
+            await r.store.call("cox_emit", cmd.sid, [cmd.sid, token, r.owner, "0", ev.body(event)])
+            return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
+                                 summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
 
     @contextlib.asynccontextmanager
     async def _op_lease(self, sid: str, principal: str, op: str) -> AsyncIterator[str]:

@@ -58,6 +58,7 @@ from coxswain.models import CallSpec, Plan
 
 from . import handlers, instructions, retry, tools, transcript, usage
 from .budget import Budget
+from .compaction import Compactor
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
 from .gate import Gate, Taint
@@ -100,6 +101,7 @@ class TurnLoop:
         self.agents: str | None = None
         """The workspace's ``AGENTS.md``, read at turn start (given after the system prompt)."""
         self._usage_ops: list[tuple[str, str, str, str]] = []
+        self.compactor = Compactor(deps, turn, self.rec, self.budget, self.log, self.instructions, self.guarded)
 
     def elapsed(self) -> float:
         """Seconds of work so far: wall time minus time spent waiting for the person."""
@@ -230,6 +232,7 @@ class TurnLoop:
         t = self.turn
         rec = self.rec
         rec.take_pending()
+        await self.compactor.before_request()  # keeps the request inside the context window
         messages = rec.history.request_messages(self.instructions())
         if rec.history.synthesized:
             self.log.warning("transcript.unanswered_calls", count=rec.history.synthesized)

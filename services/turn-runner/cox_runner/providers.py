@@ -59,6 +59,17 @@ class Models:
             return None
         return (p.input_price or 0.0, p.output_price or 0.0)
 
+    def window(self, name: str) -> int | None:
+        """The model's context window in tokens (None: unknown, so never compacted automatically)."""
+        if name == "script":
+            return self.cfg.script.context_window
+        p = self._by_name.get(name)
+        if p is None:
+            return None
+        if p.context_window is not None:
+            return p.context_window
+        return self.cfg.script.context_window if p.kind == "script" else None
+
     def get(self, name: str) -> Model:
         """The model, built once. Building may import a provider SDK and load price data (seconds):
         call :meth:`load` first from async code so that happens off the event loop."""

@@ -68,6 +68,7 @@ class Recorder:
             )
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
+        self.history.seq = max(self.history.seq, int(res.get("last") or 0))
         self.leads_hint = int(res.get("leads") or 0)
         self.observed_hint = int(res.get("observed") or 0)
 

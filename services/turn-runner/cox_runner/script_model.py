@@ -13,7 +13,10 @@ finish reasons all take the same path.
 
 How a request says which kind of user message it carries: the runner sets
 ``ModelRequest.metadata["cox_vias"]``, one ``via`` per user prompt part (real providers ignore
-metadata). Title requests carry ``metadata["cox_purpose"] = "title"``.
+metadata). Title requests carry ``metadata["cox_purpose"] = "title"``, compaction summaries
+``"compact"`` (answered with a short deterministic summary). A compacted transcript's first
+request says, per user prompt, how many responses it replaced after it (``cox_after``), so
+the step count goes on where it was; its summary prompt (``via`` ``summary``) is never a script.
 """
 
 from __future__ import annotations
@@ -89,15 +92,22 @@ def parse_script(text: str) -> list[ScriptStep] | None:
 
 
 def _user_texts(req: ModelRequest) -> list[tuple[str, str]]:
+    return [(text, via) for text, via, _ in _user_parts(req)]
+
+
+def _user_parts(req: ModelRequest) -> list[tuple[str, str, int]]:
+    """(text, via, responses a compaction replaced after it) of each user prompt."""
     vias = list((req.metadata or {}).get("cox_vias") or [])
-    out: list[tuple[str, str]] = []
+    afters = list((req.metadata or {}).get("cox_after") or [])
+    out: list[tuple[str, str, int]] = []
     for part in req.parts:
         if isinstance(part, UserPromptPart):
             text = part.content if isinstance(part.content, str) else " ".join(
                 c for c in part.content if isinstance(c, str)
             )
             via = vias.pop(0) if vias else "send"
-            out.append((text, via))
+            after = int(afters.pop(0)) if afters else 0
+            out.append((text, via, after))
     return out
 
 
@@ -120,7 +130,10 @@ def plan_for(messages: list[ModelMessage]) -> Plan:
             continue
         if (msg.metadata or {}).get("cox_purpose") == "title":
             continue
-        for text, via in reversed(_user_texts(msg)):
+        for text, via, after in reversed(_user_parts(msg)):
+            responses += after
+            if via == "summary":
+                continue
             try:
                 steps = parse_script(text)
             except ScriptError as exc:
@@ -147,6 +160,14 @@ def title_for(messages: list[ModelMessage]) -> str:
                 if words:
                     return " ".join(words[:5])[:200]
     return "Untitled"
+
+
+def summary_for(messages: list[ModelMessage]) -> str:
+    """A compaction summary: what the transcript it was given holds, counted (no script in it)."""
+    text = " ".join(t for m in messages if isinstance(m, ModelRequest) for t, _ in _user_texts(m))
+    calls = re.findall(r"^\[agent calls (\w+)\]", text, re.MULTILINE)
+    counts = ", ".join(f"{n} x{calls.count(n)}" for n in sorted(set(calls))) or "none"
+    return f"Summary by the script model: {len(text.splitlines())} lines of conversation; tool calls: {counts}."
 
 
 def _parts(plan: Plan) -> list[ModelResponsePart]:
@@ -191,6 +212,8 @@ class ScriptModel(Model):
         last = messages[-1] if messages else None
         if isinstance(last, ModelRequest) and (last.metadata or {}).get("cox_purpose") == "title":
             return Plan(ScriptStep(text=title_for(messages)), "title"), []
+        if isinstance(last, ModelRequest) and (last.metadata or {}).get("cox_purpose") == "compact":
+            return Plan(ScriptStep(text=summary_for(messages)), "title"), []
         plan = plan_for(messages)
         if plan.call_prefix == "err":
             # A broken script is the request failing, not an answer: the turn ends ``error`` with

@@ -29,6 +29,7 @@ from coxswain.errors import CoxError
 from coxswain.ids import new_id
 from coxswain.models import (
     ApprovalCmd,
+    CompactCmd,
     CreateCmd,
     LeadCmd,
     ObserveCmd,
@@ -102,6 +103,7 @@ class Runner(Service):
             ("create", CreateCmd, a.create), ("patch", PatchCmd, a.patch), ("send", SendCmd, a.send),
             ("lead", LeadCmd, a.lead), ("stop", StopCmd, a.stop), ("answer", ApprovalCmd, a.answer),
             ("observe", ObserveCmd, a.observe), ("restore", RestoreCmd, a.restore), ("undo", UndoCmd, a.undo),
+            ("compact", CompactCmd, a.compact),
             ("queue_remove", QueueRemoveCmd, q.remove), ("queue_order", QueueOrderCmd, q.order),
             ("workspaces", WorkspacesCmd, q.workspaces),
         ):

@@ -13,6 +13,9 @@ Two invariants every request keeps, whatever the log holds:
   log never closed (a crash the takeover could not record) gets a return saying so;
 - user messages that arrive while tool returns are pending (a Lead, an approval's message, or the
   next turn's message after a turn that ended mid-round) join the same request, after the returns.
+
+A ``context.compacted`` event rewrites what came before it the way the live loop did
+(:mod:`cox_runner.compaction`), so a rebuilt transcript is the compacted one plus what follows.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+
+from .compaction import apply_event
 
 SKIP_TEXT = {
     "lead": "Skipped: the person sent a newer instruction (a Lead) before this call started. "
@@ -73,6 +78,11 @@ class Builder:
         """Calls of the latest response that have no return yet: call_id -> tool name."""
         self.synthesized = 0
         """How many calls got a made-up "no result" return (should stay 0)."""
+        self.seq = 0
+        """The seq of the latest event known to be in this transcript (the recorder and
+        :func:`build` keep it); a response remembers the seq it was recorded at."""
+        self.seqs: list[int] = []
+        """Per message, the value of :attr:`seq` when it was added (compaction cuts by it)."""
 
     # -- requests
     def user(self, text: str, via: str) -> None:
@@ -96,6 +106,7 @@ class Builder:
         parts: list[ModelRequestPart] = [*self._returns, *self._users]
         if parts:
             self.messages.append(ModelRequest(parts=parts, metadata={"cox_vias": list(self._vias)}))
+            self.seqs.append(self.seq)
         self._returns.clear()
         self._users.clear()
         self._vias.clear()
@@ -105,6 +116,7 @@ class Builder:
     def response(self, resp: ModelResponse) -> None:
         self.flush()
         self.messages.append(resp)
+        self.seqs.append(self.seq)
         self._open = {p.tool_call_id: p.tool_name for p in resp.parts if isinstance(p, ToolCallPart)}
 
     def assistant(self, text: str, tool_calls: list[dict[str, Any]], finish_reason: str | None) -> None:
@@ -130,7 +142,10 @@ def build(events: list[dict[str, Any]]) -> Builder:
     b = Builder()
     for ev in events:
         t = ev.get("type")
-        if t == "user.msg":
+        b.seq = max(b.seq, int(ev.get("seq") or 0))
+        if t == "context.compacted":
+            apply_event(b, ev)
+        elif t == "user.msg":
             b.user(ev.get("text", ""), ev.get("via", "send"))
         elif t == "assistant.msg":
             b.assistant(ev.get("text", ""), ev.get("tool_calls") or [], ev.get("finish_reason"))

@@ -22,7 +22,8 @@ T = TypeVar("T")
 
 STOP_OUTCOME = {"stop": "stopped", "steer": "stopped", "shutdown": "canceled"}
 SKIP_FOR_OUTCOME = {"output_limit": "truncated", "hard_budget": "limit", "spend_limit": "limit", "stuck": "limit",
-                    "canceled": "canceled", "error": "error", "unavailable": "unavailable"}
+                    "canceled": "canceled", "error": "error", "unavailable": "unavailable",
+                    "context_full": "limit"}
 """The ``tool.skipped`` reason for calls a turn never started, by how the turn ended."""
 
 
