@@ -107,6 +107,8 @@ def test_a_60_call_script_turn_compacts_and_completes(stack: Stack, api: Api) ->
         assert c["summary"].startswith("Summary by the script model") and c["dropped"] == 0
         assert c["through_seq"] < c["seq"]
     assert of_type(evs, "assistant.msg")[-1]["text"] == "Done.", "the script went on where it was"
+    summaries = [u for u in of_type(evs, "usage") if u["purpose"] == "compaction"]
+    assert len(summaries) == len(compacted), "every summary request is a usage event"
 
     # The next turn rebuilds the transcript from the log: the compacted one, which fits.
     after = last_seq(api, sid)
@@ -230,6 +232,9 @@ def test_a_person_compacts_between_turns_and_not_during_one(stack: Stack, api: A
     assert out["after_tokens"] < out["before_tokens"]
     event = api.wait_type(sid, "context.compacted")
     assert event["turn_id"] is None and event["summary"] == out["summary"]
+    used = [e for e in api.all_events(sid) if e["type"] == "usage" and e["purpose"] == "compaction"]
+    assert len(used) == 1 and used[0]["seq"] == event["seq"] - 1
+    assert api.session(sid)["usage"]["requests"] == len(of_type(api.all_events(sid), "usage"))
     assert event["through_seq"] == end["seq"] or event["through_seq"] >= of_type(evs, "assistant.msg")[-1]["seq"]
     assert not api.session(sid)["busy"]
 

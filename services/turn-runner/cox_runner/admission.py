@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from coxswain import events as ev
 from coxswain import keys, safefs, session_view
@@ -42,7 +43,7 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, compaction, tools, transcript
+from . import cmdversions, compaction, tools, transcript, usage
 from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
@@ -279,6 +280,7 @@ class Admission:
             b = transcript.build(await r.read_events(cmd.sid))
             window = r.models.window(model) or compaction.DEFAULT_WINDOW
             name = r.settings.model.compactor or model
+            used: list[dict[str, Any]] = []
 
             async def make_summary(text: str) -> str:
                 try:
@@ -287,6 +289,7 @@ class Admission:
                 except Exception as exc:  # noqa: BLE001 - a failed summary falls back
                     r.log.warning("compaction.summary_failed", sid=cmd.sid, error=repr(exc))
                     return ""
+                used.append(s.usage)
                 return s.text
 
             target = int(r.settings.limits.compact_at * window)
@@ -296,7 +299,10 @@ class Admission:
                 return CompactResult(compacted=False, before_tokens=out.before, after_tokens=out.after)
             event = ev.ContextCompacted(sid=cmd.sid, before_tokens=out.before, after_tokens=out.after,
                                         summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
-            await r.store.call("cox_emit", cmd.sid, [cmd.sid, token, r.owner, "0", ev.body(event)])
+            evs = [*(ev.Usage(sid=cmd.sid, purpose="compaction", model=name, **u) for u in used), event]
+            ops = [x for u in used for op in usage.totals_ops(u) for x in op]
+            await r.store.call("cox_emit", cmd.sid, [cmd.sid, token, r.owner, str(len(ops) // 4), *ops,
+                                                     *(ev.body(e) for e in evs)])
             return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
                                  summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
 

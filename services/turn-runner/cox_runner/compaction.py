@@ -44,7 +44,7 @@ from pydantic_ai.messages import (
 from coxswain import events as ev
 from coxswain.errors import CoxError
 
-from . import tools
+from . import tools, usage
 from .budget import Budget
 from .errors import LeaseLost, StopRequested
 from .turn import Ending, EndTurn, Turn
@@ -313,6 +313,8 @@ class Summary:
     text: str
     tokens: int
     cost: float
+    usage: dict[str, Any]
+    """The request's ``usage`` event fields (:func:`cox_runner.usage.usage_of`)."""
 
 
 async def summarize(deps: Any, model_name: str, text: str, focus: str | None = None) -> Summary:
@@ -323,7 +325,8 @@ async def summarize(deps: Any, model_name: str, text: str, focus: str | None = N
                        metadata={"cox_purpose": "compact", "cox_vias": ["compact"]})
     resp = await model_request(model, [req], model_settings=deps.models.settings(model_name))
     out = "".join(p.content for p in resp.parts if isinstance(p, TextPart)).strip()
-    return Summary(out, resp.usage.input_tokens + resp.usage.output_tokens, cost_of(deps, model_name, resp))
+    return Summary(out, resp.usage.input_tokens + resp.usage.output_tokens, cost_of(deps, model_name, resp),
+                   usage.usage_of(resp, deps.settings.model.provider(model_name)))
 
 
 def cost_of(deps: Any, model_name: str, resp: ModelResponse) -> float:
@@ -435,6 +438,8 @@ class Compactor:
                 self.log.warning("compaction.summary_failed", error=repr(exc))
                 return ""
             self.budget.add_response(s.tokens, s.cost)
+            await self.rec.emit(ev.Usage(**self.rec.e(), purpose="compaction", model=name, **s.usage),
+                                ops=usage.totals_ops(s.usage))
             return str(s.text)
 
         keep = keep_budget(self.rec.history, instructions, target)

@@ -313,10 +313,7 @@ class TurnLoop:
         """The ``usage`` event of one model request; :attr:`_usage_ops` add it to the session's totals."""
         t = self.turn
         u = usage.usage_of(response, self.settings.model.provider(t.model))
-        self._usage_ops = [("hincrby", "", f"usage_{k}", str(int(u[k])))
-                           for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")]
-        self._usage_ops += [("hincrbyfloat", "", "usage_cost", repr(float(u["cost"]))),
-                            ("hincrby", "", "usage_requests", "1")]
+        self._usage_ops = usage.totals_ops(u)
         return ev.Usage(**self.rec.e(), purpose=purpose, model=t.model, **u)
 
     async def _stream(self, model: Any, messages: list[Any], params: ModelRequestParameters,

@@ -66,3 +66,11 @@ def usage_of(response: ModelResponse, provider: ProviderConfig | None) -> dict[s
         "cache_write_tokens": int(u.cache_write_tokens),
         "cost": round(response_cost(response, provider), 8),
     }
+
+
+def totals_ops(u: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The ``cox_emit`` ops that add one request's usage to the session's running totals
+    (``usage_*`` fields of the session hash; the session object's ``usage``)."""
+    ops = [("hincrby", "", f"usage_{k}", str(int(u[k])))
+           for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")]
+    return [*ops, ("hincrbyfloat", "", "usage_cost", repr(float(u["cost"]))), ("hincrby", "", "usage_requests", "1")]
