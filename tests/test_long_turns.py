@@ -3,6 +3,7 @@ project instructions (AGENTS.md) and provider retries. Real stacks, real HTTP mo
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,8 @@ api_key = "sk-test-not-a-key"
             (ws / "AGENTS.md").write_text("Always answer in haiku. MARKER-7731\n")
             fake.cases["retry"] = [Reply("Answered after two refusals.", fails=2, retry_after=0.2)]
             evs = run_turn(api, sid, "[case:retry] hello")
+            digest = hashlib.sha256(b"Always answer in haiku. MARKER-7731\n").hexdigest()
+            assert of_type(evs, "turn.start")[0]["agents_md"] == digest, "turn.start records what the model got"
             end = of_type(evs, "turn.end")[0]
             assert end["outcome"] == "completed", end
             retries = of_type(evs, "model.retry")

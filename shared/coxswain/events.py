@@ -102,6 +102,8 @@ class TurnStart(_Event):
     type: Literal["turn.start"] = "turn.start"
     message_id: str
     model: str
+    agents_md: str | None = None
+    """The sha256 of the workspace's ``AGENTS.md`` given to the model this turn (none: no such file)."""
 
 
 class TurnEnd(_Event):

@@ -43,7 +43,7 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, compaction, tools, transcript, usage
+from . import cmdversions, compaction, instructions, tools, transcript, usage
 from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
@@ -51,11 +51,13 @@ from .store import as_list
 
 STOP_SETTLE_S = 10.0
 OBSERVE_TIMEOUT_S = 60.0
+WORKSPACE_CACHE = 10_000
 
 
 class Admission:
     def __init__(self, deps: Deps) -> None:
         self.r = deps
+        self._workspaces: dict[str, str] = {}
 
     # ------------------------------------------------------------------ sessions
     async def create(self, cmd: CreateCmd) -> Session:
@@ -122,9 +124,10 @@ class Admission:
         message_id = new_id("m")
         turn_id = new_id("t")
         sent = time.monotonic()
+        agents = await instructions.agents_md_hash(await self._workspace(cmd.sid))
         res = await r.store.call("cox_send", cmd.sid, [
             cmd.sid, cmd.principal, message_id, cmd.text, cmd.mode or "", cmd.client_id or "", r.owner,
-            str(r.settings.runner.lease_ms), turn_id, r.owner, " ".join(sorted(r.models.names())),
+            str(r.settings.runner.lease_ms), turn_id, r.owner, " ".join(sorted(r.models.names())), agents,
         ])
         if not res.get("replay"):
             if res.get("disposition") == "started":
@@ -135,6 +138,17 @@ class Admission:
                 await r.ring(res.get("runner"), cmd.sid, "steer")
         return SendResult(message_id=res["message_id"], disposition=res["disposition"],
                           position=res.get("position"))
+
+    async def _workspace(self, sid: str) -> str | None:
+        """A session's workspace (it never changes): asked of Redis once, then remembered."""
+        ws = self._workspaces.get(sid)
+        if ws is None:
+            ws = await self.r.redis.hget(keys.session(sid), "workspace")
+            if ws is not None:
+                if len(self._workspaces) >= WORKSPACE_CACHE:
+                    self._workspaces.pop(next(iter(self._workspaces)))
+                self._workspaces[sid] = ws
+        return ws
 
     async def lead(self, cmd: LeadCmd) -> LeadResult:
         """Save a Lead for the running turn; its runner applies it at the next safe boundary."""

@@ -31,6 +31,7 @@ from coxswain.errors import CoxError, Fenced
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
+from . import instructions
 from .deps import Deps
 from .errors import LeaseLost, StoreDown
 from .leases import Drive, cancel
@@ -171,11 +172,13 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     next_turn = new_id("t")
     handoff = "1" if (d.shutting_down or deps.stopping()) else ""
     hold = "1" if may_hold and not handoff and await deps.services_missing() is not None else ""
+    ws = str(d.turn.workspace) if d.turn is not None else await deps.redis.hget(keys.session(d.sid), "workspace")
+    agents = await instructions.agents_md_hash(ws)  # for the next turn's turn.start, if one starts
     lease_ms = deps.settings.runner.lease_ms
     sent = time.monotonic()
     try:
         res = await deps.store.call("cox_turn_end", d.sid, [
-            d.sid, d.token, deps.owner, body, next_turn, str(lease_ms), plan, handoff, hold,
+            d.sid, d.token, deps.owner, body, next_turn, str(lease_ms), plan, handoff, hold, agents,
         ])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc

@@ -8,6 +8,7 @@ tell whether what the model was given has changed.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import hashlib
 from pathlib import Path
@@ -34,3 +35,12 @@ def read_agents_md(root: Path | str, max_bytes: int = MAX_BYTES) -> tuple[str, s
     else:
         text = data.decode("utf-8", errors="replace")
     return text, hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+async def agents_md_hash(root: Path | str | None) -> str:
+    """The sha256 of the workspace's ``AGENTS.md`` as a turn starting now would read it, or ``""``
+    (recorded in ``turn.start``; read off the event loop)."""
+    if not root:
+        return ""
+    found = await asyncio.to_thread(read_agents_md, root)
+    return found[1] if found else ""

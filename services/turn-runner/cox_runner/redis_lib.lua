@@ -97,7 +97,7 @@ local function apply_next_model(base, sid, now)
 end
 
 -- Start a turn for msg (table: message_id, text, mode). Lease must already be held/created.
-local function begin_turn(base, sid, msg, turn_id, now)
+local function begin_turn(base, sid, msg, turn_id, now, agents_md)
   apply_next_model(base, sid, now)
   local model = redis.call('HGET', base, 'model')
   redis.call('HSET', base, 'turn_id', turn_id, 'message_id', msg.message_id, 'stop', '',
@@ -106,7 +106,9 @@ local function begin_turn(base, sid, msg, turn_id, now)
   local via = msg.mode
   if via == nil or via == '' then via = 'send' end
   emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = msg.message_id, text = msg.text, via = via }, now)
-  emit_t(base, sid, { type = 'turn.start', turn_id = turn_id, message_id = msg.message_id, model = model }, now)
+  local start = { type = 'turn.start', turn_id = turn_id, message_id = msg.message_id, model = model }
+  if agents_md ~= nil and agents_md ~= '' then start.agents_md = agents_md end
+  emit_t(base, sid, start, now)
 end
 
 local function take_lease(base, sid, runner, lease_ms, now)
@@ -221,7 +223,8 @@ end
 --       lease_ms, turn_id, owner, known_models (space separated, '' = any)
 local function cox_send(keys, args)
   local base = keys[1]
-  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models = unpack(args)
+  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md =
+    unpack(args)
   lease_ms = tonumber(lease_ms)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local prev = replayed(base, client_id)
@@ -242,7 +245,7 @@ local function cox_send(keys, args)
   local res
   if not busy(base) then
     local token = take_lease(base, sid, runner, lease_ms, now)
-    begin_turn(base, sid, msg, turn_id, now)
+    begin_turn(base, sid, msg, turn_id, now, agents_md)
     local disp = 'started'
     res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token }
   elseif mode == '' then
@@ -494,7 +497,7 @@ end
 --       lease with its messages waiting, and the runner calls again with no end_body once they answer)
 local function cox_turn_end(keys, args)
   local base = keys[1]
-  local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next = unpack(args)
+  local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next, agents_md = unpack(args)
   lease_ms = tonumber(lease_ms)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   local now = now_ms()
@@ -526,7 +529,7 @@ local function cox_turn_end(keys, args)
     local msg = cjson.decode(raw)
     redis.call('PEXPIRE', base .. ':lease', lease_ms)
     redis.call('ZADD', LEASES, now + lease_ms, sid)
-    begin_turn(base, sid, msg, next_turn_id, now)
+    begin_turn(base, sid, msg, next_turn_id, now, agents_md)
     return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id }))
   end
   release(base, sid, now)
