@@ -98,6 +98,13 @@ def test_usage_events_sum_to_the_session_totals_at_the_configured_prices(long_st
     for u in usage:
         assert u["cost"] == pytest.approx((u["input_tokens"] * 2.0 + u["output_tokens"] * 10.0) / 1e6)
     assert totals["cost"] == pytest.approx(sum(u["cost"] for u in usage))
+    # The gateway's /metrics counts the same requests by model and purpose.
+    want = f'cox_model_requests_total{{model="script-priced",purpose="turn"}} {4:.1f}'
+    deadline = time.monotonic() + 10
+    while want not in (text := lapi.http.get("/metrics").text) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert want in text, [line for line in text.splitlines() if line.startswith("cox_model")]
+    assert 'cox_model_cost_usd_total{model="script-priced",purpose="turn"}' in text
 
 
 def test_one_warning_at_80_percent_then_the_hard_stop(long_stack: Stack, lapi: Api) -> None:

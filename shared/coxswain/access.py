@@ -78,14 +78,14 @@ NATS: Final[Mapping[str, NatsPermissions]] = {
     GATEWAY: NatsPermissions(
         publish=(subjects.rpc(RUNNER, "*"), *_rpcs(VERSIONS, "list", "diff", "changes", "undo_target"),
                  subjects.rpc("*", "health"), *READ_EVENTS),
-        subscribe=(*_serves(GATEWAY), *_calls(GATEWAY), subjects.EVENTS_WILDCARD),
+        subscribe=(*_serves(GATEWAY), *_calls(GATEWAY), subjects.EVENTS_WILDCARD, subjects.USAGE_METRICS),
     ),
     RUNNER: NatsPermissions(
         publish=(*_rpcs(GUARD, "check"), *_rpcs(JUDGE, "decide"),
                  *_rpcs(VERSIONS, "keep", "restore", "undo", "diff", "snapshot", "after"),
                  subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM, LAST_EVENT, *READ_EVENTS,
                  # before starting a queued turn after an outage: do guard, the judge, versions answer?
-                 *(subjects.rpc(svc, "health") for svc in (GUARD, JUDGE, VERSIONS))),
+                 *(subjects.rpc(svc, "health") for svc in (GUARD, JUDGE, VERSIONS)), subjects.USAGE_METRICS),
         subscribe=(*_serves(RUNNER), *_calls(RUNNER), subjects.CONTROL_WILDCARD),
     ),
     GUARD: NatsPermissions(publish=(), subscribe=_serves(GUARD)),

@@ -17,6 +17,11 @@ from .ids import check_id
 EVENTS_STREAM: Final = "COX_EVENTS"
 EVENTS_WILDCARD: Final = "cox.ev.>"
 CONTROL_WILDCARD: Final = "cox.ctl.*"
+USAGE_METRICS: Final = "cox.metrics.usage"
+"""Each model request's usage (the ``usage`` event's fields), published by the runner for the
+gateways' ``/metrics`` (core NATS: a sample lost while a gateway is down is a metric, not a record)."""
+USAGE_METRICS_GROUP: Final = "q-gateway-metrics"
+"""Gateways share the usage samples: each is counted by one of them (sum them across gateways)."""
 
 GATEWAY: Final = "gateway"
 RUNNER: Final = "turn-runner"

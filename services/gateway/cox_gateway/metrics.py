@@ -24,6 +24,12 @@ STREAMS_DROPPED = Counter("cox_event_streams_dropped", "event streams dropped fo
                           registry=REGISTRY)
 STREAMS_REFUSED = Counter("cox_event_streams_refused", "event streams refused: max_streams_per_principal",
                           registry=REGISTRY)
+MODEL_REQUESTS = Counter("cox_model_requests", "model requests, by model and purpose (turn, title, compaction)",
+                         ["model", "purpose"], registry=REGISTRY)
+MODEL_TOKENS = Counter("cox_model_tokens", "model tokens, by model, purpose and kind (input, output, cache_read, "
+                       "cache_write)", ["model", "purpose", "kind"], registry=REGISTRY)
+MODEL_COST = Counter("cox_model_cost_usd", "model cost in USD (0 where prices are unknown)", ["model", "purpose"],
+                     registry=REGISTRY)
 SUBSCRIPTIONS = Gauge("cox_event_subscriptions", "sessions with a live NATS subscription in this gateway",
                       registry=REGISTRY)
 
@@ -61,3 +67,16 @@ class Middleware:
 
 def render() -> Response:
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def count_usage(sample: dict[str, object]) -> None:
+    """One model request's usage, as the runner publishes it (``subjects.USAGE_METRICS``)."""
+    model, purpose = str(sample.get("model", "")), str(sample.get("purpose", ""))
+    MODEL_REQUESTS.labels(model, purpose).inc()
+    for kind in ("input", "output", "cache_read", "cache_write"):
+        n = sample.get(f"{kind}_tokens")
+        if isinstance(n, int) and n > 0:
+            MODEL_TOKENS.labels(model, purpose, kind).inc(n)
+    cost = sample.get("cost")
+    if isinstance(cost, (int, float)) and cost > 0:
+        MODEL_COST.labels(model, purpose).inc(float(cost))

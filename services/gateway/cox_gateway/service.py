@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import uvicorn
+from nats.aio.msg import Msg
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
@@ -50,7 +52,17 @@ class Gateway(Service):
         self.hub = eventlog.Hub(self.nc)
         self.slots = Slots(self.settings.gateway.max_streams_per_principal)
         metrics.SUBSCRIPTIONS.set_function(lambda: self.hub.subscriptions)
+        self._usage_sub = await self.nc.subscribe(subjects.USAGE_METRICS, queue=subjects.USAGE_METRICS_GROUP,
+                                                  cb=self._on_usage)
         self.app = create_app(self)
+
+    async def _on_usage(self, msg: Msg) -> None:
+        try:
+            sample = json.loads(msg.data)
+            if isinstance(sample, dict):
+                metrics.count_usage(sample)
+        except ValueError as exc:
+            self.log.warning("metrics.bad_usage_sample", error=repr(exc))
 
     def seq_now(self, sid: str) -> Callable[[], Awaitable[int]]:
         """The session's latest seq as Redis has it (where events are recorded first)."""

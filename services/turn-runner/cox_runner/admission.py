@@ -317,6 +317,8 @@ class Admission:
             ops = [x for u in used for op in usage.totals_ops(u) for x in op]
             await r.store.call("cox_emit", cmd.sid, [cmd.sid, token, r.owner, str(len(ops) // 4), *ops,
                                                      *(ev.body(e) for e in evs)])
+            for u in used:
+                await r.usage_seen({"model": name, "purpose": "compaction", **u})
             return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
                                  summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
 

@@ -52,5 +52,7 @@ class Deps:
     """End a person's operation: release the session, or run what was queued meanwhile."""
     infra_failed: Callable[[], None]
     """A turn met a service or the bus unavailable: look before starting the next turn."""
+    usage_seen: Callable[[dict[str, Any]], Awaitable[None]]
+    """Pass one model request's usage (a ``usage`` event's fields) on to the gateways' metrics."""
     services_missing: Callable[[], Awaitable[str | None]]
     """What a turn needs that does not answer now (the bus, guard, versions, the judge), or None."""

@@ -79,6 +79,8 @@ TITLE_PROMPT = "Give this conversation a title of at most five words. Answer wit
 DELTA_FLUSH_CHARS = 256
 DELTA_FLUSH_S = 0.05
 TITLE_TIMEOUT_S = 120.0
+USAGE_SAMPLE = {"model", "purpose", "input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost"}
+"""The fields of a ``usage`` event the gateways' metrics count."""
 
 
 class TurnLoop:
@@ -262,12 +264,14 @@ class TurnLoop:
             usage["cost"] = round(cost, 8)
         self.budget.add_response(response.usage.input_tokens + response.usage.output_tokens, cost)
         refs = [ev.ToolCallRef(call_id=c.tool_call_id, name=c.tool_name, args=_args_for_log(c)) for c in calls]
+        used = self._usage("turn", response)
         await rec.emit(
-            self._usage("turn", response),
+            used,
             ev.AssistantMsg(**rec.e(), text=text, finish_reason=response.finish_reason, usage=usage,
                             tool_calls=refs, provider_finish_reason=_raw_finish(response)),
             ops=[*(("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls), *self._usage_ops],
         )
+        await self.deps.usage_seen(used.model_dump(include=USAGE_SAMPLE))
         rec.open = {c.tool_call_id: c for c in calls}
         rec.history.assistant(text, [r.model_dump() for r in refs], response.finish_reason)
         b = self.budget
@@ -354,7 +358,9 @@ class TurnLoop:
         except Exception as exc:  # noqa: BLE001 - a failed title never ends the turn
             self.log.info("title.failed", error=repr(exc))
             return
-        await self.rec.emit(self._usage("title", resp), ops=self._usage_ops)
+        used = self._usage("title", resp)
+        await self.rec.emit(used, ops=self._usage_ops)
+        await self.deps.usage_seen(used.model_dump(include=USAGE_SAMPLE))
         title = _clean_title("".join(p.content for p in resp.parts if isinstance(p, TextPart)))
         if not title:
             return

@@ -94,7 +94,7 @@ class Runner(Service):
             models=self.models, sandbox=self.sandbox, owner=self.owner, leases=self.leases,
             read_events=self.read_events, ensure_lease=self.ensure_lease, redis_failed=self.redis_failed,
             stopping=lambda: self.stopping, ring=self.ring, start_drive=self.start_drive, finish_op=self.finish_op,
-            infra_failed=self.infra_failed, services_missing=self.services_missing,
+            infra_failed=self.infra_failed, services_missing=self.services_missing, usage_seen=self.usage_seen,
         )
         self.admission = Admission(self.deps)
         a = self.admission
@@ -163,6 +163,11 @@ class Runner(Service):
     async def ensure_lease(self, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
         """Raise LeaseLost unless this runner still holds ``sid``; record a staged write's intent."""
         await drives_mod.ensure_lease(self.deps, sid, token, call_id, intent)
+
+    async def usage_seen(self, sample: dict[str, Any]) -> None:
+        """One model request's usage, for the gateways' ``/metrics`` (core NATS, best effort)."""
+        with contextlib.suppress(Exception):
+            await self.nc.publish(subjects.USAGE_METRICS, json.dumps(sample).encode())
 
     # ------------------------------------------------------------------ the services a turn needs
     def infra_failed(self) -> None:
