@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from .checks import last_seq, seqs_rise
+from .checks import seqs_rise
 from .compose import ROOT, Compose, compose_command, leftovers, local_images, project_dir
 from .containers import engine_problem
-from .flow import answer, result
+from .flow import result, run_allowing
 from .stack import Api, script, tool
 
 
@@ -56,20 +56,6 @@ def cx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
 def api(cx: Compose) -> Iterator[Api]:
     with Api(cx.url, cx.token, timeout=30) as client:
         yield client
-
-
-def run_allowing(api: Api, sid: str, text: str, timeout: float = 90.0) -> list[dict[str, Any]]:
-    """Send ``text``, allow every approval, return the turn's events."""
-    after = last_seq(api, sid)
-    r = api.send(sid, text)
-    assert r.status_code == 202, r.text
-    seen = after
-    while True:
-        ev = api.wait_for(sid, lambda e: e["type"] in ("approval.pending", "turn.end"), timeout, after=seen)
-        seen = ev["seq"]
-        if ev["type"] == "turn.end":
-            return [e for e in api.all_events(sid) if e["seq"] > after]
-        answer(api, sid, ev["approval_id"], "allow")
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from .checks import finished, last_seq, of_type
-from .flow import answer, result, run_turn
+from .flow import answer, result, run_allowing, run_turn
 from .stack import Api, Stack, running, script, stack_fixture, tool
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
@@ -45,21 +45,6 @@ def commands(*cmds: str | dict[str, Any]) -> str:
     """A script that runs each command in turn (a dict is a full ``run_command`` argument set)."""
     calls = [tool("run_command", **(c if isinstance(c, dict) else {"command": c})) for c in cmds]
     return script({"text": "Running.", "tools": calls}, {"text": "Done."})
-
-
-def run_allowing(api: Api, sid: str, text: str, timeout: float = 60.0) -> list[dict[str, Any]]:
-    """Send ``text`` and allow every approval its turn asks for (a security confirm included: a
-    command's own path can read as taint once an error message has echoed it). The sandbox must
-    hold even for what a person allows."""
-    after = last_seq(api, sid)
-    assert api.send(sid, text).status_code == 202
-    seen = after
-    while True:
-        ev = api.wait_for(sid, lambda e: e["type"] in ("approval.pending", "turn.end"), timeout, after=seen)
-        seen = ev["seq"]
-        if ev["type"] == "turn.end":
-            return [e for e in api.all_events(sid) if e["seq"] > after]
-        answer(api, sid, ev["approval_id"], "allow")
 
 
 def outputs(evs: list[dict[str, Any]]) -> list[str]:
