@@ -159,7 +159,10 @@ def test_paused_runner_writes_nothing_after_the_takeover_repeated(paused: Stack,
 # ---------------------------------------------------------------------------------------------
 # 3. Whatever is answered 202 can be recorded: size limits before acceptance.
 
-small = stack_fixture("faults-small", runners=1, config='[approval]\ncommands = "allow"\n')
+# A message of about 1 MB is some 260,000 tokens: more than the script model's default window, so
+# this stack gives it room (the drill is about what the log can record, not about compaction).
+small = stack_fixture("faults-small", runners=1,
+                      config='[approval]\ncommands = "allow"\n[model.script]\ncontext_window = 2000000\n')
 
 
 def test_a_message_at_the_recordable_limit_runs_and_one_over_is_413(small: Stack) -> None:

@@ -102,6 +102,10 @@ class Sandbox:
         self.cfg = cfg
         self.store_dir = store_dir
         self._status: SandboxStatus | None = None
+        self._setpriv = shutil.which("setpriv")
+        """util-linux's setpriv: bwrap is started through it with ``--pdeathsig KILL``, so the whole
+        sandbox dies with this process even if it is killed with SIGKILL (bwrap's own
+        ``--die-with-parent`` then takes its children down)."""
         self._base: list[str] | None = None
 
     @property
@@ -110,8 +114,15 @@ class Sandbox:
 
     @property
     def confined(self) -> bool:
-        """Commands run through bwrap (which makes them die with this process by itself)."""
+        """Commands run through bwrap."""
         return self.cfg.mode == "bwrap"
+
+    @property
+    def needs_preexec(self) -> bool:
+        """Whether the spawn itself must tie the command to this process (``PR_SET_PDEATHSIG`` in a
+        ``preexec_fn``, which forces a fork of this large process). Not when ``setpriv`` can do it
+        on the way to bwrap: it execs bwrap with the death signal set, and spawning stays cheap."""
+        return not self.confined or self._setpriv is None
 
     def status(self) -> SandboxStatus:
         if self.cfg.mode == "none":
@@ -148,7 +159,8 @@ class Sandbox:
 
     def _bwrap(self, program: str, workspace: Path, network: bool) -> list[str]:
         ws = str(workspace)
-        argv = [program, *self._system_args(), "--bind", ws, ws]
+        lead = [self._setpriv, "--pdeathsig", "KILL", "--"] if self._setpriv else []
+        argv = [*lead, program, *self._system_args(), "--bind", ws, ws]
         store = workspace / self.store_dir
         if store.is_dir() and not store.is_symlink():
             argv += ["--ro-bind", str(store), str(store)]

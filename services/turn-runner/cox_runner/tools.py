@@ -452,9 +452,10 @@ async def run_command(workspace: Path, command: str, timeout_s: float, limit: in
         *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         env=command_env(workspace),
-        # bwrap's --die-with-parent ties the whole sandbox to this process; without a preexec
-        # hook Python can spawn with vfork, which is several ms cheaper from a large process.
-        preexec_fn=None if sandbox.confined else die_with_parent,
+        # setpriv (or else this hook) gives the command PR_SET_PDEATHSIG, and bwrap's
+        # --die-with-parent takes its sandbox down with it; without a preexec hook Python can
+        # spawn with vfork, which is several ms cheaper from a large process.
+        preexec_fn=die_with_parent if sandbox.needs_preexec else None,
     )
     chunks: list[bytes] = []
     size = 0
