@@ -256,8 +256,8 @@ class Runner(Service):
         if self.stopping:
             return
         sent = time.monotonic()
-        raw = await self.redis.fcall("cox_claim", 0, self.runner_id, str(self.settings.runner.lease_ms), "20")
-        for c in drives_mod.parse_claims(raw[0] if isinstance(raw, list) else raw):
+        raw = await self.store.fns.claim(runner=self.runner_id, lease_ms=self.settings.runner.lease_ms, limit=20)
+        for c in drives_mod.parse_claims(raw):
             sid = str(c["sid"])
             self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"),
                              token=c.get("token"))
