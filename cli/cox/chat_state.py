@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from coxswain.events import TURN_END, bad_outcome
+
 Event = dict[str, Any]
 FINAL = frozenset({"applied", "discarded", "unapplied", "removed"})
 
@@ -276,7 +278,7 @@ def _turn_end(m: ChatModel, ev: Event) -> None:
     detail = f" — {ev['detail']}" if ev.get("detail") else ""
     if m.turn is not None and m.turn["turn_id"] == ev.get("turn_id"):
         m.turn["ended"] = ev.get("ts", 0)
-    m.note(ev, f"Turn ended: {ev.get('outcome')}{detail}", "bad" if ev.get("outcome") != "completed" else "")
+    m.note(ev, f"Turn ended: {ev.get('outcome')}{detail}", "bad" if bad_outcome(ev.get("outcome")) else "")
     m.mark("head")
 
 
@@ -432,7 +434,7 @@ HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "session.created": _created, "title.set": _title, "session.updated": _updated, "user.msg": _user,
     "queue.added": _queue_added, "queue.discarded": _discarded, "queue.removed": _queue_removed,
     "queue.reordered": _queue_reordered, "turn.start": _turn_start,
-    "turn.end": _turn_end, "assistant.delta": _delta, "assistant.msg": _assistant, "tool.call": _tool_call,
+    TURN_END: _turn_end, "assistant.delta": _delta, "assistant.msg": _assistant, "tool.call": _tool_call,
     "policy.decision": _policy, "approval.pending": _approval_pending, "approval.resolved": _approval_resolved,
     "tool.result": _tool_result, "tool.skipped": _tool_skipped, "version.kept": _kept, "file.written": _written,
     "lead.saved": _lead_saved, "lead.applied": _lead_applied, "lead.unapplied": _lead_unapplied,

@@ -7,7 +7,8 @@ connection without a known user, and Redis answers ``NOAUTH`` to a client that h
 NATS. A service may subscribe to its own request subjects (``cox.rpc.<service>.*``), to nats
 micro's ``$SRV`` subjects for it and to its own inbox (``_INBOX.<service>.>``, see
 :func:`coxswain.subjects.inbox`); it answers what it is asked (``allow_responses``) and publishes
-only the requests it makes. Only the runner publishes events (``cox.ev.>``), rings doorbells
+only the requests it makes: those whose callers in :mod:`coxswain.rpc` name it (:func:`requests_of`),
+never a wildcard, so the table is the one list of who calls what. Only the runner publishes events (``cox.ev.>``), rings doorbells
 (``cox.ctl.*``) and owns the events stream; the gateway and versions read a session's events
 through ephemeral consumers filtered on its subject. Guard and judge publish nothing but replies.
 
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from . import keys, subjects
+from . import keys, rpc, subjects
 from .subjects import GATEWAY, GUARD, JUDGE, RUNNER, VERSIONS
 
 ADMIN: Final = "admin"
@@ -45,8 +46,10 @@ class NatsPermissions:
     subscribe: tuple[str, ...]
 
 
-def _rpcs(service: str, *ops: str) -> tuple[str, ...]:
-    return tuple(subjects.rpc(service, op) for op in ops)
+def requests_of(service: str) -> tuple[str, ...]:
+    """The request subjects ``service`` may publish: every operation of :mod:`coxswain.rpc` whose
+    callers name it (health included), so a call the table lists is never refused by NATS."""
+    return tuple(op.subject for op in rpc.called_by(service))
 
 
 def _serves(service: str) -> tuple[str, ...]:
@@ -76,21 +79,18 @@ OWN_STREAM: Final = tuple(f"{_JS}.STREAM.{op}.{_STREAM}" for op in ("INFO", "CRE
 
 NATS: Final[Mapping[str, NatsPermissions]] = {
     GATEWAY: NatsPermissions(
-        publish=(subjects.rpc(RUNNER, "*"), *_rpcs(VERSIONS, "list", "diff", "changes", "undo_target"),
-                 subjects.rpc("*", "health"), *READ_EVENTS),
+        publish=(*requests_of(GATEWAY), *READ_EVENTS),
         subscribe=(*_serves(GATEWAY), *_calls(GATEWAY), subjects.EVENTS_WILDCARD, subjects.USAGE_METRICS),
     ),
     RUNNER: NatsPermissions(
-        publish=(*_rpcs(GUARD, "check"), *_rpcs(JUDGE, "decide"),
-                 *_rpcs(VERSIONS, "keep", "restore", "undo", "diff", "snapshot", "after"),
-                 subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM, LAST_EVENT, *READ_EVENTS,
-                 # before starting a queued turn after an outage: do guard, the judge, versions answer?
-                 *(subjects.rpc(svc, "health") for svc in (GUARD, JUDGE, VERSIONS)), subjects.USAGE_METRICS),
+        publish=(*requests_of(RUNNER), subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM,
+                 LAST_EVENT, *READ_EVENTS, subjects.USAGE_METRICS),
         subscribe=(*_serves(RUNNER), *_calls(RUNNER), subjects.CONTROL_WILDCARD),
     ),
-    GUARD: NatsPermissions(publish=(), subscribe=_serves(GUARD)),
-    JUDGE: NatsPermissions(publish=(), subscribe=_serves(JUDGE)),
-    VERSIONS: NatsPermissions(publish=READ_EVENTS, subscribe=(*_serves(VERSIONS), *_calls(VERSIONS))),
+    GUARD: NatsPermissions(publish=requests_of(GUARD), subscribe=_serves(GUARD)),
+    JUDGE: NatsPermissions(publish=requests_of(JUDGE), subscribe=_serves(JUDGE)),
+    VERSIONS: NatsPermissions(publish=(*requests_of(VERSIONS), *READ_EVENTS),
+                              subscribe=(*_serves(VERSIONS), *_calls(VERSIONS))),
 }
 
 

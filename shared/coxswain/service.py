@@ -32,12 +32,14 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from . import __version__, bus, logs, subjects
+from . import __version__, bus, logs, rpc, subjects
 from .config import Settings
 from .errors import CoxError, Invalid, Unavailable
 from .models import Health
 
 M = TypeVar("M", bound=BaseModel)
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
 Handler = Callable[[M], Awaitable[BaseModel | dict[str, Any]]]
 
 CONNECT_ATTEMPTS = 40
@@ -139,6 +141,7 @@ class Service:
         self._redis: aioredis.Redis | None = None
         self._micro: Any = None
         self._subs: list[Subscription] = []
+        self._served: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._requests: set[asyncio.Task[Any]] = set()
         self._inflight = asyncio.Semaphore(self.max_inflight)
@@ -187,6 +190,7 @@ class Service:
             gc.freeze()
             # Health last: a service that answers health answers every endpoint it has.
             await self.add_endpoint("health", None, self._health)
+            self._check_served()
             await self._nc.flush()
         except BaseException:
             await self.stop()
@@ -277,6 +281,21 @@ class Service:
         return task
 
     # ------------------------------------------------------------ endpoints
+    async def endpoint(self, op: rpc.Op[Req, Rep], handler: Callable[[Req], Awaitable[Rep]]) -> None:
+        """Answer ``op`` (an operation of :mod:`coxswain.rpc` this service serves) with ``handler``."""
+        if op.service != self.name:
+            raise ValueError(f"{self.name} cannot serve {op.subject}")
+        await self.add_endpoint(op.name, op.request, handler)
+
+    def _check_served(self) -> None:
+        """A service of the table serves exactly its operations there (:mod:`coxswain.rpc`)."""
+        if self.name not in subjects.SERVICES:
+            return
+        want = {op.name for op in rpc.served_by(self.name)}
+        if self._served != want:
+            raise RuntimeError(f"{self.name} serves {sorted(self._served)}, but coxswain.rpc lists {sorted(want)}: "
+                               f"missing {sorted(want - self._served)}, not in the table {sorted(self._served - want)}")
+
     async def add_endpoint(
         self,
         op: str,
@@ -288,6 +307,8 @@ class Service:
     ) -> None:
         """Answer ``cox.rpc.<name>.<op>``: parse ``model``, call ``handler``, reply the envelope."""
         subj = subject or subjects.rpc(self.name, op)
+        if subject is None:
+            self._served.add(op)
         group = subjects.queue_group(self.name) if queue is None else queue
 
         async def on_msg(msg: Msg) -> None:

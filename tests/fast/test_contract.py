@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from cox.chat_state import HANDLERS as CHAT
 from cox_runner import store
-from coxswain import errors, events, keys
+from coxswain import contract, errors, events, keys
 
 LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis_lib.lua").read_text()
 SUFFIXES = {v for k, v in vars(keys).items() if k.isupper() and isinstance(v, str) and v.startswith(":")}
@@ -46,3 +47,16 @@ def test_every_error_code_the_lua_library_answers_has_a_status_and_a_class() -> 
     for code in codes:
         err = errors.from_wire({"error": code, "detail": "x", "status": store._status(code)})
         assert err.code == code and err.status == store._status(code), code
+
+
+def test_the_consoles_contract_module_is_current() -> None:
+    """static/js/contract.js is what `python -m coxswain.contract` generates from coxswain.events."""
+    path = Path(__file__).resolve().parents[2] / contract.PATH
+    assert path.read_text() == contract.render(), (
+        f"{contract.PATH} is stale: python -m coxswain.contract > {contract.PATH}")
+
+
+def test_cox_chat_and_the_console_share_the_turn_end_contract() -> None:
+    assert events.TURN_ENDING <= set(CHAT), "cox chat reads every event that ends a turn"
+    assert set(events.OUTCOMES) == events.GOOD_OUTCOMES | events.BAD_OUTCOMES
+    assert not events.bad_outcome("completed") and events.bad_outcome("crashed") and events.bad_outcome("new")

@@ -12,7 +12,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
-from coxswain import __version__, bus, eventlog, keys, session_view, subjects
+from coxswain import __version__, eventlog, keys, rpc, session_view, subjects
 from coxswain.errors import Invalid, NotFound, Unavailable
 from coxswain.events import check_text
 from coxswain.ids import ID_RE
@@ -60,6 +60,7 @@ from . import errors, metrics, streams
 if TYPE_CHECKING:
     from .service import Gateway
 
+Q = TypeVar("Q", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 
@@ -81,8 +82,8 @@ def create_app(gw: Gateway) -> FastAPI:
     errors.install(app, max_body=gw.settings.max_body)
     app.add_middleware(metrics.Middleware)
 
-    async def runner(op: str, cmd: BaseModel, result: type[R], timeout: float = 30.0) -> R:
-        return await bus.call(gw.nc, subjects.rpc(subjects.RUNNER, op), cmd, result, timeout=timeout)
+    async def call(op: rpc.Op[Q, R], request: Q) -> R:
+        return await rpc.call(gw.nc, op, request)
 
     async def owned(sid: str, who: str) -> dict[str, str]:
         h: dict[str, str] = await gw.redis.hgetall(keys.session(sid))
@@ -104,7 +105,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.post("/v1/sessions", status_code=201)
     async def create_session(body: CreateSession, who: Principal) -> Session:
-        return await runner("create", CreateCmd(principal=who, **body.model_dump()), Session)
+        return await call(rpc.RUNNER_CREATE, CreateCmd(principal=who, **body.model_dump()))
 
     @app.get("/v1/sessions/{sid}")
     async def get_session(sid: Sid, who: Principal) -> Session:
@@ -115,89 +116,84 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.patch("/v1/sessions/{sid}")
     async def patch_session(sid: Sid, body: PatchSession, who: Principal) -> Session:
-        return await runner("patch", PatchCmd(principal=who, sid=sid, **body.model_dump()), Session)
+        return await call(rpc.RUNNER_PATCH, PatchCmd(principal=who, sid=sid, **body.model_dump()))
 
     # ------------------------------------------------------------------ steering
     @app.post("/v1/sessions/{sid}/messages", status_code=202)
     async def send(sid: Sid, body: SendMessage, who: Principal) -> SendResult:
         check_text(body.text)  # 413 before it travels: what is accepted must be recordable
-        return await runner("send", SendCmd(principal=who, sid=sid, **body.model_dump()), SendResult)
+        return await call(rpc.RUNNER_SEND, SendCmd(principal=who, sid=sid, **body.model_dump()))
 
     @app.post("/v1/sessions/{sid}/lead", status_code=202)
     async def lead(sid: Sid, body: LeadMessage, who: Principal) -> LeadResult:
-        return await runner("lead", LeadCmd(principal=who, sid=sid, **body.model_dump()), LeadResult)
+        return await call(rpc.RUNNER_LEAD, LeadCmd(principal=who, sid=sid, **body.model_dump()))
 
     @app.post("/v1/sessions/{sid}/stop")
     async def stop(sid: Sid, who: Principal) -> StopResult:
-        return await runner("stop", StopCmd(principal=who, sid=sid), StopResult)
+        return await call(rpc.RUNNER_STOP, StopCmd(principal=who, sid=sid))
 
     @app.post("/v1/sessions/{sid}/approvals/{aid}")
     async def answer(sid: Sid, aid: VersionId, body: ApprovalAnswer, who: Principal) -> dict[str, Any]:
-        await runner("answer", ApprovalCmd(principal=who, sid=sid, approval_id=aid, **body.model_dump()), _Ok)
+        await call(rpc.RUNNER_ANSWER, ApprovalCmd(principal=who, sid=sid, approval_id=aid, **body.model_dump()))
         return {"ok": True, "approval_id": aid, "decision": body.decision}
 
     @app.delete("/v1/sessions/{sid}/queue/{mid}")
     async def queue_remove(sid: Sid, mid: VersionId, who: Principal) -> QueueResult:
         """Remove a queued message before it starts (recorded as ``queue.removed``); 409 ``not_queued`` after."""
-        return await runner("queue_remove", QueueRemoveCmd(principal=who, sid=sid, message_id=mid), QueueResult)
+        return await call(rpc.RUNNER_QUEUE_REMOVE, QueueRemoveCmd(principal=who, sid=sid, message_id=mid))
 
     @app.put("/v1/sessions/{sid}/queue/order")
     async def queue_order(sid: Sid, body: QueueOrder, who: Principal) -> QueueResult:
         """Reorder the queue: every queued message id once, in the new order (``queue.reordered``)."""
-        return await runner("queue_order", QueueOrderCmd(principal=who, sid=sid, **body.model_dump()), QueueResult)
+        return await call(rpc.RUNNER_QUEUE_ORDER, QueueOrderCmd(principal=who, sid=sid, **body.model_dump()))
 
     @app.get("/v1/workspaces")
     async def list_workspaces(who: Principal) -> WorkspacesResult:
         """The folders under the root a new session may use (so a typo need not make a new one)."""
-        return await runner("workspaces", WorkspacesCmd(principal=who), WorkspacesResult)
+        return await call(rpc.RUNNER_WORKSPACES, WorkspacesCmd(principal=who))
 
     @app.post("/v1/sessions/{sid}/compact")
     async def compact(sid: Sid, who: Principal, body: CompactBody | None = None) -> CompactResult:
         """Compact the transcript between turns (``context.compacted``); 409 ``busy`` during a turn."""
         focus = body.focus if body is not None else None
-        return await runner("compact", CompactCmd(principal=who, sid=sid, focus=focus), CompactResult, timeout=330)
+        return await call(rpc.RUNNER_COMPACT, CompactCmd(principal=who, sid=sid, focus=focus))
 
     @app.post("/v1/sessions/{sid}/observe", status_code=202)
     async def observe(sid: Sid, body: ObserveBody, who: Principal) -> dict[str, Any]:
-        await runner("observe", ObserveCmd(principal=who, sid=sid, **body.model_dump()), _Ok, timeout=90)
+        await call(rpc.RUNNER_OBSERVE, ObserveCmd(principal=who, sid=sid, **body.model_dump()))
         return {"ok": True}
 
     # ------------------------------------------------------------------ versions
-    async def versions(op: str, req: BaseModel, result: type[R]) -> R:
-        return await bus.call(gw.nc, subjects.rpc(subjects.VERSIONS, op), req, result, timeout=30)
-
     @app.get("/v1/sessions/{sid}/changes")
     async def changes(sid: Sid, who: Principal) -> dict[str, Any]:
         h = await owned(sid, who)
-        data = await bus.raw_call(gw.nc, subjects.rpc(subjects.VERSIONS, "changes"),
-                                  ChangesRequest(sid=sid, workspace=h["workspace"]).model_dump_json().encode(), 30)
-        return dict(data)
+        res = await call(rpc.VERSIONS_CHANGES, ChangesRequest(sid=sid, workspace=h["workspace"]))
+        return res.model_dump(mode="json")
 
     @app.get("/v1/sessions/{sid}/versions")
     async def list_versions(sid: Sid, who: Principal,
                             path: Annotated[str, Query(min_length=1, max_length=4096)]) -> ListVersionsResult:
         h = await owned(sid, who)
-        return await versions("list", ListVersionsRequest(sid=sid, workspace=h["workspace"], path=path),
-                              ListVersionsResult)
+        return await call(rpc.VERSIONS_LIST, ListVersionsRequest(sid=sid, workspace=h["workspace"], path=path))
 
     @app.get("/v1/sessions/{sid}/versions/{vid}/diff")
     async def diff(sid: Sid, vid: VersionId, who: Principal) -> DiffResult:
         h = await owned(sid, who)
-        return await versions("diff", DiffRequest(sid=sid, workspace=h["workspace"], version_id=vid), DiffResult)
+        return await call(rpc.VERSIONS_DIFF, DiffRequest(sid=sid, workspace=h["workspace"], version_id=vid))
 
     @app.post("/v1/sessions/{sid}/versions/{vid}/restore")
     async def restore(sid: Sid, vid: VersionId, who: Principal) -> WriteOutcome:
-        return await runner("restore", RestoreCmd(principal=who, sid=sid, version_id=vid), WriteOutcome)
+        return await call(rpc.RUNNER_RESTORE, RestoreCmd(principal=who, sid=sid, version_id=vid))
 
     @app.get("/v1/sessions/{sid}/undo")
     async def undo_target(sid: Sid, who: Principal) -> UndoTarget:
         """What undo would put back now (read only), so a client can name it before the person asks."""
         h = await owned(sid, who)
-        return await versions("undo_target", UndoRequest(sid=sid, workspace=h["workspace"]), UndoTarget)
+        return await call(rpc.VERSIONS_UNDO_TARGET, UndoRequest(sid=sid, workspace=h["workspace"]))
 
     @app.post("/v1/sessions/{sid}/undo")
     async def undo(sid: Sid, who: Principal) -> WriteOutcome:
-        return await runner("undo", UndoCmd(principal=who, sid=sid), WriteOutcome)
+        return await call(rpc.RUNNER_UNDO, UndoCmd(principal=who, sid=sid))
 
     # ------------------------------------------------------------------ events
     @app.get("/v1/sessions/{sid}/events", response_model=None)
@@ -259,14 +255,10 @@ def create_app(gw: Gateway) -> FastAPI:
     return app
 
 
-class _Ok(BaseModel):
-    ok: bool = True
-
-
 async def _health(gw: Gateway, service: str) -> dict[str, Any]:
     try:
-        data = await bus.raw_call(gw.nc, subjects.rpc(service, "health"), b"{}", timeout=2.0)
-        return {"ok": True, **(data if isinstance(data, dict) else {})}
+        health = await rpc.call(gw.nc, rpc.HEALTH[service], rpc.NoRequest())
+        return {"ok": True, **health.model_dump(mode="json")}
     except Unavailable as exc:
         return {"ok": False, "detail": exc.detail}
     except Exception as exc:  # noqa: BLE001 - any failure is "not healthy"

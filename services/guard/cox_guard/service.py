@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from coxswain import subjects
+from coxswain import rpc, subjects
 from coxswain.models import GuardRequest, GuardResult
 from coxswain.service import Service
 
@@ -15,7 +15,7 @@ class Guard(Service):
     name = subjects.GUARD
 
     async def start(self) -> None:
-        await self.add_endpoint("check", GuardRequest, self.check)
+        await self.endpoint(rpc.GUARD_CHECK, self.check)
 
     async def check(self, req: GuardRequest) -> GuardResult:
         # Writes read the current file, diff it and scan the content; commands look at the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from coxswain import subjects
+from coxswain import rpc, subjects
 from coxswain.config import Settings
 from coxswain.models import JudgeRequest, JudgeResult
 from coxswain.service import Service
@@ -28,7 +28,7 @@ class Judge(Service):
             else None
 
     async def start(self) -> None:
-        await self.add_endpoint("decide", JudgeRequest, self.decide)
+        await self.endpoint(rpc.JUDGE_DECIDE, self.decide)
 
     async def on_stop(self) -> None:
         if self.model_judge is not None:

@@ -85,26 +85,25 @@ class Admission:
         sid = new_id("s")
         body = ev.body(ev.SessionCreated(sid=sid, workspace=str(ws), model=model or None, title=cmd.title,
                                          source="manual" if cmd.title else None))
-        await self.r.store.call("cox_create", sid,
-                                [sid, cmd.principal, str(ws), model, cmd.title or "", body, self.r.owner],
-                                extra_keys=[keys.principal(cmd.principal)])
+        await self.r.store.fns.create(sid=sid, principal=cmd.principal, workspace=str(ws), model=model,
+                                      title=cmd.title or "", body=body, owner=self.r.owner)
         view = await session_view.load(self.r.redis, sid, cmd.principal, self.r.settings.sandbox)
         assert view is not None
         return view
 
     async def patch(self, cmd: PatchCmd) -> Session:
-        fields: list[str] = []
+        fields: list[tuple[str, str]] = []
         if cmd.title is not None:
-            fields += ["title", cmd.title]
+            fields.append(("title", cmd.title))
         if cmd.auto_title is not None:
-            fields += ["auto_title", "1" if cmd.auto_title else "0"]
+            fields.append(("auto_title", "1" if cmd.auto_title else "0"))
         if cmd.model is not None:
             if cmd.model not in self.r.models.names():
                 raise Invalid(f"unknown model {cmd.model!r}; configured: {', '.join(sorted(self.r.models.names()))}")
-            fields += ["model", cmd.model]
+            fields.append(("model", cmd.model))
         if cmd.dont_ask is not None:
-            fields += ["dont_ask", "1" if cmd.dont_ask else "0"]
-        res = await self.r.store.call("cox_patch", cmd.sid, [cmd.sid, cmd.principal, self.r.owner, *fields])
+            fields.append(("dont_ask", "1" if cmd.dont_ask else "0"))
+        res = await self.r.store.fns.patch(sid=cmd.sid, principal=cmd.principal, owner=self.r.owner, fields=fields)
         if cmd.dont_ask is not None:
             # the holder re-reads its settings; turned on, it also answers a pending approval
             await self.r.ring(res.get("runner"), cmd.sid, "approval")
@@ -125,10 +124,11 @@ class Admission:
         turn_id = new_id("t")
         sent = time.monotonic()
         agents = await instructions.agents_md_hash(await self._workspace(cmd.sid))
-        res = await r.store.call("cox_send", cmd.sid, [
-            cmd.sid, cmd.principal, message_id, cmd.text, cmd.mode or "", cmd.client_id or "", r.owner,
-            str(r.settings.runner.lease_ms), turn_id, r.owner, " ".join(sorted(r.models.names())), agents,
-        ])
+        res = await r.store.fns.send(
+            sid=cmd.sid, principal=cmd.principal, message_id=message_id, text=cmd.text, mode=cmd.mode or "",
+            client_id=cmd.client_id or "", runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
+            owner=r.owner, models=" ".join(sorted(r.models.names())), agents_md=agents,
+        )
         if not res.get("replay"):
             if res.get("disposition") == "started":
                 r.start_drive(Drive(sid=cmd.sid, token=str(res["token"]), acquired=sent, first={
@@ -156,17 +156,17 @@ class Admission:
         size = len(cmd.text.encode("utf-8"))
         if size > r.settings.lead.max_bytes:
             raise TooLarge(f"a Lead may hold {r.settings.lead.max_bytes} bytes of UTF-8; this one has {size}")
-        res = await r.store.call("cox_lead", cmd.sid, [
-            cmd.sid, cmd.principal, new_id("l"), cmd.text, cmd.client_id or "", str(r.settings.lead.max_pending),
-            r.owner, cmd.turn_id or "",
-        ])
+        res = await r.store.fns.lead(
+            sid=cmd.sid, principal=cmd.principal, lead_id=new_id("l"), text=cmd.text, client_id=cmd.client_id or "",
+            max_pending=r.settings.lead.max_pending, owner=r.owner, want_turn=cmd.turn_id or "",
+        )
         if not res.get("replay"):
             await r.ring(res.get("runner"), cmd.sid, "lead")
         return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]), turn_id=res.get("turn_id"))
 
     async def stop(self, cmd: StopCmd) -> StopResult:
         r = self.r
-        res = await r.store.call("cox_stop", cmd.sid, [cmd.sid, cmd.principal, r.owner])
+        res = await r.store.fns.stop(sid=cmd.sid, principal=cmd.principal, owner=r.owner)
         turn_id = res.get("turn_id")
         if res.get("stopped"):
             await r.ring(res.get("runner"), cmd.sid, "stop")
@@ -187,9 +187,10 @@ class Admission:
 
     async def answer(self, cmd: ApprovalCmd) -> Accepted:
         r = self.r
-        res = await r.store.call("cox_answer", cmd.sid, [
-            cmd.sid, cmd.principal, cmd.approval_id, cmd.decision, cmd.scope, cmd.message or "", r.owner,
-        ])
+        res = await r.store.fns.answer(
+            sid=cmd.sid, principal=cmd.principal, aid=cmd.approval_id, decision=cmd.decision, scope=cmd.scope,
+            message=cmd.message or "", owner=r.owner, actor="", why="",
+        )
         await r.ring(res.get("runner"), cmd.sid, "approval")
         return Accepted()
 
@@ -227,11 +228,10 @@ class Admission:
         turn_id, runner_id = await r.redis.hmget(base, ["turn_id", "runner"])
         turn_id = turn_id or None
         record = json.dumps({"command": cmd.command, "output": output}, ensure_ascii=False)
-        await r.store.call("cox_emit", cmd.sid, [
-            cmd.sid, "", r.owner, "1", "rpush", keys.OBSERVED, "", record, *(ev.body(e) for e in kept),
-            ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command, output=output,
-                                exit_code=exit_code)),
-        ])
+        await r.store.fns.emit(sid=cmd.sid, token="", owner=r.owner, ops=[("rpush", keys.OBSERVED, "", record)],
+                               events=[*(ev.body(e) for e in kept),
+                                       ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command,
+                                                           output=output, exit_code=exit_code))])
         await r.ring(runner_id, cmd.sid, "observe")
         return Accepted()
 
@@ -278,7 +278,7 @@ class Admission:
                                                store=f.kept.store)),
                         ev.body(ev.FileWritten(sid=sid, path=f.path, added=f.added, removed=f.removed, via=op,
                                                deleted=f.deleted))]
-            await r.store.call("cox_emit", sid, [sid, token, r.owner, "0", *evs])
+            await r.store.fns.emit(sid=sid, token=token, owner=r.owner, ops=[], events=evs)
             return out
 
     # ------------------------------------------------------------------ compaction
@@ -314,9 +314,8 @@ class Admission:
             event = ev.ContextCompacted(sid=cmd.sid, before_tokens=out.before, after_tokens=out.after,
                                         summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
             evs = [*(ev.Usage(sid=cmd.sid, purpose="compaction", model=name, **u) for u in used), event]
-            ops = [x for u in used for op in usage.totals_ops(u) for x in op]
-            await r.store.call("cox_emit", cmd.sid, [cmd.sid, token, r.owner, str(len(ops) // 4), *ops,
-                                                     *(ev.body(e) for e in evs)])
+            ops = [op for u in used for op in usage.totals_ops(u)]
+            await r.store.fns.emit(sid=cmd.sid, token=token, owner=r.owner, ops=ops, events=[ev.body(e) for e in evs])
             for u in used:
                 await r.usage_seen({"model": name, "purpose": "compaction", **u})
             return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
@@ -337,7 +336,8 @@ class Admission:
     async def _begin_op(self, sid: str, principal: str, op: str) -> Drive:
         r = self.r
         sent = time.monotonic()
-        res = await r.store.call("cox_op_begin", sid, [sid, principal, r.owner, str(r.settings.runner.lease_ms), op])
+        res = await r.store.fns.op_begin(sid=sid, principal=principal, runner=r.owner,
+                                         lease_ms=r.settings.runner.lease_ms, op=op)
         d = Drive(sid=sid, token=str(res["token"]), acquired=sent)
         r.leases.hold(d)  # renewed by the lease keeper while the operation runs
         return d

@@ -1,10 +1,12 @@
-"""Typed calls from the runner to guard, judge and versions over NATS request-reply."""
+"""Typed calls from the runner to guard, judge and versions over NATS request-reply
+(the operations and their time-outs are :mod:`coxswain.rpc`'s)."""
 
 from __future__ import annotations
 
 from nats.aio.client import Client
 
-from coxswain import bus, subjects
+from coxswain import rpc
+from coxswain.config import Settings
 from coxswain.models import (
     CommandChangesRequest,
     CommandChangesResult,
@@ -25,32 +27,30 @@ from coxswain.models import (
 
 
 class Clients:
-    def __init__(self, nc: Client, judge_timeout: float = 30.0) -> None:
+    def __init__(self, nc: Client, settings: Settings) -> None:
         self.nc = nc
-        self.judge_timeout = judge_timeout
+        self.settings = settings
 
     async def guard(self, req: GuardRequest) -> GuardResult:
-        return await bus.call(self.nc, subjects.rpc(subjects.GUARD, "check"), req, GuardResult, timeout=10)
+        return await rpc.call(self.nc, rpc.GUARD_CHECK, req)
 
     async def judge(self, req: JudgeRequest) -> JudgeResult:
-        return await bus.call(self.nc, subjects.rpc(subjects.JUDGE, "decide"), req, JudgeResult,
-                              timeout=self.judge_timeout)
+        return await rpc.call(self.nc, rpc.JUDGE_DECIDE, req, settings=self.settings)
 
     async def keep(self, req: KeepRequest) -> KeepResult:
-        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "keep"), req, KeepResult, timeout=30)
+        return await rpc.call(self.nc, rpc.VERSIONS_KEEP, req)
 
     async def restore(self, req: RestoreRequest) -> WriteOutcome:
-        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "restore"), req, WriteOutcome, timeout=30)
+        return await rpc.call(self.nc, rpc.VERSIONS_RESTORE, req)
 
     async def undo(self, req: UndoRequest) -> WriteOutcome:
-        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "undo"), req, WriteOutcome, timeout=30)
+        return await rpc.call(self.nc, rpc.VERSIONS_UNDO, req)
 
     async def diff(self, req: DiffRequest) -> DiffResult:
-        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "diff"), req, DiffResult, timeout=30)
+        return await rpc.call(self.nc, rpc.VERSIONS_DIFF, req)
 
     async def snapshot(self, req: SnapshotRequest) -> SnapshotResult:
-        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "snapshot"), req, SnapshotResult, timeout=90)
+        return await rpc.call(self.nc, rpc.VERSIONS_SNAPSHOT, req)
 
     async def after_command(self, req: CommandChangesRequest) -> CommandChangesResult:
-        return await bus.call(self.nc, subjects.rpc(subjects.VERSIONS, "after"), req, CommandChangesResult,
-                              timeout=120)
+        return await rpc.call(self.nc, rpc.VERSIONS_AFTER, req)

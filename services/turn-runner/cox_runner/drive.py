@@ -149,11 +149,10 @@ async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) ->
             evs.append(ev.ToolSkipped(sid=d.sid, turn_id=turn.turn_id, call_id=c, reason=reason))
         else:
             evs.append(ev.ToolResult(sid=d.sid, turn_id=turn.turn_id, call_id=c, ok=False, output=text))
-    ops = [x for c in call_ids for x in ("hdel", keys.OPEN_CALLS, c, "")] + ["del", keys.WRITES, "", ""]
+    ops = [*(("hdel", keys.OPEN_CALLS, c, "") for c in call_ids), ("del", keys.WRITES, "", "")]
     try:
-        await deps.store.call("cox_emit", d.sid, [
-            d.sid, d.token, deps.owner, str(len(call_ids) + 1), *ops, *(ev.body(e) for e in evs),
-        ])
+        await deps.store.fns.emit(sid=d.sid, token=d.token, owner=deps.owner, ops=ops,
+                                  events=[ev.body(e) for e in evs])
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
     if cleanup is not None:
@@ -177,9 +176,10 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     lease_ms = deps.settings.runner.lease_ms
     sent = time.monotonic()
     try:
-        res = await deps.store.call("cox_turn_end", d.sid, [
-            d.sid, d.token, deps.owner, body, next_turn, str(lease_ms), plan, handoff, hold, agents,
-        ])
+        res = await deps.store.fns.turn_end(
+            sid=d.sid, token=d.token, owner=deps.owner, end_body=body, next_turn_id=next_turn, lease_ms=lease_ms,
+            plan=plan, handoff=handoff, hold_next=hold, agents_md=agents,
+        )
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
     d.turn = None
@@ -231,10 +231,9 @@ async def _end_crashed(deps: Deps, d: Drive) -> dict[str, Any] | None:
                 evs += landed.get(cid) or [ev.ToolResult(sid=d.sid, turn_id=turn_id, call_id=cid, ok=False,
                                                          output=CRASH_TEXT)]
             try:
-                await deps.store.call("cox_emit", d.sid, [
-                    d.sid, d.token, deps.owner, "2", "del", keys.OPEN_CALLS, "", "", "del", keys.WRITES, "", "",
-                    *(ev.body(e) for e in evs),
-                ])
+                await deps.store.fns.emit(sid=d.sid, token=d.token, owner=deps.owner,
+                                          ops=[("del", keys.OPEN_CALLS, "", ""), ("del", keys.WRITES, "", "")],
+                                          events=[ev.body(e) for e in evs])
             except Fenced as exc:
                 raise LeaseLost(str(exc)) from exc
         if cleanup is not None:
@@ -266,7 +265,7 @@ async def renew_all(deps: Deps) -> None:
     try:
         async with deps.redis.pipeline(transaction=False) as pipe:
             for d in drives:
-                pipe.fcall("cox_renew", 1, keys.session(d.sid), d.sid, d.token, str(lease_ms))
+                deps.store.fns.renew(pipe, sid=d.sid, token=d.token, lease_ms=lease_ms)
             results = await asyncio.wait_for(pipe.execute(raise_on_error=False), timeout=rc.renew_every_ms / 1000)
     except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
         deps.log.warning("lease.renew_failed", error=repr(exc), drives=len(drives))
@@ -308,7 +307,7 @@ async def ensure_lease(deps: Deps, sid: str, token: str, call_id: str = "", inte
     if d is None or d.token != token or (d.self_fence and time.monotonic() >= d.deadline):
         raise LeaseLost("the lease is past its deadline or no longer held")
     try:
-        await deps.store.call("cox_fence", sid, [sid, token, call_id, intent])
+        await deps.store.fns.fence(sid=sid, token=token, call_id=call_id, intent=intent)
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
 

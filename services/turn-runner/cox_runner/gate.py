@@ -267,9 +267,8 @@ class Gate:
         """Answer an approval on the runner's side (don't-ask, dismissal); False if it was answered already."""
         t = self.turn
         try:
-            await self.deps.store.call("cox_answer", t.sid, [
-                t.sid, "", aid, decision, "once", "", self.deps.owner, actor, reason,
-            ])
+            await self.deps.store.fns.answer(sid=t.sid, principal="", aid=aid, decision=decision, scope="once",
+                                             message="", owner=self.deps.owner, actor=actor, why=reason)
         except Resolved:
             return False
         return True

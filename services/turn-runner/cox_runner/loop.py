@@ -365,8 +365,8 @@ class TurnLoop:
         if not title:
             return
         try:
-            await self.deps.store.call("cox_auto_title", t.sid,
-                                       [t.sid, t.token, self.deps.owner, title, t.turn_id])
+            await self.deps.store.fns.auto_title(sid=t.sid, token=t.token, owner=self.deps.owner, title=title,
+                                                 turn_id=t.turn_id)
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
 
@@ -469,7 +469,8 @@ class TurnLoop:
         t.leads_waiting = False
         self.rec.leads_hint = 0
         try:
-            res = await self.deps.store.call("cox_take_leads", t.sid, [t.sid, t.token, self.deps.owner, t.turn_id])
+            res = await self.deps.store.fns.take_leads(sid=t.sid, token=t.token, owner=self.deps.owner,
+                                                       turn_id=t.turn_id)
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
         leads = res.get("leads") or []
@@ -487,7 +488,7 @@ class TurnLoop:
         if self.rec.pending_user:
             return True
         try:
-            res = await self.deps.store.call("cox_close_leads", t.sid, [t.sid, t.token])
+            res = await self.deps.store.fns.close_leads(sid=t.sid, token=t.token)
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
         if res.get("closed"):

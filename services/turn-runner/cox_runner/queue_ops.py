@@ -25,12 +25,13 @@ class QueueOps:
         self.r = deps
 
     async def remove(self, cmd: QueueRemoveCmd) -> QueueResult:
-        res = await self.r.store.call("cox_queue_remove", cmd.sid, [cmd.sid, cmd.principal, cmd.message_id, self.r.owner])
+        res = await self.r.store.fns.queue_remove(sid=cmd.sid, principal=cmd.principal, message_id=cmd.message_id,
+                                                  owner=self.r.owner)
         return QueueResult(queue=[str(x) for x in as_list(res.get("queue"))], removed=cmd.message_id)
 
     async def order(self, cmd: QueueOrderCmd) -> QueueResult:
-        res = await self.r.store.call("cox_queue_order", cmd.sid, [cmd.sid, cmd.principal, self.r.owner,
-                                                                   *cmd.message_ids])
+        res = await self.r.store.fns.queue_order(sid=cmd.sid, principal=cmd.principal, owner=self.r.owner,
+                                                 message_ids=cmd.message_ids)
         return QueueResult(queue=[str(x) for x in as_list(res.get("queue"))], changed=bool(res.get("changed")))
 
     async def workspaces(self, cmd: WorkspacesCmd) -> WorkspacesResult:

@@ -55,17 +55,12 @@ class Recorder:
 
     async def emit(self, *events: ev._Event, ops: list[Op] | None = None) -> None:
         """Record events (and small state writes) fenced by this turn's token, after any deferred."""
-        flat: list[str] = []
-        for op in ops or []:
-            flat.extend(op)
         batch = [*self._deferred, *events]
         self._deferred.clear()
         t = self.turn
         try:
-            res = await self.deps.store.call(
-                "cox_emit", t.sid,
-                [t.sid, t.token, self.deps.owner, str(len(ops or [])), *flat, *(ev.body(e) for e in batch)],
-            )
+            res = await self.deps.store.fns.emit(sid=t.sid, token=t.token, owner=self.deps.owner, ops=ops or [],
+                                                 events=[ev.body(e) for e in batch])
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
         self.history.seq = max(self.history.seq, int(res.get("last") or 0))

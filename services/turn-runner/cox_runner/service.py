@@ -23,25 +23,10 @@ from nats.aio.msg import Msg
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from coxswain import bus, eventlog, keys, subjects
+from coxswain import eventlog, keys, rpc, subjects
 from coxswain.config import Settings
 from coxswain.errors import CoxError
 from coxswain.ids import new_id
-from coxswain.models import (
-    ApprovalCmd,
-    CompactCmd,
-    CreateCmd,
-    LeadCmd,
-    ObserveCmd,
-    PatchCmd,
-    QueueOrderCmd,
-    QueueRemoveCmd,
-    RestoreCmd,
-    SendCmd,
-    StopCmd,
-    UndoCmd,
-    WorkspacesCmd,
-)
 from coxswain.service import Service
 
 from . import drive as drives_mod
@@ -88,7 +73,7 @@ class Runner(Service):
         await self.store.load()
         await self._check_durability()
         await self._check_sandbox()
-        self.clients = Clients(self.nc, judge_timeout=self.settings.judge.timeout_s + 5)
+        self.clients = Clients(self.nc, self.settings)
         self.deps = Deps(
             settings=self.settings, log=self.log, redis=self.redis, store=self.store, clients=self.clients,
             models=self.models, sandbox=self.sandbox, owner=self.owner, leases=self.leases,
@@ -99,15 +84,19 @@ class Runner(Service):
         self.admission = Admission(self.deps)
         a = self.admission
         q = QueueOps(self.deps)
-        for op, model, handler in (
-            ("create", CreateCmd, a.create), ("patch", PatchCmd, a.patch), ("send", SendCmd, a.send),
-            ("lead", LeadCmd, a.lead), ("stop", StopCmd, a.stop), ("answer", ApprovalCmd, a.answer),
-            ("observe", ObserveCmd, a.observe), ("restore", RestoreCmd, a.restore), ("undo", UndoCmd, a.undo),
-            ("compact", CompactCmd, a.compact),
-            ("queue_remove", QueueRemoveCmd, q.remove), ("queue_order", QueueOrderCmd, q.order),
-            ("workspaces", WorkspacesCmd, q.workspaces),
-        ):
-            await self.add_endpoint(op, model, handler)
+        await self.endpoint(rpc.RUNNER_CREATE, a.create)
+        await self.endpoint(rpc.RUNNER_PATCH, a.patch)
+        await self.endpoint(rpc.RUNNER_SEND, a.send)
+        await self.endpoint(rpc.RUNNER_LEAD, a.lead)
+        await self.endpoint(rpc.RUNNER_STOP, a.stop)
+        await self.endpoint(rpc.RUNNER_ANSWER, a.answer)
+        await self.endpoint(rpc.RUNNER_OBSERVE, a.observe)
+        await self.endpoint(rpc.RUNNER_RESTORE, a.restore)
+        await self.endpoint(rpc.RUNNER_UNDO, a.undo)
+        await self.endpoint(rpc.RUNNER_COMPACT, a.compact)
+        await self.endpoint(rpc.RUNNER_QUEUE_REMOVE, q.remove)
+        await self.endpoint(rpc.RUNNER_QUEUE_ORDER, q.order)
+        await self.endpoint(rpc.RUNNER_WORKSPACES, q.workspaces)
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
@@ -190,7 +179,7 @@ class Runner(Service):
         missing: str | None = None
         for svc in self._needed:
             try:
-                await bus.raw_call(self.nc, subjects.rpc(svc, "health"), b"{}", timeout=2.0)
+                await rpc.call(self.nc, rpc.HEALTH[svc], rpc.NoRequest())
             except CoxError:
                 missing = svc
                 break
@@ -267,8 +256,8 @@ class Runner(Service):
         if self.stopping:
             return
         sent = time.monotonic()
-        raw = await self.redis.fcall("cox_claim", 0, self.runner_id, str(self.settings.runner.lease_ms), "20")
-        for c in drives_mod.parse_claims(raw[0] if isinstance(raw, list) else raw):
+        raw = await self.store.fns.claim(runner=self.runner_id, lease_ms=self.settings.runner.lease_ms, limit=20)
+        for c in drives_mod.parse_claims(raw):
             sid = str(c["sid"])
             self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"),
                              token=c.get("token"))

@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 from coxswain import errors, eventlog, keys
 
 from .errors import StoreDown
+from .fns import Fns
 
 LIBRARY = resources.files("cox_runner").joinpath("redis_lib.lua").read_text()
 
@@ -52,13 +53,17 @@ class Store:
         self._publishers: dict[str, asyncio.Task[None]] = {}
         self._cursors: eventlog.Cursors = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.fns = Fns(self)
+        """One typed method per library function: what the rest of the runner calls."""
 
     async def load(self) -> None:
         await self.redis.function_load(LIBRARY, replace=True)
 
     async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
                    publish: bool = True) -> dict[str, Any]:
-        """Run ``fn``; raise the error it answered; publish any outbox batch it handed over."""
+        """Run ``fn``; raise the error it answered; publish any outbox batch it handed over.
+
+        Called by :class:`cox_runner.fns.Fns`, which names and types each function's arguments."""
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
         try:
@@ -102,8 +107,7 @@ class Store:
         try:
             while batch:
                 last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
-                res = await self.redis.fcall("cox_pub_done", 1, keys.session(sid), sid, self.owner, str(last))
-                batch = list(res[1:])
+                batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
@@ -111,15 +115,14 @@ class Store:
 
     async def sweep(self, min_age_ms: int = 1000, limit: int = 50) -> int:
         """Publish outboxes nobody is publishing (their drainer died or NATS was down)."""
-        sids = await self.redis.fcall("cox_dirty", 0, str(min_age_ms), str(limit))
+        sids = await self.fns.dirty(min_age_ms=min_age_ms, limit=limit)
         claimed = 0
         for sid in sids:
             try:
-                res = await self.redis.fcall("cox_pub_claim", 1, keys.session(sid), sid, self.owner)
+                batch = await self.fns.pub_claim(sid=sid, owner=self.owner)
             except redis.exceptions.ResponseError:
                 await self.load()
                 continue
-            batch = list(res[1:])
             if batch:
                 claimed += 1
                 await self._publish(sid, batch)
@@ -139,8 +142,7 @@ class Store:
             if await self.redis.llen(base + keys.OUTBOX) == 0:
                 return True
             with contextlib.suppress(redis.exceptions.ResponseError):
-                res = await self.redis.fcall("cox_pub_claim", 1, base, sid, self.owner)
-                batch = list(res[1:])
+                batch = await self.fns.pub_claim(sid=sid, owner=self.owner)
                 if batch:
                     await self._publish(sid, batch)
                     continue

@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from coxswain import eventlog, keys, safefs, subjects, textdiff
+from coxswain import eventlog, keys, rpc, safefs, subjects, textdiff
 from coxswain.config import Settings
 from coxswain.errors import CoxError, Fenced, Invalid, NotFound
 from coxswain.ids import new_id
@@ -73,14 +73,15 @@ class Versions(Service):
         await self.redis.set(keys.VERSIONS_MAC_KEY, secrets.token_hex(32), nx=True)
         self.mac_key = bytes.fromhex(await self.redis.get(keys.VERSIONS_MAC_KEY))
         self.js = self.nc.jetstream()
-        for op, model, handler in (
-            ("keep", KeepRequest, self.keep), ("list", ListVersionsRequest, self.list),
-            ("diff", DiffRequest, self.diff), ("restore", RestoreRequest, self.restore),
-            ("undo", UndoRequest, self.undo), ("changes", ChangesRequest, self.changes),
-            ("undo_target", UndoRequest, self.undo_target),
-            ("snapshot", SnapshotRequest, self.snapshot), ("after", CommandChangesRequest, self.after),
-        ):
-            await self.add_endpoint(op, model, handler)
+        await self.endpoint(rpc.VERSIONS_KEEP, self.keep)
+        await self.endpoint(rpc.VERSIONS_LIST, self.list)
+        await self.endpoint(rpc.VERSIONS_DIFF, self.diff)
+        await self.endpoint(rpc.VERSIONS_RESTORE, self.restore)
+        await self.endpoint(rpc.VERSIONS_UNDO, self.undo)
+        await self.endpoint(rpc.VERSIONS_CHANGES, self.changes)
+        await self.endpoint(rpc.VERSIONS_UNDO_TARGET, self.undo_target)
+        await self.endpoint(rpc.VERSIONS_SNAPSHOT, self.snapshot)
+        await self.endpoint(rpc.VERSIONS_AFTER, self.after)
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()

@@ -2,6 +2,8 @@
 // messages, Leads) with its fate, and the plan — all built from the event log, in seq order.
 // No DOM here: the view reads this model and redraws what `changed` names.
 
+import { isBadOutcome, TURN_END } from "./contract.js";
+
 const FINAL = new Set(["applied", "discarded", "unapplied", "skipped", "removed"]);
 
 export class SessionModel {
@@ -188,7 +190,7 @@ const HANDLERS = {
     m.note(ev, `Turn started (${ev.model})`, "turn-start");
     m.mark("head", "plan");
   },
-  "turn.end"(m, ev) {
+  [TURN_END](m, ev) {
     m.endStreaming();
     for (const t of m.tools.values()) {
       if (t.turn_id === ev.turn_id && (t.status === "proposed" || t.status === "running" || t.status === "waiting")) {
@@ -198,7 +200,7 @@ const HANDLERS = {
     // A queued message starts in the same transition, so the session stays busy while one waits.
     m.info.busy = m.queuedCount() > 0;
     m.info.turn_id = m.info.busy ? m.info.turn_id : null;
-    const bad = ev.outcome !== "completed";
+    const bad = isBadOutcome(ev.outcome);
     if (m.turn && m.turn.turn_id === ev.turn_id) { m.turn.ended = ev.ts; m.turn.outcome = ev.outcome; }
     m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? ` bad outcome-${ev.outcome}` : ""));
     m.mark("head", "sessions", "changes");

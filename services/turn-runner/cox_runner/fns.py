@@ -1,0 +1,260 @@
+"""One typed method per function of the Redis library (``redis_lib.lua``).
+
+Each method takes the function's ARGV as named arguments, in the order the Lua function reads
+them, and returns its reply as a typed dict. The wire is the library's: every argument a string,
+the session's key first among KEYS. A no-server test (tests/fast/test_fns.py) checks that every
+registered function has exactly one method here and that each sends as many fixed arguments as
+the function unpacks.
+
+Functions that record events go through :meth:`Store.call` (errors raised, outbox published);
+the lease keeper's ``cox_renew`` is queued on its pipeline; the takeover and publishing functions
+(``cox_claim``, ``cox_pub_done``, ``cox_dirty``, ``cox_pub_claim``) answer raw values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypedDict, TypeVar, cast
+
+from coxswain import keys
+
+F = TypeVar("F", bound=Callable[..., Any])
+StateOp = tuple[str, str, str, str]
+"""A small state write recorded with events: (op, key suffix, field, value); see ``cox_emit``."""
+
+
+def lua(name: str) -> Callable[[F], F]:
+    """Mark a method as the facade of the library function ``name``."""
+
+    def mark(fn: F) -> F:
+        fn._lua = name  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+class Created(TypedDict, total=False):
+    sid: str
+    created: int
+
+
+class Patched(TypedDict, total=False):
+    ok: bool
+    runner: str | None
+
+
+class Sent(TypedDict, total=False):
+    message_id: str
+    disposition: str
+    turn_id: str
+    token: int
+    position: int
+    runner: str | None
+    replay: bool
+
+
+class LeadSaved(TypedDict, total=False):
+    lead_id: str
+    pending: int
+    turn_id: str
+    runner: str | None
+    replay: bool
+
+
+class Stopped(TypedDict, total=False):
+    turn_id: str | None
+    discarded: Any
+    unapplied_leads: Any
+    stopped: bool
+    runner: str | None
+
+
+class Answered(TypedDict, total=False):
+    ok: bool
+    runner: str | None
+    turn_id: str
+
+
+class Emitted(TypedDict, total=False):
+    first: int
+    last: int
+    leads: int
+    observed: int
+
+
+class FenceOk(TypedDict, total=False):
+    ok: bool
+
+
+class Titled(TypedDict, total=False):
+    applied: bool
+
+
+class LeadsTaken(TypedDict, total=False):
+    leads: Any
+    """``[{lead_id, text}]`` (an empty Lua table comes back as ``{}``)."""
+
+
+class LeadsClosed(TypedDict, total=False):
+    closed: bool
+    pending: int
+
+
+class TurnEnded(TypedDict, total=False):
+    next: dict[str, Any] | None
+    turn_id: str
+    ended: str
+    handed_off: bool
+    held: bool
+
+
+class OpBegun(TypedDict, total=False):
+    token: int
+
+
+class QueueRemoved(TypedDict, total=False):
+    message_id: str
+    removed: bool
+    queue: Any
+
+
+class QueueOrdered(TypedDict, total=False):
+    queue: Any
+    changed: bool
+
+
+class Caller(Protocol):
+    """What the facade calls through: :class:`cox_runner.store.Store`."""
+
+    redis: Any
+
+    async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
+                   publish: bool = True) -> dict[str, Any]: ...
+
+
+class Fns:
+    """The library's functions, called through ``store`` (one per runner process)."""
+
+    def __init__(self, store: Caller) -> None:
+        self.store = store
+
+    async def _raw(self, fn: str, ks: list[str], argv: list[str]) -> Any:
+        return await self.store.redis.fcall(fn, len(ks), *ks, *argv)
+
+    # ------------------------------------------------------------------ session lifecycle
+    @lua("cox_create")
+    async def create(self, *, sid: str, principal: str, workspace: str, model: str, title: str, body: str,
+                     owner: str) -> Created:
+        res = await self.store.call("cox_create", sid, [sid, principal, workspace, model, title, body, owner],
+                                    extra_keys=[keys.principal(principal)])
+        return cast(Created, res)
+
+    @lua("cox_patch")
+    async def patch(self, *, sid: str, principal: str, owner: str, fields: Sequence[tuple[str, str]]) -> Patched:
+        """``fields``: (name, value) among title, auto_title, model, dont_ask."""
+        res = await self.store.call("cox_patch", sid, [sid, principal, owner, *(x for f in fields for x in f)])
+        return cast(Patched, res)
+
+    # ------------------------------------------------------------------ admission
+    @lua("cox_send")
+    async def send(self, *, sid: str, principal: str, message_id: str, text: str, mode: str, client_id: str,
+                   runner: str, lease_ms: int, turn_id: str, owner: str, models: str, agents_md: str) -> Sent:
+        """``mode``: '' (send), queue or steer; ``models``: the configured names, space separated."""
+        res = await self.store.call("cox_send", sid, [sid, principal, message_id, text, mode, client_id, runner,
+                                                      str(lease_ms), turn_id, owner, models, agents_md])
+        return cast(Sent, res)
+
+    @lua("cox_lead")
+    async def lead(self, *, sid: str, principal: str, lead_id: str, text: str, client_id: str, max_pending: int,
+                   owner: str, want_turn: str) -> LeadSaved:
+        res = await self.store.call("cox_lead", sid, [sid, principal, lead_id, text, client_id, str(max_pending),
+                                                      owner, want_turn])
+        return cast(LeadSaved, res)
+
+    @lua("cox_stop")
+    async def stop(self, *, sid: str, principal: str, owner: str) -> Stopped:
+        return cast(Stopped, await self.store.call("cox_stop", sid, [sid, principal, owner]))
+
+    @lua("cox_answer")
+    async def answer(self, *, sid: str, principal: str, aid: str, decision: str, scope: str, message: str,
+                     owner: str, actor: str, why: str) -> Answered:
+        """``principal`` '' and an ``actor`` when the runner answers (dont_ask, policy); '' = a person."""
+        res = await self.store.call("cox_answer", sid, [sid, principal, aid, decision, scope, message, owner,
+                                                        actor, why])
+        return cast(Answered, res)
+
+    # ------------------------------------------------------------------ the turn's holder
+    @lua("cox_renew")
+    def renew(self, pipe: Any, *, sid: str, token: str, lease_ms: int) -> None:
+        """Queue a renewal on the lease keeper's pipeline (its reply is read by the caller)."""
+        pipe.fcall("cox_renew", 1, keys.session(sid), sid, token, str(lease_ms))
+
+    @lua("cox_emit")
+    async def emit(self, *, sid: str, token: str, owner: str, ops: Sequence[StateOp],
+                   events: Sequence[str]) -> Emitted:
+        """Record ``events`` and the state writes ``ops``; ``token`` '' records without a lease."""
+        argv = [sid, token, owner, str(len(ops)), *(x for op in ops for x in op), *events]
+        return cast(Emitted, await self.store.call("cox_emit", sid, argv))
+
+    @lua("cox_fence")
+    async def fence(self, *, sid: str, token: str, call_id: str, intent: str) -> FenceOk:
+        return cast(FenceOk, await self.store.call("cox_fence", sid, [sid, token, call_id, intent]))
+
+    @lua("cox_auto_title")
+    async def auto_title(self, *, sid: str, token: str, owner: str, title: str, turn_id: str) -> Titled:
+        return cast(Titled, await self.store.call("cox_auto_title", sid, [sid, token, owner, title, turn_id]))
+
+    @lua("cox_take_leads")
+    async def take_leads(self, *, sid: str, token: str, owner: str, turn_id: str) -> LeadsTaken:
+        return cast(LeadsTaken, await self.store.call("cox_take_leads", sid, [sid, token, owner, turn_id]))
+
+    @lua("cox_close_leads")
+    async def close_leads(self, *, sid: str, token: str) -> LeadsClosed:
+        return cast(LeadsClosed, await self.store.call("cox_close_leads", sid, [sid, token]))
+
+    @lua("cox_turn_end")
+    async def turn_end(self, *, sid: str, token: str, owner: str, end_body: str, next_turn_id: str, lease_ms: int,
+                       plan: str, handoff: str, hold_next: str, agents_md: str) -> TurnEnded:
+        """``plan``: '' keep, '-' clear, else JSON; ``handoff``/``hold_next``: '1' or ''."""
+        res = await self.store.call("cox_turn_end", sid, [sid, token, owner, end_body, next_turn_id, str(lease_ms),
+                                                          plan, handoff, hold_next, agents_md])
+        return cast(TurnEnded, res)
+
+    @lua("cox_op_begin")
+    async def op_begin(self, *, sid: str, principal: str, runner: str, lease_ms: int, op: str) -> OpBegun:
+        res = await self.store.call("cox_op_begin", sid, [sid, principal, runner, str(lease_ms), op])
+        return cast(OpBegun, res)
+
+    # ------------------------------------------------------------------ takeover, publishing
+    @lua("cox_claim")
+    async def claim(self, *, runner: str, lease_ms: int, limit: int) -> Any:
+        """The claimed sessions, as JSON (:func:`cox_runner.drive.parse_claims`)."""
+        raw = await self._raw("cox_claim", [], [runner, str(lease_ms), str(limit)])
+        return raw[0] if isinstance(raw, list) else raw
+
+    @lua("cox_pub_done")
+    async def pub_done(self, *, sid: str, owner: str, last: int) -> list[str]:
+        """The next batch of the outbox to publish (empty: done, the lock is freed)."""
+        res = await self._raw("cox_pub_done", [keys.session(sid)], [sid, owner, str(last)])
+        return list(res[1:])
+
+    @lua("cox_dirty")
+    async def dirty(self, *, min_age_ms: int, limit: int) -> list[str]:
+        return list(await self._raw("cox_dirty", [], [str(min_age_ms), str(limit)]))
+
+    @lua("cox_pub_claim")
+    async def pub_claim(self, *, sid: str, owner: str) -> list[str]:
+        """The first batch of the outbox when this process took its publish lock, else empty."""
+        res = await self._raw("cox_pub_claim", [keys.session(sid)], [sid, owner])
+        return list(res[1:])
+
+    # ------------------------------------------------------------------ queue management
+    @lua("cox_queue_remove")
+    async def queue_remove(self, *, sid: str, principal: str, message_id: str, owner: str) -> QueueRemoved:
+        res = await self.store.call("cox_queue_remove", sid, [sid, principal, message_id, owner])
+        return cast(QueueRemoved, res)
+
+    @lua("cox_queue_order")
+    async def queue_order(self, *, sid: str, principal: str, owner: str, message_ids: Sequence[str]) -> QueueOrdered:
+        res = await self.store.call("cox_queue_order", sid, [sid, principal, owner, *message_ids])
+        return cast(QueueOrdered, res)

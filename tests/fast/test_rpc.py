@@ -1,0 +1,41 @@
+"""The table of request-reply operations (coxswain.rpc) is the one description of who calls what:
+servers register from it, callers call through it, NATS permissions are derived from it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from coxswain import access, rpc, subjects
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_operation_is_named_once_and_well_formed() -> None:
+    seen = [op.subject for op in rpc.OPS]
+    assert len(seen) == len(set(seen)), "an operation is listed twice"
+    for op in rpc.OPS:
+        assert op.service in subjects.SERVICES and op.callers, op.subject
+        assert set(op.callers) <= set(subjects.SERVICES), op.subject
+        assert issubclass(op.request, BaseModel) and issubclass(op.reply, BaseModel), op.subject
+        if not callable(op.timeout):
+            assert 0 < op.timeout <= 600, op.subject
+    for svc in subjects.SERVICES:
+        assert rpc.HEALTH[svc] in rpc.served_by(svc)
+
+
+def test_nats_permissions_allow_exactly_the_requests_the_table_lists() -> None:
+    for svc in subjects.SERVICES:
+        rpc_publish = {s for s in access.NATS[svc].publish if s.startswith("cox.rpc.")}
+        assert rpc_publish == {op.subject for op in rpc.called_by(svc)}, svc
+        assert not any("*" in s for s in rpc_publish), f"{svc}: a wildcard request permission"
+
+
+def test_no_request_reply_outside_the_table() -> None:
+    """Services and the CLI call through rpc.call: no subject, model or time-out at a call site."""
+    bad = re.compile(r"bus\.(raw_)?call\(|subjects\.rpc\(|\bnc\.request\(")
+    for path in [*ROOT.joinpath("services").rglob("*.py"), *ROOT.joinpath("cli").rglob("*.py")]:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            assert not bad.search(line), f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
