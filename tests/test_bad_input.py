@@ -137,3 +137,28 @@ def test_a_model_that_is_no_longer_configured_is_not_accepting(stack: Stack, api
     finally:
         for name in stack.runner_names():
             respawn(stack, name, env={"COX_CONFIG": str(stack.tmp / "coxswain.toml")})
+
+
+def test_create_false_refuses_a_workspace_that_does_not_exist_and_makes_no_folder(stack: Stack, api: Api) -> None:
+    """``create: false`` (what the console sends unless "Create a new folder" is ticked): a typo is
+    404 ``not_found`` and no folder appears; an existing folder opens; without the field (or with
+    ``create: true``) a missing folder is created, as before."""
+    (stack.root / "there").mkdir()
+    before = {s["id"] for s in api.http.get("/v1/sessions").json()}
+    for name in ("tehre", "there/deeper", str(stack.root / "absent")):
+        detail = error(api.http.post("/v1/sessions", json={"workspace": name, "model": "script", "create": False}),
+                       404, "not_found")
+        assert "create" in detail, detail
+    assert sorted(p.name for p in stack.root.iterdir() if p.name.startswith(("t", "a"))) == ["there"]
+    assert not (stack.root / "there" / "deeper").exists()
+    assert {s["id"] for s in api.http.get("/v1/sessions").json()} == before
+    # Outside the root stays 422 invalid whatever create says.
+    error(api.http.post("/v1/sessions", json={"workspace": "/etc", "create": False}), 422, "invalid")
+    error(api.http.post("/v1/sessions", json={"workspace": "there", "create": "maybe"}), 422, "invalid")
+
+    s = api.create("there", model="script", create=False)
+    assert s["workspace"] == str((stack.root / "there").resolve())
+    api.create(str(stack.root / "there"), model="script", create=False)
+    api.create("new-by-default", model="script")
+    api.create("new-on-request", model="script", create=True)
+    assert (stack.root / "new-by-default").is_dir() and (stack.root / "new-on-request").is_dir()

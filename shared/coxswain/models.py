@@ -45,6 +45,8 @@ class CreateSession(_Body):
     workspace: Annotated[Text, Field(min_length=1, max_length=4096)]
     model: Annotated[Text, Field(min_length=1, max_length=200)] | None = None
     title: Annotated[Text, Field(max_length=200)] | None = None
+    create: bool = True
+    """False: a workspace that does not exist under the root is 404 ``not_found`` instead of created."""
 
 
 class PatchSession(_Body):
@@ -205,6 +207,7 @@ class CreateCmd(_Body):
     workspace: str
     model: str | None = None
     title: str | None = None
+    create: bool = True
 
 
 class PatchCmd(SessionRef, PatchSession):

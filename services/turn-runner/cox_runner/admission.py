@@ -77,6 +77,9 @@ class Admission:
         if safefs.denied(rel_to_root or "."):
             raise Invalid("that folder is on the credential denylist")
         ws = root / rel_to_root if rel_to_root else root
+        if not cmd.create and not await asyncio.to_thread(ws.is_dir):
+            # A typo must not quietly become a new folder (the console asks for create: false).
+            raise NotFound(f"no workspace {rel!r} under the root (create: true makes it)")
         await asyncio.to_thread(ws.mkdir, parents=True, exist_ok=True)
         ws = Path(os.path.realpath(ws))
         model = cmd.model or s.model.default or ""

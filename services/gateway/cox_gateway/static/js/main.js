@@ -93,14 +93,11 @@ $("#new-session").addEventListener("submit", async (e) => {
   $("#new-error").textContent = "";
   const workspace = $("#new-workspace").value.trim().replace(/\/+$/, "");
   const model = $("#new-model").value || undefined;
-  // A typo must not quietly make a new folder: a name that is not an existing workspace needs
-  // the explicit "Create a new folder".
-  if (!app.workspaces.includes(workspace) && !$("#new-create").checked) {
-    $("#new-error").textContent = `No workspace “${workspace}” under the root. Pick one from the list, or tick “Create a new folder”.`;
-    return;
-  }
+  // A typo must not quietly make a new folder: the server creates one only when "Create a new
+  // folder" is ticked (create: false refuses a missing folder with 404 not_found).
+  const create = $("#new-create").checked;
   try {
-    const s = await app.api.create({ workspace, ...(model ? { model } : {}) });
+    const s = await app.api.create({ workspace, create, ...(model ? { model } : {}) });
     $("#new-workspace").value = "";
     $("#new-create").checked = false;
     location.hash = `#/s/${s.id}`;
@@ -108,7 +105,9 @@ $("#new-session").addEventListener("submit", async (e) => {
     await loadSessions();
     loadWorkspaces();
   } catch (err) {
-    $("#new-error").textContent = err.detail || err.message;
+    $("#new-error").textContent = !create && err.code === "not_found"
+      ? `No workspace “${workspace}” under the root. Pick one from the list, or tick “Create a new folder”.`
+      : err.detail || err.message;
   }
 });
 
