@@ -157,6 +157,8 @@ def test_the_model_judge_allows_and_is_shown_task_plan_and_call(stack: Stack, ap
     assert (d["verdict"], d["actor"]) == ("allow", "judge") and "harmless echo" in d["reason"]
     assert result(evs, cid)["ok"] is True
     assert canned.count() == before + 1
+    judged = [e for e in evs if e["type"] == "usage" and e["purpose"] == "judge"]
+    assert len(judged) == 1 and judged[0]["input_tokens"] > 0, "the judge's request is a usage event"
     shown = json.dumps(canned.requests[-1]["messages"])
     assert "Say hello to the code reviewer" in shown and "greet the reviewer" in shown
     assert "echo judge-allow" in shown

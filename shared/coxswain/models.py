@@ -352,6 +352,9 @@ class JudgeResult(_Out):
     threshold: float | None = None
     said: str | None = None
     """For a malformed or refused answer: what the model said, shown to the person."""
+    usage: dict[str, Any] | None = None
+    """The model judge's request: ``model``, input/output/cache tokens and ``cost`` (USD), recorded
+    by the runner as a ``usage`` event with purpose ``judge``."""
 
 
 # ---------------------------------------------------------------- RPC: versions

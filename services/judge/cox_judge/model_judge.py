@@ -100,6 +100,7 @@ class ModelJudge:
         self.agent: Agent[None, Answer] | None = None
         self.client: Any = None
         by_name = {p.name: p for p in providers}
+        self.provider = by_name.get(cfg.model or "")
         if not cfg.model:
             self.problem = "no judge model is configured ([judge] model)"
         elif cfg.model not in by_name:
@@ -144,4 +145,15 @@ class ModelJudge:
         else:
             reason = f"the judge's score {a.score:g} is below the threshold {threshold:g}: {a.reason}"
         return JudgeResult(verdict="allow" if allowed else "refuse", score=a.score, reason=reason, kind="model",
-                           answer=a.verdict, threshold=threshold)
+                           answer=a.verdict, threshold=threshold, usage=self._usage(run.usage()))
+
+    def _usage(self, u: Any) -> dict[str, Any]:
+        """What the judge's request used, priced like a turn's (configured prices, else 0)."""
+        p = self.provider
+        counts = {k: int(getattr(u, k, 0) or 0)
+                  for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")}
+        cost = 0.0
+        if p is not None and (p.input_price is not None or p.output_price is not None):
+            cost = (counts["input_tokens"] * (p.input_price or 0.0) + counts["output_tokens"] * (p.output_price or 0.0)) \
+                / 1_000_000
+        return {"model": self.cfg.model or "", **counts, "cost": round(cost, 8)}

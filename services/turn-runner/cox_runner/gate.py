@@ -42,7 +42,7 @@ from coxswain.models import (
     Plan,
 )
 
-from . import infra
+from . import infra, usage
 from .budget import Budget
 from .deps import Deps
 from .errors import StopRequested
@@ -159,10 +159,11 @@ class Gate:
         judge_info: dict[str, Any] | None = None
         if g.route == "judge":  # a security confirm routed here gets the judge's view, never its allow
             j = await self._ask_judge(call)
+            await self._judge_usage(j)
             if j.verdict == "allow" and not g.security:
                 await self._decided(call, "allow", "judge", j.reason, g)
                 return GateOutcome(True, j.reason, "judge", g.path, guard=g)
-            judge_info = j.model_dump(mode="json", exclude_none=True)
+            judge_info = j.model_dump(mode="json", exclude_none=True, exclude={"usage"})
 
         return await self.ask_person(call, g, judge_info)
 
@@ -203,6 +204,17 @@ class Gate:
                                     lambda _: self.deps.clients.judge(req))
         except CoxError as exc:
             return JudgeResult(verdict="error", reason=f"the judge failed: {exc.detail}", kind="unavailable")
+
+    async def _judge_usage(self, j: JudgeResult) -> None:
+        """A model judge's request is one of the turn's model requests: a ``usage`` event."""
+        if not j.usage:
+            return
+        fields = {k: j.usage.get(k, 0) for k in ("input_tokens", "output_tokens", "cache_read_tokens",
+                                                 "cache_write_tokens", "cost")}
+        model = str(j.usage.get("model") or "judge")
+        await self.rec.emit(ev.Usage(**self.rec.e(), purpose="judge", model=model, **fields),
+                            ops=usage.totals_ops(fields))
+        await self.deps.usage_seen({"model": model, "purpose": "judge", **fields})
 
     async def ask_person(self, call: CallSpec, g: GuardResult | None, judge_info: dict[str, Any] | None, *,
                          reason: str | None = None, security: bool | None = None) -> GateOutcome:
