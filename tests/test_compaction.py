@@ -45,6 +45,13 @@ api_key = "sk-test-not-a-key"
 context_window = {WINDOW}
 
 [[model.providers]]
+name = "fake-openai-unknown-window"
+kind = "openai"
+base_url = "{fake.url}/v1"
+model = "fake-model"
+api_key = "sk-test-not-a-key"
+
+[[model.providers]]
 name = "fake-claude"
 kind = "anthropic"
 base_url = "{fake.url}"
@@ -199,6 +206,21 @@ def test_a_server_that_refuses_requests_over_its_window_still_completes(stack: S
     assert end["outcome"] == "completed", end
     assert of_type(evs, "context.compacted")
     assert fake.over_window[refused:] == [], "no request went over the window"
+
+
+def test_a_refusal_for_length_compacts_and_sends_again(stack: Stack, api: Api, fake: FakeModels) -> None:
+    """A provider whose window the runner does not know (or underestimates) refuses a request as
+    too long: the turn compacts to well under what it sent and sends once more, not `error`."""
+    fake.window = WINDOW
+    refused = len(fake.over_window)
+    _long_case(fake, "unknown-window")
+    s = api.create("compact-refused", model="fake-openai-unknown-window")
+    sid = s["id"]
+    api.send(sid, "[case:unknown-window] read the big file sixty times")
+    end, evs = finished(api, sid, timeout=120)
+    assert end["outcome"] == "completed", end
+    assert len(fake.over_window) > refused, "the server refused at least one request as too long"
+    assert of_type(evs, "context.compacted"), "each refusal was answered by a compaction"
 
 
 def test_a_failed_summary_falls_back_to_dropping_old_outputs(stack: Stack, api: Api, fake: FakeModels) -> None:

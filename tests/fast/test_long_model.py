@@ -258,3 +258,12 @@ def test_the_new_events_parse_from_their_bodies() -> None:
         parsed = events.parse(events.body(ev))
         assert type(parsed) is type(ev) and parsed.model_dump() == ev.model_dump()
     assert {"usage", "model.retry", "limit.warning", "context.compacted"} <= events.EVENT_TYPES
+
+
+def test_a_refusal_for_length_is_told_apart_from_other_errors() -> None:
+    too_long = pe.ModelHTTPError(400, "m", body={"error": {"code": "context_length_exceeded",
+                                                            "message": "maximum context length is 8192 tokens"}})
+    assert retry.too_long(too_long) and not retry.retryable(too_long)
+    assert retry.too_long(pe.ModelHTTPError(400, "m", body={"error": {"message": "prompt is too long: 250000"}}))
+    assert not retry.too_long(pe.ModelHTTPError(400, "m", body={"error": {"message": "invalid tool schema"}}))
+    assert not retry.too_long(pe.ModelHTTPError(429, "m", body={"error": {"message": "context length busy"}}))

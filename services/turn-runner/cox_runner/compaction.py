@@ -422,6 +422,18 @@ class Compactor:
                 await self._compact(expected, window)
         self._mark = (self.budget.tokens, len(b.messages))
 
+    async def after_refusal(self) -> None:
+        """The provider refused the last request as too long for its window (our estimate came in
+        under its count, or the window is not configured): compact to well under what was sent
+        and let the caller send it again once."""
+        b = self.rec.history
+        b.flush()
+        expected = self.expected()
+        window = min(self.window() or expected, expected) * 3 // 4
+        self.log.warning("compaction.after_refusal", sent=expected, window=window)
+        await self._compact(expected, max(window, 1))
+        self._mark = None
+
     async def _compact(self, expected: int, window: int) -> None:
         target = int(self.deps.settings.limits.compact_at * window)
         instructions = self.instructions()

@@ -83,6 +83,10 @@ USAGE_SAMPLE = {"model", "purpose", "input_tokens", "output_tokens", "cache_read
 """The fields of a ``usage`` event the gateways' metrics count."""
 
 
+class _TooLong(Exception):
+    """The provider refused a request as over the model's context window."""
+
+
 class TurnLoop:
     def __init__(self, deps: Deps, turn: Turn, carried: transcript.Builder | None = None) -> None:
         self.deps = deps
@@ -231,6 +235,15 @@ class TurnLoop:
 
     # ------------------------------------------------------------------ model
     async def _model_step(self) -> ModelResponse:
+        try:
+            return await self._model_step_once()
+        except _TooLong:
+            # Refused as over the model's window: compact to well under it and send once more
+            # (a second refusal ends the turn ``error`` with the provider's message).
+            await self.compactor.after_refusal()
+            return await self._model_step_once(last_try=True)
+
+    async def _model_step_once(self, last_try: bool = False) -> ModelResponse:
         t = self.turn
         rec = self.rec
         rec.take_pending()
@@ -252,6 +265,9 @@ class TurnLoop:
         except (StopRequested, LeaseLost, asyncio.CancelledError, EndTurn, CoxError):
             raise
         except Exception as exc:  # any provider failure ends the turn with its reason
+            if not last_try and retry.too_long(exc):
+                self.log.warning("model.too_long", error=repr(exc))
+                raise _TooLong from exc
             self.log.warning("model.failed", error=repr(exc))
             raise EndTurn(Ending("error", detail=f"model request failed: {exc}")) from exc
 

@@ -194,3 +194,16 @@ async def with_retries(
                 raise
             await on_retry(attempt, wait, exc)
             await sleep(wait)
+
+
+TOO_LONG_MARKS = ("context_length_exceeded", "maximum context length", "context length", "prompt is too long",
+                  "too many tokens", "input is too long")
+
+
+def too_long(exc: BaseException) -> bool:
+    """Whether a provider refused the request for being over the model's context window (a 400
+    or 413 that says so): worth one compaction and a retry, never a plain retry."""
+    if status_of(exc) not in (400, 413):
+        return False
+    text = f"{exc} {getattr(exc, 'body', '')}".lower()
+    return any(mark in text for mark in TOO_LONG_MARKS)
