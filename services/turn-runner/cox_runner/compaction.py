@@ -325,21 +325,9 @@ async def summarize(deps: Any, model_name: str, text: str, focus: str | None = N
                        metadata={"cox_purpose": "compact", "cox_vias": ["compact"]})
     resp = await model_request(model, [req], model_settings=deps.models.settings(model_name))
     out = "".join(p.content for p in resp.parts if isinstance(p, TextPart)).strip()
-    return Summary(out, resp.usage.input_tokens + resp.usage.output_tokens, cost_of(deps, model_name, resp),
+    return Summary(out, resp.usage.input_tokens + resp.usage.output_tokens, usage.spend_cost(deps.models.prices(model_name), resp),
                    usage.usage_of(resp, deps.settings.model.provider(model_name)))
 
-
-def cost_of(deps: Any, model_name: str, resp: ModelResponse) -> float:
-    prices = deps.models.prices(model_name)
-    u = resp.usage
-    if prices is not None:
-        return float((u.input_tokens * prices[0] + u.output_tokens * prices[1]) / 1_000_000)
-    if resp.model_name in (None, "", "script"):
-        return 0.0
-    try:
-        return float(resp.cost().total_price)
-    except Exception:  # noqa: BLE001 - unknown prices count as zero
-        return 0.0
 
 
 @dataclass

@@ -301,17 +301,8 @@ class TurnLoop:
         return response
 
     def _cost(self, response: ModelResponse) -> float:
-        """USD this response cost: configured prices, else genai-prices' data, else zero (unknown)."""
-        prices = self.deps.models.prices(self.turn.model)
-        u = response.usage
-        if prices is not None:
-            return (u.input_tokens * prices[0] + u.output_tokens * prices[1]) / 1_000_000
-        if response.model_name in (None, "", "script"):
-            return 0.0
-        try:
-            return float(response.cost().total_price)
-        except Exception:  # noqa: BLE001 - a model genai-prices does not know costs nothing we can count
-            return 0.0
+        """USD this response counts against the turn's spend (:func:`cox_runner.usage.spend_cost`)."""
+        return usage.spend_cost(self.deps.models.prices(self.turn.model), response)
 
     async def _request(self, model: Any, messages: list[Any], params: ModelRequestParameters,
                        settings: Any) -> ModelResponse:

@@ -132,6 +132,12 @@ class Sandbox:
     def _program(self) -> str | None:
         return shutil.which(self.cfg.bwrap)
 
+    def _missing(self) -> SandboxStatus:
+        """bwrap is not to be found: recorded as the sandbox's status."""
+        self._status = SandboxStatus("bwrap", False, f"{self.cfg.bwrap!r} was not found in PATH "
+                                                     "(install the bubblewrap package)")
+        return self._status
+
     def _system_args(self) -> list[str]:
         if self._base is not None:
             return self._base
@@ -175,9 +181,7 @@ class Sandbox:
             return shell
         program = self._program()
         if program is None:
-            self._status = SandboxStatus("bwrap", False, f"{self.cfg.bwrap!r} was not found in PATH "
-                                                         "(install the bubblewrap package)")
-            raise SandboxUnavailable(self._status.reason)
+            raise SandboxUnavailable(self._missing().reason)
         if self._status is not None and not self._status.available:
             raise SandboxUnavailable(self._status.reason)
         _ensure_store(workspace, self.store_dir)
@@ -190,9 +194,7 @@ class Sandbox:
             return self.status()
         program = self._program()
         if program is None:
-            self._status = SandboxStatus("bwrap", False, f"{self.cfg.bwrap!r} was not found in PATH "
-                                                         "(install the bubblewrap package)")
-            return self._status
+            return self._missing()
         with tempfile.TemporaryDirectory(prefix="cox-sandbox-probe-") as scratch:
             argv = [*self._bwrap(program, Path(scratch), False), "--", "/bin/true"]
             try:

@@ -74,3 +74,17 @@ def totals_ops(u: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     ops = [("hincrby", "", f"usage_{k}", str(int(u[k])))
            for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")]
     return [*ops, ("hincrbyfloat", "", "usage_cost", repr(float(u["cost"]))), ("hincrby", "", "usage_requests", "1")]
+
+
+def spend_cost(prices: tuple[float, float] | None, response: ModelResponse) -> float:
+    """USD a response counts against the turn's spend: configured (input, output) prices, else
+    genai-prices' data, else zero (unknown; the script model costs nothing)."""
+    u = response.usage
+    if prices is not None:
+        return float((u.input_tokens * prices[0] + u.output_tokens * prices[1]) / 1_000_000)
+    if response.model_name in (None, "", "script"):
+        return 0.0
+    try:
+        return float(response.cost().total_price)
+    except Exception:  # noqa: BLE001 - a model genai-prices does not know costs nothing we can count
+        return 0.0
