@@ -98,3 +98,42 @@ def test_stuck_and_malformed() -> None:
     assert not b.malformed_round(True)
     assert b.malformed_round(True)
     assert not b.malformed_round(False)
+
+
+def test_a_half_done_writes_cleanup_survives_a_second_cancellation() -> None:
+    """A turn that loses its lease is cancelled twice (deadline, then renewal): the cleanup of a
+    staged write must still run to its end (CI once found temp files left behind)."""
+    import asyncio
+
+    done: list[str] = []
+
+    class Log:
+        def warning(self, *a: object, **k: object) -> None:
+            done.append("warned")
+
+    async def cleanup() -> None:
+        await asyncio.sleep(0.05)
+        done.append("cleaned")
+
+    async def writer() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await handlers._settle_apart(cleanup(), Log(), "a.txt")
+            raise
+
+    async def main() -> None:
+        task = asyncio.ensure_future(writer())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.sleep(0.01)
+        task.cancel()  # the second cancellation lands while the cleanup runs
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        assert task.cancelled()
+        await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+    assert done == ["cleaned"]

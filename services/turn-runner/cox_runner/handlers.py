@@ -117,6 +117,29 @@ async def list_dir(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], o
     await ctx.rec.result(call, True, text)
 
 
+_SETTLING: set[asyncio.Task[None]] = set()
+
+
+async def _settle_apart(cleanup: Coroutine[Any, Any, None], log: Any, rel: str) -> None:
+    """Run a half-done write's cleanup to its end even if the caller is cancelled again.
+
+    A turn that loses its lease is cancelled more than once (the local deadline, then the
+    renewal that finds the lease gone): the cleanup is a task of its own, which a second
+    cancellation of the caller does not reach, so no temporary file is left behind.
+    """
+    task = asyncio.ensure_future(cleanup)
+    _SETTLING.add(task)
+
+    def done(t: asyncio.Task[None]) -> None:
+        _SETTLING.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.warning("write.cleanup_failed", path=rel, error=repr(t.exception()))
+
+    task.add_done_callback(done)
+    with contextlib.suppress(BaseException):
+        await asyncio.shield(task)
+
+
 async def write_file(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
     ctx.budget.actions += 1
     await write(ctx, call, outcome.path or args["path"], args["content"])
@@ -150,10 +173,11 @@ async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str, sa
         old, tmp = await asyncio.shield(staging)
     except asyncio.CancelledError:
         # The thread runs on: once it has staged the file, nobody will ever commit it.
-        with contextlib.suppress(BaseException):
+        async def unstage() -> None:
             await asyncio.wait({staging}, timeout=10)
             if staging.done() and staging.exception() is None:
                 await asyncio.to_thread(safefs.discard, ws, rel, staging.result()[1])
+        await _settle_apart(unstage(), ctx.log, rel)
         raise
     added, removed = textdiff.counts(old, data)
     intent = json.dumps({"path": rel, "tmp": tmp, "bytes": len(data), "added": added, "removed": removed,
@@ -166,12 +190,12 @@ async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str, sa
         # not go ahead. Refused, nothing was recorded and the temp file goes; otherwise the
         # intent may be recorded, so the temp file is renamed away (a takeover that settles
         # the intent finds "did not land" and removes it).
-        if not fence.done():
-            with contextlib.suppress(BaseException):
+        async def unfence() -> None:
+            if not fence.done():
                 await asyncio.wait({fence}, timeout=5)
-        refused = fence.done() and not fence.cancelled() and isinstance(fence.exception(), LeaseLost)
-        with contextlib.suppress(Exception):
-            await asyncio.shield(asyncio.to_thread(safefs.discard if refused else safefs.abort, ws, rel, tmp))
+            refused = fence.done() and not fence.cancelled() and isinstance(fence.exception(), LeaseLost)
+            await asyncio.to_thread(safefs.discard if refused else safefs.abort, ws, rel, tmp)
+        await _settle_apart(unfence(), ctx.log, rel)
         raise
     await asyncio.shield(asyncio.to_thread(safefs.commit, ws, rel, tmp))
     text = f"Wrote {rel} ({len(data)} bytes, +{added} -{removed})."
