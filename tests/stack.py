@@ -62,7 +62,7 @@ class Stack:
         self.logs.mkdir(exist_ok=True)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60.0) -> Stack:
+    def start(self, timeout: float = 120.0) -> Stack:
         self.nats.start()
         self.redis.start()
         cfg = self.tmp / "coxswain.toml"
@@ -92,7 +92,7 @@ class Stack:
         self.procs[instance] = proc
         return proc
 
-    def wait_healthy(self, timeout: float = 60.0) -> None:
+    def wait_healthy(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:

@@ -53,7 +53,7 @@ def test_cox_up_runs_the_printed_curl_restarts_a_dead_service_and_stops_cleanly(
     started = time.monotonic()
     proc, lines = _start(tmp_path, "--port", str(port), "--runners", "2")
     try:
-        ready = _wait_line(lines, "ready:", 30)
+        ready = _wait_line(lines, "ready:", 90)
         assert time.monotonic() - started < 30, "ready in under 30 s"
         assert ready == f"ready: http://127.0.0.1:{port}"
         token = _wait_line(lines, "token:", 5).split(": ", 1)[1]
