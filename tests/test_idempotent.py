@@ -222,7 +222,7 @@ def test_a_lost_turn_end_reply_no_longer_crashes_the_next_message(turn_end_dropp
 
 
 begin_and_emit_dropped = stack_fixture("idem-begin-emit", runners=1, runner_env={
-    **FAULTS, "COX_FAULT_DROP_REPLY": "cox_send:1,cox_emit:2,cox_emit:3"})
+    **FAULTS, "COX_FAULT_DROP_REPLY": "cox_send:1,cox_emit:2,cox_emit:3,cox_op_begin:1"})
 
 
 def test_lost_replies_of_a_begin_and_of_an_emit_record_nothing_twice(begin_and_emit_dropped: Stack) -> None:
@@ -233,9 +233,26 @@ def test_lost_replies_of_a_begin_and_of_an_emit_record_nothing_twice(begin_and_e
     with stack.client() as api:
         _, faulted = run_two(api, "lost-begin-emit")
         seen = retried(stack)
-        assert sorted((x["event"], x["fn"], x["attempt"]) for x in seen) == [
+        assert sorted((x["event"], x["fn"], x["attempt"]) for x in seen if x["fn"] != "cox_op_begin") == [
             ("redis.call_retry", "cox_emit", 1), ("redis.call_retry", "cox_emit", 2),
             ("redis.call_retry", "cox_send", 1)], seen
         _, clean = run_two(api, "clean")  # the plan is used up: nothing is dropped now
         assert len(retried(stack)) == len(seen)
         assert shape(faulted) == shape(clean)
+
+
+def test_a_lost_reply_of_a_persons_short_lease_leaves_no_session_stuck_busy(begin_and_emit_dropped: Stack) -> None:
+    """A ``!command`` on an idle session takes a short lease (cox_op_begin) whose reply is lost:
+    the retry gets the token the first attempt took (not 409 busy from its own lease), so the
+    command runs under it and the session is idle again at once, not after a takeover."""
+    stack = begin_and_emit_dropped
+    with stack.client() as api:
+        sid = api.create("lost-op-begin")["id"]
+        r = api.http.post(f"/v1/sessions/{sid}/observe", json={"command": "printf observed-once"})
+        assert r.status_code == 202, r.text
+        assert api.session(sid)["busy"] is False, "the person's lease was released with the command's end"
+        evs = log_of(api, sid)
+        assert [e["output"] for e in evs if e["type"] == "observed"] == ["exit code 0\nobserved-once"]
+        seen = [x for x in retried(stack) if x.get("fn") == "cox_op_begin"]
+        assert [(x["event"], x["attempt"]) for x in seen] == [("redis.call_retry", 1)], seen
+        assert not [x for x in records(stack, stack.runner_names()[0]) if x.get("event") == "lease.claimed"]
