@@ -12,7 +12,7 @@ through ``once`` carries a transition id (``tx``), made once per call and sent a
 its retries, and Redis answers a tx it has already run with the first attempt's reply, without
 running it again (docs/design.md, "Idempotent transitions"). A call whose connection broke
 (``ConnectionError``/``TimeoutError``) is retried a few times with a short backoff, within
-``retry_s``; only when every attempt failed does a call of the turn's holder raise
+``retry_s`` (one retry at least); only when every attempt failed does a call of the turn's holder raise
 :class:`StoreDown` (the turn writes nothing more and the lease lapses) and an admission call
 fail (503; ``client_id`` makes a send idempotent for the person's own retry).
 """
@@ -106,7 +106,9 @@ class Store:
                 break
             except _BROKEN as exc:
                 waited = time.monotonic() - first
-                if attempt >= RETRY_ATTEMPTS or waited >= self.retry_s:
+                # One retry at least, even after a slow failure (a timeout): it is what a lost
+                # reply needs; a drive's own deadline still stops it within the lease.
+                if attempt >= RETRY_ATTEMPTS or (attempt > 1 and waited >= self.retry_s):
                     self.log.warning("redis.call_failed", fn=fn, sid=sid, tx=tx or None, attempts=attempt,
                                      error=repr(exc))
                     if fn in HOLDER_FNS and not (fn == "cox_emit" and argv[1] == ""):
