@@ -136,6 +136,15 @@ def test_a_lost_batch_is_handed_again_only_while_the_publish_lock_is_the_callers
     assert r.llen(base + keys.OUTBOX) == 1
 
 
+def test_a_call_that_forgot_its_transition_id_is_refused_not_cut_short(r: redis.Redis) -> None:
+    sid, token = busy_session(r)
+    ev = json.dumps({"type": "agent.message", "sid": sid, "turn_id": "t_1", "text": "last"})
+    seq = r.hget(keys.session(sid), "seq")
+    res = r.fcall("cox_emit", 1, keys.session(sid), sid, token, "", "0", ev)  # type: ignore[arg-type]
+    assert json.loads(res[0]).get("error") == "invalid"
+    assert r.hget(keys.session(sid), "seq") == seq
+
+
 def test_a_kept_reply_expires_and_lives_in_the_sessions_slot(r: redis.Redis) -> None:
     sid, token = busy_session(r)
     head(call(r, "cox_close_leads", sid, token, tx="x_keep"))

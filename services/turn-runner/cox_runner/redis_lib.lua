@@ -16,7 +16,7 @@ never reused) with a PX TTL. Functions a turn's runner calls take the token and 
 "fenced" when it is no longer the lease's.
 
 Idempotent transitions: the functions registered through once() take one more argument, last,
-the transition id (tx; '' = none). Their first reply for a tx is kept (KEYS[1]..":tx:"..tx, PX
+the transition id (tx: '' = none, else "x_" and letters, digits, '_' or '-'). Their first reply for a tx is kept (KEYS[1]..":tx:"..tx, PX
 TX_KEEP_MS) and a call with the same tx answers it again without running: a caller whose reply
 was lost (the connection broke after Redis ran the call) retries with the same tx and gets the
 first attempt's answer, even if the state moved on since (a turn_end that released the lease
@@ -75,6 +75,10 @@ local function once(fn)
     local tx = args[#args]
     args[#args] = nil
     if tx == nil or tx == '' then return fn(keys, args) end
+    if not string.match(tx, '^x_[%w_-]+$') then
+      -- a caller that forgot the id would otherwise lose its last argument without a word
+      return refuse('invalid', 'the last argument must be a transition id (x_...) or empty')
+    end
     local base = keys[1]
     local txk = base .. ':tx:' .. tx
     local kept = redis.call('GET', txk)
