@@ -232,8 +232,8 @@ def test_writes_from_12_sessions_after_redis_is_killed_and_restarted(small: Stac
             assert time.monotonic() - t0 < 30, r.text
             time.sleep(0.1)
         # The contract while a server comes back: 503 (retry it; a client_id makes it idempotent),
-        # never a quiet failure. A runner's first call on a connection the old server closed may
-        # answer 503 once (a transition is never resent by the client: it may have run).
+        # never a quiet failure. A runner's call on a connection the old server closed is retried
+        # by the runner itself with its transition id (it may have run), so a 503 is rare here.
         sent: list[dict[str, Any]] = []
         retried = 0
         for i, sid in enumerate(sids):

@@ -155,8 +155,8 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     r = redis.Redis.from_url(stack.redis.admin_url, decode_responses=True)
     try:
         body = json.dumps({"type": "agent.message", "sid": sid, "turn_id": start["turn_id"], "text": "late"})
-        for fn, args in (("cox_emit", [sid, stale_token, "test", "0", body]),
-                         ("cox_turn_end", [sid, stale_token, "test", "", "t_x", "1000", "", ""]),
+        for fn, args in (("cox_emit", [sid, stale_token, "test", "0", body, ""]),
+                         ("cox_turn_end", [sid, stale_token, "test", "", "t_x", "1000", "", "", "", "", ""]),
                          ("cox_renew", [sid, stale_token, "1000"]),
                          ("cox_fence", [sid, stale_token])):
             head = json.loads(r.fcall(fn, 1, keys.session(sid), *args)[0])

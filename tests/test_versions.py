@@ -283,7 +283,8 @@ def test_changes_lists_the_latest_approved_preview_per_file(stack: Stack, api: A
                 "args": {"path": "old.txt", "content": "o"}}
     old_decision = {"type": "policy.decision", "sid": sid, "call_id": "call_legacy1", "verdict": "allow",
                     "actor": "setting", "reason": "writes go ahead"}
-    rc.fcall("cox_emit", 1, keys.session(sid), sid, "", "", "0", json.dumps(old_call), json.dumps(old_decision))
+    rc.fcall("cox_emit", 1, keys.session(sid), sid, "", "", "0", json.dumps(old_call), json.dumps(old_decision),
+             "")  # no transition id (the last argument)
     rc.close()
     api.wait_type(sid, "policy.decision", call_id="call_legacy1")
 

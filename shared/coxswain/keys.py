@@ -50,6 +50,12 @@ WRITES: Final = ":wip"
 done. Set under the lease's token right before the rename; whoever ends the turn settles each."""
 OBSERVED: Final = ":observed"
 """list of operator !command results waiting to be folded into the next tool result."""
+TX: Final = ":tx:"
+"""prefix of strings ``<session>:tx:<tx>``, one per transition id: the first reply a function
+registered through ``once`` gave for that id (JSON {h: head, o: publish-lock owner}), PX
+``TX_KEEP_MS``. A retried call whose reply was lost answers from it instead of running twice."""
+TX_KEEP_MS: Final = 60_000
+"""How long a transition's reply is kept (mirrored in the Lua library): longer than any retry."""
 
 
 def session(sid: str) -> str:
@@ -59,6 +65,11 @@ def session(sid: str) -> str:
 
 def of(sid: str, suffix: str) -> str:
     return session(sid) + suffix
+
+
+def tx(sid: str, tx_id: str) -> str:
+    """The kept reply of transition ``tx_id`` (in the session's slot: derived from its key)."""
+    return session(sid) + TX + tx_id
 
 
 def principal(name: str) -> str:

@@ -10,16 +10,22 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from cox_runner.faults import DropReplies, parse
 from cox_runner.fns import Fns
+from cox_runner.store import HOLDER_FNS, TX_FNS
 
 LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis_lib.lua").read_text()
 
 
 def _functions() -> dict[str, tuple[int, bool]]:
-    """Each registered function: (how many ARGV slots it reads by position, reads more after them)."""
+    """Each registered function: (how many ARGV slots it reads by position, reads more after them).
+    A function registered through ``once`` reads them after the transition id was taken off the
+    end (the store appends it: cox_runner.store.TX_FNS), so its method sends just those."""
     bodies = dict(re.findall(r"local function (\w+)\(keys, args\)\n(.*?)\nend\n", LUA, re.S))
     out: dict[str, tuple[int, bool]] = {}
-    for name, local in re.findall(r"redis\.register_function\('(\w+)', (\w+)\)", LUA):
+    for name, local in re.findall(r"redis\.register_function\('(\w+)', (?:once\()?(\w+)\)?\)", LUA):
         body = bodies[local]
         n = max((int(i) for i in re.findall(r"\bargs\[(\d+)\]", body)), default=0)
         for names in re.findall(r"local ([\w, ]+?)\s*=\s*unpack\(args\)", body):
@@ -91,3 +97,43 @@ def test_each_method_sends_the_arguments_its_function_reads() -> None:
                                              f"the function reads {want}"
         has_tail = any("Sequence" in str(p.annotation) for p in inspect.signature(method).parameters.values())
         assert has_tail == variadic, f"{name}: variable arguments on one side only"
+
+
+def test_the_transitions_that_take_an_id_are_the_same_on_both_sides() -> None:
+    """The library takes the transition id off the end of exactly the functions it registers
+    through ``once``; the store appends one to exactly those (a mismatch would take a real
+    argument for the id, or leave the id as one)."""
+    wrapped = set(re.findall(r"redis\.register_function\('(\w+)', once\(\w+\)\)", LUA))
+    assert len(wrapped) >= 10, "the test no longer reads the library"
+    assert wrapped == set(TX_FNS)
+    # Every transition of a turn's holder is idempotent but the two that may simply run again:
+    # a renewal (PEXPIRE) and the fence, which must answer for the lease as it is now.
+    assert set(HOLDER_FNS) - wrapped == {"cox_renew", "cox_fence"}
+    # Every other session function that records something is too (the takeover and publishing
+    # functions touch no one session's reply, see docs/design.md "Idempotent transitions").
+    assert set(_functions()) - wrapped == {"cox_renew", "cox_fence", "cox_claim", "cox_pub_done", "cox_dirty",
+                                           "cox_pub_claim"}
+
+
+def test_a_fault_plan_counts_attempts_per_function_and_needs_its_switch() -> None:
+    class Log:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def warning(self, event: str, **kw: Any) -> None:
+            self.lines.append(event)
+
+        error = warning
+
+    log = Log()
+    off = DropReplies.from_env({"COX_FAULT_DROP_REPLY": "cox_turn_end:1"}, log)
+    assert not off and not off.drop("cox_turn_end") and log.lines == ["fault.injection_ignored"]
+    on = DropReplies.from_env({"COX_FAULT_DROP_REPLY": "cox_turn_end:1, cox_emit:2,cox_emit:3",
+                               "COX_TEST_FAULTS": "1"}, log)
+    assert log.lines[-1] == "fault.injection_on"
+    assert [on.drop("cox_emit") for _ in range(4)] == [False, True, True, False]
+    assert [on.drop("cox_turn_end") for _ in range(2)] == [True, False]
+    assert not on.drop("cox_send") and on.dropped == 3
+    for bad in ("turn_end:1", "cox_emit", "cox_emit:0", "cox_emit:x"):
+        with pytest.raises(ValueError):
+            parse(bad)

@@ -9,9 +9,10 @@ Fencing, from the runner's side: every write goes through a Redis function that 
 token, so a runner whose lease was taken over writes nothing. Besides, the drive keeps a local
 deadline (the time it sent its last successful renewal plus most of the lease): when it passes
 without a renewal the drive cancels itself (a running command is killed), and a write outside
-Redis (a file) asks Redis for the token once more just before it happens. Losing the lease or
-Redis cancels the drive at once; the lease then lapses and a runner's takeover ends the turn
-``crashed``.
+Redis (a file) asks Redis for the token once more just before it happens. Losing the lease, or
+Redis for longer than the store retries a call (a lost reply alone is retried and answered from
+the first attempt: see store.py), cancels the drive at once; the lease then lapses and a runner's
+takeover ends the turn ``crashed``.
 """
 
 from __future__ import annotations

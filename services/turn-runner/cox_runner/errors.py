@@ -1,8 +1,8 @@
 """Runner-internal errors.
 
     LeaseLost      the session's lease is no longer ours: stop at once, write nothing more
-    └── StoreDown  Redis did not answer the holder's call: whether it ran is unknown, so the
-                   runner writes nothing more and lets the lease lapse (takeover ends the turn)
+    └── StoreDown  Redis did not answer the holder's call, nor any of its retries (store.py):
+                   the runner writes nothing more and lets the lease lapse (takeover ends the turn)
     StopRequested  Stop or steer asked the running turn to end (carries the reason)
     SandboxUnavailable (a CoxError, 503) the command sandbox cannot start: the command is
                    refused, never run bare

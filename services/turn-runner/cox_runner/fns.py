@@ -6,7 +6,9 @@ the session's key first among KEYS. A no-server test (tests/fast/test_fns.py) ch
 registered function has exactly one method here and that each sends as many fixed arguments as
 the function unpacks.
 
-Functions that record events go through :meth:`Store.call` (errors raised, outbox published);
+Functions that record events go through :meth:`Store.call` (errors raised, outbox published, a
+call whose connection broke retried with its transition id: the library answers a retry whose
+first attempt ran with that attempt's reply);
 the lease keeper's ``cox_renew`` is queued on its pipeline; the takeover and publishing functions
 (``cox_claim``, ``cox_pub_done``, ``cox_dirty``, ``cox_pub_claim``) answer raw values.
 """

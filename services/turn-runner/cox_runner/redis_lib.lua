@@ -14,12 +14,20 @@ state change they describe, so the log and the state can never disagree.
 Fencing: the busy lease is the string KEYS[1]..":lease" holding the token (an INCR that is
 never reused) with a PX TTL. Functions a turn's runner calls take the token and refuse with
 "fenced" when it is no longer the lease's.
+
+Idempotent transitions: the functions registered through once() take one more argument, last,
+the transition id (tx: '' = none, else "x_" and letters, digits, '_' or '-'). Their first reply for a tx is kept (KEYS[1]..":tx:"..tx, PX
+TX_KEEP_MS) and a call with the same tx answers it again without running: a caller whose reply
+was lost (the connection broke after Redis ran the call) retries with the same tx and gets the
+first attempt's answer, even if the state moved on since (a turn_end that released the lease
+is not refused "fenced" on the retry).
 ]]
 
 local LEASES = 'cox:leases'
 local DIRTY = 'cox:outbox:dirty'
 local PUB_BATCH = 200
 local PUB_LOCK_MS = 5000
+local TX_KEEP_MS = 60000
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -53,6 +61,45 @@ local function with_pub(base, owner, first)
     for i = 1, #batch do out[#out + 1] = batch[i] end
   end
   return out
+end
+
+-- Run fn once per transition id (the last argument, taken off before fn sees its arguments).
+-- What is kept is the reply's head and, when the call handed over a batch with the publish
+-- lock, that lock's owner. A replay never hands back the old batch blindly: the outbox has moved
+-- on. While the lock is still that owner's (its caller never got the batch, so nobody publishes)
+-- the replay hands the outbox's first batch again and renews the lock; otherwise the head alone
+-- (someone else publishes, or it is done). Publishing twice is harmless: a seq already in the
+-- stream is skipped, and cox_pub_done trims by seq.
+local function once(fn)
+  return function(keys, args)
+    local tx = args[#args]
+    args[#args] = nil
+    if tx == nil or tx == '' then return fn(keys, args) end
+    if not string.match(tx, '^x_[%w_-]+$') then
+      -- a caller that forgot the id would otherwise lose its last argument without a word
+      return refuse('invalid', 'the last argument must be a transition id (x_...) or empty')
+    end
+    local base = keys[1]
+    local txk = base .. ':tx:' .. tx
+    local kept = redis.call('GET', txk)
+    if kept then
+      local k = cjson.decode(kept)
+      local out = { k.h }
+      if k.o ~= nil and redis.call('GET', base .. ':publock') == k.o then
+        local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
+        if #batch > 0 then
+          redis.call('PEXPIRE', base .. ':publock', PUB_LOCK_MS)
+          for i = 1, #batch do out[#out + 1] = batch[i] end
+        end
+      end
+      return out
+    end
+    local res = fn(keys, args)
+    local k = { h = res[1] }
+    if #res > 1 then k.o = redis.call('GET', base .. ':publock') end
+    redis.call('SET', txk, cjson.encode(k), 'PX', TX_KEEP_MS)
+    return res
+  end
 end
 
 local function busy(base) return redis.call('HGET', base, 'busy') == '1' end
@@ -621,20 +668,20 @@ local function cox_pub_claim(keys, args)
   return with_pub(base, owner, reply({ claimed = true }))
 end
 
-redis.register_function('cox_create', cox_create)
-redis.register_function('cox_patch', cox_patch)
-redis.register_function('cox_send', cox_send)
-redis.register_function('cox_lead', cox_lead)
-redis.register_function('cox_stop', cox_stop)
-redis.register_function('cox_answer', cox_answer)
+redis.register_function('cox_create', once(cox_create))
+redis.register_function('cox_patch', once(cox_patch))
+redis.register_function('cox_send', once(cox_send))
+redis.register_function('cox_lead', once(cox_lead))
+redis.register_function('cox_stop', once(cox_stop))
+redis.register_function('cox_answer', once(cox_answer))
 redis.register_function('cox_renew', cox_renew)
-redis.register_function('cox_emit', cox_emit)
-redis.register_function('cox_auto_title', cox_auto_title)
+redis.register_function('cox_emit', once(cox_emit))
+redis.register_function('cox_auto_title', once(cox_auto_title))
 redis.register_function('cox_fence', cox_fence)
-redis.register_function('cox_take_leads', cox_take_leads)
-redis.register_function('cox_close_leads', cox_close_leads)
-redis.register_function('cox_turn_end', cox_turn_end)
-redis.register_function('cox_op_begin', cox_op_begin)
+redis.register_function('cox_take_leads', once(cox_take_leads))
+redis.register_function('cox_close_leads', once(cox_close_leads))
+redis.register_function('cox_turn_end', once(cox_turn_end))
+redis.register_function('cox_op_begin', once(cox_op_begin))
 redis.register_function('cox_claim', cox_claim)
 redis.register_function('cox_pub_done', cox_pub_done)
 redis.register_function('cox_dirty', cox_dirty)
@@ -709,5 +756,5 @@ local function cox_queue_order(keys, args)
   return with_pub(base, owner, reply({ queue = want, changed = true }))
 end
 
-redis.register_function('cox_queue_remove', cox_queue_remove)
-redis.register_function('cox_queue_order', cox_queue_order)
+redis.register_function('cox_queue_remove', once(cox_queue_remove))
+redis.register_function('cox_queue_order', once(cox_queue_order))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from typing import Any
 
@@ -34,6 +35,7 @@ from .admission import Admission
 from .clients import Clients
 from .deps import Deps
 from .errors import StopRequested
+from .faults import DropReplies
 from .leases import Drive, Leases
 from .providers import Models
 from .queue_ops import QueueOps
@@ -44,6 +46,14 @@ SHUTDOWN_GRACE_S = 8.0
 INFRA_CHECK_S = 0.2
 """How long one look at the services' health serves every drive that asks."""
 LOG_LIMIT = 10_000_000
+STORE_RETRY_MAX_S = 10.0
+
+
+def store_retry_s(settings: Settings) -> float:
+    """How long a Redis call whose connection broke is retried: half the lease (a turn's holder
+    then still has time to go on before its own deadline), at most ``STORE_RETRY_MAX_S``, well
+    inside the time Redis keeps a transition's reply (``keys.TX_KEEP_MS``)."""
+    return min(settings.runner.lease_ms / 2000, STORE_RETRY_MAX_S)
 
 
 class Runner(Service):
@@ -64,12 +74,13 @@ class Runner(Service):
             (subjects.JUDGE,) if settings.approval.commands == "judge" else ())
 
     async def start(self) -> None:
-        # Never let the client resend a call whose connection broke: a transition may have run
-        # (see store.py); the caller decides (503, or the drive lets its lease lapse).
+        # Never let the client resend a call whose connection broke: a transition may have run.
+        # The store retries it itself, with the call's transition id (see store.py).
         self.redis.set_retry(Retry(NoBackoff(), 0))
         self.js = self.nc.jetstream()
         await eventlog.ensure_stream(self.js)
-        self.store = Store(self.redis, self.js, self.owner, self.log)
+        self.store = Store(self.redis, self.js, self.owner, self.log, retry_s=store_retry_s(self.settings),
+                           on_down=self.redis_failed, faults=DropReplies.from_env(os.environ, self.log))
         await self.store.load()
         await self._check_durability()
         await self._check_sandbox()
@@ -144,8 +155,8 @@ class Runner(Service):
 
     async def redis_failed(self) -> None:
         """Redis failed a call: drop the idle pooled connections, so that once it is back (a
-        restart) no call goes out on a socket the old server closed. Calls are not retried
-        (see store.py), so a stale socket would fail one more call for nothing."""
+        restart) no call goes out on a socket the old server closed (a retry would fail on it
+        for nothing, see store.py)."""
         with contextlib.suppress(Exception):
             await self.redis.connection_pool.disconnect(inuse_connections=False)
 

@@ -6,10 +6,15 @@ the batch to JetStream in order and asks for the next one until the outbox is em
 runs in a kept background task so an HTTP reply or the turn loop does not wait on JetStream.
 
 Calls are never retried by the Redis client (the runner turns its retries off): a transition
-whose connection broke may or may not have run, and running it twice would record it twice. A
-call of the turn's holder that fails that way raises :class:`StoreDown`, so the turn writes
-nothing more and the lease lapses; admission answers 503 and the person may retry (``client_id``
-makes a send idempotent).
+whose connection broke may or may not have run, and running it blindly twice would record it
+twice. This module retries instead, safely: every call of a function the library registers
+through ``once`` carries a transition id (``tx``), made once per call and sent again by each of
+its retries, and Redis answers a tx it has already run with the first attempt's reply, without
+running it again (docs/design.md, "Idempotent transitions"). A call whose connection broke
+(``ConnectionError``/``TimeoutError``) is retried a few times with a short backoff, within
+``retry_s`` (one retry at least); only when every attempt failed does a call of the turn's holder raise
+:class:`StoreDown` (the turn writes nothing more and the lease lapses) and an admission call
+fail (503; ``client_id`` makes a send idempotent for the person's own retry).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
+import time
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -25,8 +33,10 @@ import redis.exceptions
 from nats.js import JetStreamContext
 
 from coxswain import errors, eventlog, keys
+from coxswain.ids import new_id
 
 from .errors import StoreDown
+from .faults import DropReplies
 from .fns import Fns
 
 LIBRARY = resources.files("cox_runner").joinpath("redis_lib.lua").read_text()
@@ -35,6 +45,16 @@ LIBRARY = resources.files("cox_runner").joinpath("redis_lib.lua").read_text()
 # Functions only the holder of a turn's lease calls (with its token).
 HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_leads", "cox_close_leads",
                         "cox_turn_end", "cox_fence"})
+# Functions registered through ``once`` in the library: their last argument is the transition id.
+TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
+                    "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
+                    "cox_queue_remove", "cox_queue_order"})
+RETRY_ATTEMPTS = 5
+"""Attempts of one call whose connection broke (the first included), within ``retry_s``."""
+RETRY_FIRST_S = 0.02
+RETRY_MAX_S = 0.5
+"""The backoff before retry n is uniform in [0.5, 1] x min(RETRY_MAX_S, RETRY_FIRST_S * 2**(n-1))."""
+_BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 def _list(value: Any) -> list[Any]:
@@ -45,11 +65,18 @@ def _list(value: Any) -> list[Any]:
 class Store:
     """Calls into the Redis function library; one per runner process."""
 
-    def __init__(self, redis: aioredis.Redis, js: JetStreamContext, owner: str, log: Any) -> None:
+    def __init__(self, redis: aioredis.Redis, js: JetStreamContext, owner: str, log: Any, *,
+                 retry_s: float = 1.0, on_down: Callable[[], Awaitable[None]] | None = None,
+                 faults: DropReplies | None = None) -> None:
         self.redis = redis
         self.js = js
         self.owner = owner
         self.log = log
+        self.retry_s = retry_s
+        """How long after its first attempt a call whose connection broke may still be retried."""
+        self.on_down = on_down
+        """Called before each retry (the runner drops its idle pooled connections)."""
+        self.faults = faults or DropReplies()
         self._publishers: dict[str, asyncio.Task[None]] = {}
         self._cursors: eventlog.Cursors = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -66,18 +93,33 @@ class Store:
         Called by :class:`cox_runner.fns.Fns`, which names and types each function's arguments."""
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
-        try:
+        tx = ""
+        if fn in TX_FNS:
+            tx = new_id("x")  # one per logical call: every retry below sends the same one
+            argv.append(tx)
+        first = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                res = await self.redis.fcall(fn, len(ks), *ks, *argv)
-            except redis.exceptions.ResponseError as exc:
-                if "Function not found" not in str(exc) and "NOSCRIPT" not in str(exc):
+                res = await self._fcall(fn, ks, argv)
+                break
+            except _BROKEN as exc:
+                waited = time.monotonic() - first
+                # One retry at least, even after a slow failure (a timeout): it is what a lost
+                # reply needs; a drive's own deadline still stops it within the lease.
+                if attempt >= RETRY_ATTEMPTS or (attempt > 1 and waited >= self.retry_s):
+                    self.log.warning("redis.call_failed", fn=fn, sid=sid, tx=tx or None, attempts=attempt,
+                                     error=repr(exc))
+                    if fn in HOLDER_FNS and not (fn == "cox_emit" and argv[1] == ""):
+                        raise StoreDown(f"redis did not answer {fn}: {exc!r}") from exc
                     raise
-                await self.load()
-                res = await self.redis.fcall(fn, len(ks), *ks, *argv)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            if fn in HOLDER_FNS and not (fn == "cox_emit" and argv[1] == ""):
-                raise StoreDown(f"redis did not answer {fn}: {exc!r}") from exc
-            raise
+                pause = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+                self.log.warning("redis.call_retry", fn=fn, sid=sid, tx=tx or None, attempt=attempt,
+                                 error=repr(exc))
+                if self.on_down is not None:
+                    await self.on_down()
+                await asyncio.sleep(min(pause, max(0.0, self.retry_s - waited)))
         head = json.loads(res[0])
         batch = list(res[1:])
         if batch and sid is not None:
@@ -87,6 +129,19 @@ class Store:
             raise errors.from_wire({"error": head["error"], "detail": head.get("detail", ""),
                                     "status": _status(head["error"])})
         return head if isinstance(head, dict) else {"value": head}
+
+    async def _fcall(self, fn: str, ks: list[str], argv: list[str]) -> Any:
+        """One attempt (the library loaded again if Redis lost it, e.g. a fresh server)."""
+        try:
+            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+        except redis.exceptions.ResponseError as exc:
+            if "Function not found" not in str(exc) and "NOSCRIPT" not in str(exc):
+                raise
+            await self.load()
+            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+        if self.faults and self.faults.drop(fn):
+            raise redis.exceptions.ConnectionError(f"fault injection: the reply of {fn} was dropped after it ran")
+        return res
 
     # ------------------------------------------------------------------ publishing
     def _start_publish(self, sid: str, batch: list[str]) -> None:
