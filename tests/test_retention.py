@@ -206,3 +206,18 @@ def test_the_shadow_is_pruned_and_commands_are_still_versioned(stack: Stack, api
         r = api.http.post(f"/v1/sessions/{sid}/undo")
         assert r.status_code == 200, r.text
         assert (ws / path).read_text() == before
+
+
+def test_collecting_every_workspace_goes_on_past_a_tampered_one(stack: Stack, api: Api, tmp_path: Path) -> None:
+    bad, good = api.create("r-tampered"), api.create("r-fine")
+    for s in (bad, good):
+        run_turn(api, s["id"], script({"tools": [write("x.txt", "x")]}, {"text": "ok"}))
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "objects").mkdir(parents=True)
+    (elsewhere / "objects" / "keep.txt").write_text("not the store's\n")
+    (Path(bad["workspace"]) / ".coxswain" / "shadow").symlink_to(elsewhere)  # planted by a command
+
+    res = collect(stack)
+    assert [f.split(":")[0] for f in res["failed"]] == ["r-tampered"], res
+    assert res["workspaces"] >= 2, "every other workspace under the root was collected"
+    assert (elsewhere / "objects" / "keep.txt").read_text() == "not the store's\n", "the link was not followed"

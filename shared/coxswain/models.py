@@ -421,6 +421,8 @@ class CollectResult(_Out):
     shadow_indexes_removed: int
     shadow_objects_removed: int
     ms: float
+    failed: list[str] = Field(default_factory=list)
+    """Workspaces skipped (``name: reason``) when collecting them all; one named fails the request."""
 
 
 class DiffRequest(_Body):

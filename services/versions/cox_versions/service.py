@@ -287,8 +287,16 @@ class Versions(Service):
         total = CollectResult(workspaces=0, versions_kept=0, versions_removed=0, objects_removed=0, bytes_freed=0,
                               shadow_indexes_removed=0, shadow_objects_removed=0, ms=0.0)
         for ws in spaces:
-            async with self._lock(ws):
-                st, (indexes, objects) = await asyncio.to_thread(self._collect_one, ws)
+            try:
+                async with self._lock(ws):
+                    st, (indexes, objects) = await asyncio.to_thread(self._collect_one, ws)
+            except (CoxError, OSError) as exc:
+                if req.workspace is not None:
+                    raise
+                # One workspace whose store folder was tampered with must not stop the others.
+                total.failed.append(f"{ws.name}: {exc.detail if isinstance(exc, CoxError) else exc}")
+                self.log.warning("versions.collect_failed", workspace=str(ws), error=repr(exc))
+                continue
             total.workspaces += 1
             total.versions_kept += st.kept
             total.versions_removed += st.removed
