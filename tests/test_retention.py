@@ -12,6 +12,8 @@ import asyncio
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -166,14 +168,20 @@ def test_collection_keeps_what_the_policy_says_and_kept_versions_still_restore(s
     assert (last["versions_removed"], last["objects_removed"]) == (0, 0), "nothing more to do"
 
 
-def test_versions_inside_either_rule_are_never_collected(stack: Stack, api: Api) -> None:
-    """The stack's policy is 10 days / 2 per file: five young versions of one file all stay."""
+def test_versions_inside_either_rule_are_never_collected(stack: Stack, api: Api, tmp_path: Path) -> None:
+    """The stack's policy is 10 days / 2 per file: five young versions of one file all stay.
+    Collected here by ``cox gc``, as an operator would."""
     s = api.create("r-young")
     sid, ws = s["id"], Path(s["workspace"])
     evs = run_turn(api, sid, script({"tools": [write("c.txt", str(i)) for i in range(5)]}, {"text": "ok"}))
     ids = [e["version_id"] for e in evs if e["type"] == "version.kept"]
-    res = collect(stack, ws)
-    assert (res["versions_kept"], res["versions_removed"]) == (5, 0), "all five are younger than keep_days"
+    creds = tmp_path / "credentials.json"
+    stack.credentials.save(creds)
+    out = subprocess.run([sys.executable, "-m", "cox", "gc", "--workspace", str(ws), "--nats", stack.nats.url,
+                          "--credentials", str(creds)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert (res["workspaces"], res["versions_kept"], res["versions_removed"]) == (1, 5, 0), res
     assert versions(api, sid, "c.txt") == ids[::-1]
 
 
