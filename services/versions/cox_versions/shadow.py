@@ -178,7 +178,10 @@ class Shadow:
                     sid = name[len("index-"):]
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                     ref = self.git_dir / "refs" / "cox" / sid
-                    idle = idle_s is not None and now - st.st_mtime > idle_s
+                    # Last used: the ref is written by every snapshot; git rewrites the index
+                    # only when something in the workspace changed.
+                    used = max(st.st_mtime, ref.lstat().st_mtime if ref.is_file() else 0.0)
+                    idle = idle_s is not None and now - used > idle_s
                     if idle or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", sid) or not ref.is_file():
                         os.unlink(name, dir_fd=dfd)
                         with contextlib.suppress(OSError, Invalid):
