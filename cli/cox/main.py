@@ -1,11 +1,12 @@
-"""The ``cox`` command: ``cox up`` runs the whole system; ``cox chat`` is the terminal client."""
+"""The ``cox`` command: ``cox up`` runs the whole system; ``cox chat`` is the terminal client;
+``cox gc`` collects the versions stores now."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import chat, up
+from . import chat, gc, up
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,11 +16,15 @@ def main(argv: list[str] | None = None) -> int:
     up.build_parser(p_up)
     p_chat = sub.add_parser("chat", help="a full-screen terminal chat with a session (new, or SID)")
     chat.build_parser(p_chat)
+    p_gc = sub.add_parser("gc", help="collect the versions stores now, by the [versions] retention policy")
+    gc.build_parser(p_gc)
     args = parser.parse_args(argv)
     if args.command == "up":
         return up.run(args)
     if args.command == "chat":
         return chat.run(args)
+    if args.command == "gc":
+        return gc.run(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

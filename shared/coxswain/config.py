@@ -216,6 +216,20 @@ class GatewayConfig(_Section):
     """A stream whose client has not taken one write for this long is dropped too."""
 
 
+class VersionsConfig(_Section):
+    """The retention policy of every workspace's versions store (see docs/operations.md#retention).
+
+    A version is kept while it is younger than ``keep_days`` OR among the newest
+    ``keep_per_file`` versions of its file; only a version outside both is collected. 0 means no
+    limit for that rule, so either one at 0 keeps everything.
+    """
+
+    keep_days: float = Field(30.0, ge=0)
+    keep_per_file: int = Field(20, ge=0)
+    gc_interval_s: float = Field(3600.0, gt=0)
+    """How often the versions service collects every workspace under the root (and once at start)."""
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
@@ -257,6 +271,7 @@ class Settings(BaseSettings):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    versions: VersionsConfig = Field(default_factory=VersionsConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

@@ -5,6 +5,7 @@
     │   └── BadJson               bad_json        400   body is not UTF-8 JSON
     ├── Unauthorized              unauthorized    401
     ├── NotFound                  not_found       404   also: another principal's session
+    │   └── Collected             collected       410   a version the retention policy removed
     ├── Conflict                  (various)       409   busy, not_accepting, no_turn, lead_closed,
     │                                                   resolved, fenced
     ├── TooLarge                  too_large       413
@@ -58,6 +59,13 @@ class Unauthorized(CoxError):
 class NotFound(CoxError):
     code = "not_found"
     status = 404
+
+
+class Collected(NotFound):
+    """The version was collected by the retention policy (``[versions] keep_days``, ``keep_per_file``)."""
+
+    code = "collected"
+    status = 410
 
 
 class Conflict(CoxError):
@@ -123,7 +131,7 @@ class Unavailable(CoxError):
 _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
-        Invalid, BadJson, Unauthorized, NotFound, Conflict, Busy, NotAccepting, NoTurn,
+        Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
         LeadClosed, Resolved, Fenced, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
     )
 }

@@ -28,6 +28,20 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{stamp}{rand}"
 
 
+def id_time(version_id: str) -> float | None:
+    """When an id of :func:`new_id` was made (seconds), or None if it is not one."""
+    _, sep, rest = version_id.partition("_")
+    if not sep or len(rest) < 9:
+        return None
+    t = 0
+    for ch in rest[:9]:
+        n = _ALPHABET.find(ch)
+        if n < 0:
+            return None
+        t = t * 32 + n
+    return t / 1000
+
+
 def check_id(value: str, what: str = "id") -> str:
     """Return ``value`` when it is a safe id, else raise :class:`Invalid`."""
     if not isinstance(value, str) or not ID_RE.fullmatch(value):

@@ -404,6 +404,27 @@ class ListVersionsResult(_Out):
     versions: list[VersionInfo]
 
 
+class CollectRequest(_Body):
+    """Collect the versions store and the shadow by the retention policy (``[versions]``)."""
+
+    workspace: str | None = None
+    """One workspace; none: every workspace folder under the root."""
+
+
+class CollectResult(_Out):
+    workspaces: int
+    versions_kept: int
+    versions_removed: int
+    objects_removed: int
+    bytes_freed: int
+    """Bytes of versions-store objects removed (the shadow's are counted in ``shadow_objects_removed``)."""
+    shadow_indexes_removed: int
+    shadow_objects_removed: int
+    ms: float
+    failed: list[str] = Field(default_factory=list)
+    """Workspaces skipped (``name: reason``) when collecting them all; one named fails the request."""
+
+
 class DiffRequest(_Body):
     sid: Id
     workspace: str

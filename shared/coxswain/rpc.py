@@ -30,6 +30,8 @@ from .models import (
     ApprovalCmd,
     ChangesRequest,
     ChangesResult,
+    CollectRequest,
+    CollectResult,
     CommandChangesRequest,
     CommandChangesResult,
     CompactCmd,
@@ -150,6 +152,9 @@ VERSIONS_DIFF: Final = Op(VERSIONS, "diff", DiffRequest, DiffResult, 30.0, (GATE
 VERSIONS_LIST: Final = Op(VERSIONS, "list", ListVersionsRequest, ListVersionsResult, 30.0, (GATEWAY,))
 VERSIONS_CHANGES: Final = Op(VERSIONS, "changes", ChangesRequest, ChangesResult, 30.0, (GATEWAY,))
 VERSIONS_UNDO_TARGET: Final = Op(VERSIONS, "undo_target", UndoRequest, UndoTarget, 30.0, (GATEWAY,))
+VERSIONS_COLLECT: Final = Op(VERSIONS, "collect", CollectRequest, CollectResult, 600.0, ())
+"""Retention on demand. No service sends it (so no service user may): an operator does, as the
+NATS ``admin`` user (docs/operations.md#retention)."""
 
 # ---------------------------------------------------------------- health, on every service
 HEALTH_CALLERS: Final = {
@@ -164,12 +169,15 @@ HEALTH: Final[dict[str, Op[NoRequest, Health]]] = {
     svc: Op(svc, "health", NoRequest, Health, 2.0, HEALTH_CALLERS[svc]) for svc in SERVICES
 }
 
+OPERATOR_OPS: Final[tuple[Op[Any, Any], ...]] = (VERSIONS_COLLECT,)
+"""Operations only an operator sends (their ``callers`` is empty)."""
+
 OPS: Final[tuple[Op[Any, Any], ...]] = (
     RUNNER_CREATE, RUNNER_PATCH, RUNNER_SEND, RUNNER_LEAD, RUNNER_STOP, RUNNER_ANSWER, RUNNER_OBSERVE,
     RUNNER_RESTORE, RUNNER_UNDO, RUNNER_COMPACT, RUNNER_QUEUE_REMOVE, RUNNER_QUEUE_ORDER, RUNNER_WORKSPACES,
     GUARD_CHECK, JUDGE_DECIDE,
     VERSIONS_KEEP, VERSIONS_RESTORE, VERSIONS_UNDO, VERSIONS_SNAPSHOT, VERSIONS_AFTER, VERSIONS_DIFF,
-    VERSIONS_LIST, VERSIONS_CHANGES, VERSIONS_UNDO_TARGET,
+    VERSIONS_LIST, VERSIONS_CHANGES, VERSIONS_UNDO_TARGET, VERSIONS_COLLECT,
     *HEALTH.values(),
 )
 """Every operation, health included."""

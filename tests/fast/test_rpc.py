@@ -17,7 +17,8 @@ def test_every_operation_is_named_once_and_well_formed() -> None:
     seen = [op.subject for op in rpc.OPS]
     assert len(seen) == len(set(seen)), "an operation is listed twice"
     for op in rpc.OPS:
-        assert op.service in subjects.SERVICES and op.callers, op.subject
+        assert op.service in subjects.SERVICES, op.subject
+        assert bool(op.callers) != (op in rpc.OPERATOR_OPS), f"{op.subject}: callers, or an operator's op"
         assert set(op.callers) <= set(subjects.SERVICES), op.subject
         assert issubclass(op.request, BaseModel) and issubclass(op.reply, BaseModel), op.subject
         if not callable(op.timeout):

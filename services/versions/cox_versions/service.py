@@ -9,6 +9,7 @@ denylist; every record read back is checked (see :mod:`cox_versions.store`).
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import time
 from pathlib import Path
@@ -24,6 +25,8 @@ from coxswain.ids import new_id
 from coxswain.models import (
     ChangesRequest,
     ChangesResult,
+    CollectRequest,
+    CollectResult,
     CommandChangesRequest,
     CommandChangesResult,
     DiffRequest,
@@ -47,6 +50,7 @@ from coxswain.service import Service
 
 from . import changes as changes_view
 from .gitrepo import Repo
+from .retention import DAY_S, Policy, StoreStats, collect_store
 from .shadow import Shadow
 from .store import MAX_OBJECT, Record, Store, check_path
 
@@ -82,6 +86,8 @@ class Versions(Service):
         await self.endpoint(rpc.VERSIONS_UNDO_TARGET, self.undo_target)
         await self.endpoint(rpc.VERSIONS_SNAPSHOT, self.snapshot)
         await self.endpoint(rpc.VERSIONS_AFTER, self.after)
+        await self.endpoint(rpc.VERSIONS_COLLECT, self.collect)
+        self.spawn(self._collect_every(self.settings.versions.gc_interval_s), "collector")
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
@@ -171,9 +177,14 @@ class Versions(Service):
 
     def _undo_group(self, ws: Path, sid: str) -> list[Record]:
         """The versions undo puts back: the session's latest write; for a command, all of its."""
-        recs, undone = self.store(ws).records()
-        mine = [r for r in recs if r.sid == sid and r.reason != "undo" and r.version_id not in undone]
+        idx = self.store(ws).read_index()
+        horizon = idx.horizons.get(sid)
+        mine = [r for r in idx.records if r.sid == sid and r.reason != "undo" and r.version_id not in idx.undone
+                and (horizon is None or r.created > horizon)]
         if not mine:
+            if horizon is not None:
+                raise NotFound("this session has no write left to undo: its older writes were collected by the "
+                               "retention policy ([versions] keep_days, keep_per_file)")
             raise NotFound("this session has no write left to undo")
         last = mine[-1]
         group = [last]
@@ -207,8 +218,13 @@ class Versions(Service):
         await self.check_token(req.sid, req.token)
         ws = self.workspace(req.workspace)
         shadow = Shadow(ws, self.settings.store_dir)
+
+        def work() -> tuple[str, float]:
+            with shadow.hold():
+                return shadow.snapshot(req.sid)
+
         try:
-            tree, ms = await asyncio.to_thread(shadow.snapshot, req.sid)
+            tree, ms = await asyncio.to_thread(work)
         except CoxError as exc:
             self.log.warning("snapshot.skipped", workspace=str(ws), error=exc.detail)
             return SnapshotResult(snapshot=None, skipped=exc.detail)
@@ -223,6 +239,10 @@ class Versions(Service):
 
     def _after(self, ws: Path, req: CommandChangesRequest) -> CommandChangesResult:
         shadow = Shadow(ws, self.settings.store_dir)
+        with shadow.hold():  # no prune between the snapshot and the reads of the "before" blobs
+            return self._after_held(ws, shadow, req)
+
+    def _after_held(self, ws: Path, shadow: Shadow, req: CommandChangesRequest) -> CommandChangesResult:
         _, changed = shadow.changes(req.sid, req.snapshot)
         st = self.store(ws)
         out: list[FileChange] = []
@@ -251,6 +271,66 @@ class Versions(Service):
             out.append(FileChange(path=rel, version_id=rec.version_id, store=rec.store, added=added,
                                   removed=removed, created=old is None, deleted=cur is None))
         return CommandChangesResult(changes=out, skipped=skipped)
+
+    # ------------------------------------------------------------------ retention
+    def policy(self) -> Policy:
+        v = self.settings.versions
+        return Policy(keep_days=v.keep_days, keep_per_file=v.keep_per_file)
+
+    async def collect(self, req: CollectRequest) -> CollectResult:
+        """Collect one workspace, or every workspace folder under the root, by the retention policy."""
+        t0 = time.perf_counter()
+        if req.workspace is not None:
+            spaces = [self.workspace(req.workspace)]
+        else:
+            spaces = await asyncio.to_thread(self._stored_workspaces)
+        total = CollectResult(workspaces=0, versions_kept=0, versions_removed=0, objects_removed=0, bytes_freed=0,
+                              shadow_indexes_removed=0, shadow_objects_removed=0, ms=0.0)
+        for ws in spaces:
+            try:
+                async with self._lock(ws):
+                    st, (indexes, objects) = await asyncio.to_thread(self._collect_one, ws)
+            except (CoxError, OSError) as exc:
+                if req.workspace is not None:
+                    raise
+                # One workspace whose store folder was tampered with must not stop the others.
+                total.failed.append(f"{ws.name}: {exc.detail if isinstance(exc, CoxError) else exc}")
+                self.log.warning("versions.collect_failed", workspace=str(ws), error=repr(exc))
+                continue
+            total.workspaces += 1
+            total.versions_kept += st.kept
+            total.versions_removed += st.removed
+            total.objects_removed += st.objects_removed
+            total.bytes_freed += st.bytes_freed
+            total.shadow_indexes_removed += indexes
+            total.shadow_objects_removed += objects
+        total.ms = round((time.perf_counter() - t0) * 1000, 2)
+        self.log.info("versions.collected", **total.model_dump())
+        return total
+
+    def _collect_one(self, ws: Path) -> tuple[StoreStats, tuple[int, int]]:
+        policy = self.policy()
+        st = collect_store(self.store(ws), policy)
+        idle = None if policy.keep_days == 0 else policy.keep_days * DAY_S
+        return st, Shadow(ws, self.settings.store_dir).collect(idle)
+
+    def _stored_workspaces(self) -> list[Path]:
+        """The workspace folders under the root that have a versions store."""
+        try:
+            entries = list(os.scandir(self.settings.root))
+        except FileNotFoundError:
+            return []
+        return [Path(e.path) for e in sorted(entries, key=lambda e: e.name)
+                if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+                and os.path.isdir(os.path.join(e.path, self.settings.store_dir))]
+
+    async def _collect_every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.collect(CollectRequest())
+            except Exception as exc:  # noqa: BLE001 - a failed round must not stop the next one
+                self.log.warning("versions.collect_failed", error=repr(exc))
 
     # ------------------------------------------------------------------ reads
     async def list(self, req: ListVersionsRequest) -> ListVersionsResult:

@@ -9,7 +9,18 @@ database, from where the versions service copies it into its own store.
 
 Layout, inside the store folder: ``shadow/`` is a git directory (``HEAD``, ``objects/``,
 ``refs/``, ``config``) whose work tree is the workspace; ``shadow/index-<sid>`` is each session's
-index, so sessions in one workspace do not disturb each other's stat cache.
+index, so sessions in one workspace do not disturb each other's stat cache, and
+``shadow/refs/cox/<sid>`` names the tree of that session's latest snapshot.
+
+Collection (:meth:`Shadow.collect`): every snapshot leaves the blobs of the files it saw, so the
+shadow grows with every command. A session's index always names exactly the objects of its
+latest snapshot (``git add`` changes it, then ``write-tree`` writes that tree and the ref), and a
+running command's "before" tree is that ref until its ``after``; so ``git prune`` keeps every
+object reachable from the refs and drops the rest. An index idle longer than the retention
+(``[versions] keep_days``), or one without a ref (written before refs were kept), is dropped
+with its ref: that session's next snapshot hashes the workspace again, as the first one did.
+A collection takes ``shadow/cox.lock`` exclusively; a snapshot and the ``after`` of a command
+hold it shared (:meth:`Shadow.hold`), so no prune runs between a snapshot and the reads of it.
 
 The shadow is written by a process the model's commands can reach, so its ``config`` is written
 again before every use (a planted ``core.fsmonitor`` or filter driver never runs), git runs with
@@ -23,9 +34,11 @@ so ignored trees such as ``node_modules/`` cost nothing (and are not versioned).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +109,17 @@ class Shadow:
                 safefs.delete(self.ws, rel)  # removes a planted link itself, never its target
                 safefs.write(self.ws, rel, content)
 
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool = False) -> Iterator[None]:
+        """The shadow's lock: shared while snapshotting or reading a snapshot, exclusive to collect."""
+        with safefs.open_dir(self.ws, self.rel, create=True) as dfd:
+            fd = os.open("cox.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                yield
+            finally:
+                os.close(fd)
+
     def _env(self, sid: str) -> dict[str, str]:
         safefs.check_text_path(sid)
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", sid):
@@ -116,6 +140,8 @@ class Shadow:
             raise Unavailable(f"the snapshot failed: {exc}") from exc
         if not TREE_RE.fullmatch(tree):
             raise Unavailable("the snapshot gave no tree id")
+        # What keeps this tree's objects (and so the index's) through a collection.
+        safefs.write(self.ws, f"{self.rel}/refs/cox/{sid}", tree.encode() + b"\n")
         return tree, (time.perf_counter() - t0) * 1000
 
     def changes(self, sid: str, before: str) -> tuple[str, list[Change]]:
@@ -136,6 +162,50 @@ class Shadow:
     def read(self, oid: str, max_bytes: int) -> bytes:
         algo = "sha256" if len(oid) == 64 else "sha1"
         return gitrepo.read_blob(self.ws, oid, algo, max_bytes, {"GIT_DIR": str(self.git_dir)})
+
+    def collect(self, idle_s: float | None, now: float | None = None) -> tuple[int, int]:
+        """Drop idle (or ref-less) session indexes, then prune unreachable objects; (indexes, objects) removed."""
+        now = time.time() if now is None else now
+        if not (self.git_dir / "objects").is_dir():
+            return 0, 0
+        with self.hold(exclusive=True):
+            self._prepare()
+            dropped = 0
+            with safefs.open_dir(self.ws, self.rel) as dfd:
+                for name in os.listdir(dfd):
+                    if not name.startswith("index-"):
+                        continue
+                    sid = name[len("index-"):]
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    ref = self.git_dir / "refs" / "cox" / sid
+                    # Last used: the ref is written by every snapshot; git rewrites the index
+                    # only when something in the workspace changed.
+                    used = max(st.st_mtime, ref.lstat().st_mtime if ref.is_file() else 0.0)
+                    idle = idle_s is not None and now - used > idle_s
+                    if idle or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", sid) or not ref.is_file():
+                        os.unlink(name, dir_fd=dfd)
+                        with contextlib.suppress(OSError, Invalid):
+                            safefs.delete(self.ws, f"{self.rel}/refs/cox/{sid}")
+                        dropped += 1
+            with contextlib.suppress(Invalid):
+                for e in safefs.listdir(self.ws, f"{self.rel}/refs/cox", limit=1_000_000):
+                    if not (self.git_dir / f"index-{e.name}").exists():
+                        safefs.delete(self.ws, f"{self.rel}/refs/cox/{e.name}")  # its index is gone
+            before = self._loose()
+            env = {"GIT_DIR": str(self.git_dir), "GIT_INDEX_FILE": str(self.git_dir / "index-none")}
+            try:
+                gitrepo.run(["prune", "--expire=now"], self.ws, env, timeout=SNAPSHOT_TIMEOUT_S)
+            except gitrepo.GitError as exc:
+                raise Unavailable(f"the shadow's prune failed: {exc}") from exc
+            return dropped, max(0, before - self._loose())
+
+    def _loose(self) -> int:
+        n = 0
+        with contextlib.suppress(OSError):
+            for sub in os.scandir(self.git_dir / "objects"):
+                if len(sub.name) == 2 and sub.is_dir(follow_symlinks=False):
+                    n += sum(1 for _ in os.scandir(sub.path))
+        return n
 
     def forget(self, sid: str) -> None:
         with contextlib.suppress(OSError, Invalid):

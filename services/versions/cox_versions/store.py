@@ -34,13 +34,13 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coxswain import safefs
-from coxswain.errors import Invalid, NotFound, Refused, TooLarge
-from coxswain.ids import ID_RE
+from coxswain.errors import Collected, Invalid, NotFound, Refused, TooLarge
+from coxswain.ids import ID_RE, id_time
 
 from .gitrepo import Repo
 
@@ -50,6 +50,21 @@ MAX_OBJECT = 64 * 1024 * 1024
 MAX_INDEX_LINE = 16_384
 MAX_INDEX_BYTES = 256 * 1024 * 1024
 GITIGNORE = b"# coxswain's versions store: kept out of git status\n*\n"
+
+
+@dataclass
+class Index:
+    """What the index says, every line's MAC checked."""
+
+    records: list[Record] = field(default_factory=list)
+    undone: set[str] = field(default_factory=set)
+    horizons: dict[str, float] = field(default_factory=dict)
+    """Per session: undo does not reach back to a write made at or before this time (an older
+    write of that session was collected, so undo past it would skip a step)."""
+    collected_at: float | None = None
+    """When the store was last collected (a missing version born before it was collected)."""
+    lines: list[tuple[bytes, str]] = field(default_factory=list)
+    """Each record's and undone mark's line as read, with the version id it is about."""
 
 
 @dataclass
@@ -133,15 +148,19 @@ class Store:
         return data
 
     def append(self, body: dict[str, Any]) -> None:
-        line = self._line(body)
         with self._locked(True) as dfd:
-            fd = os.open("index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o644, dir_fd=dfd)
-            try:
-                os.write(fd, (line + "\n").encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self._append(dfd, body)
+
+    def _append(self, dfd: int, body: dict[str, Any]) -> None:
+        """Append one MAC'd line; the caller holds the exclusive lock."""
+        line = self._line(body)
+        fd = os.open("index.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644, dir_fd=dfd)
+        try:
+            os.write(fd, (line + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def keep(self, sid: str, rel: str, data: bytes | None, reason: str, turn_id: str | None,
              call_id: str | None, version_id: str) -> Record:
@@ -152,15 +171,17 @@ class Store:
         if data is not None:
             digest = hashlib.sha256(data).hexdigest()
             blob = self.repo.committed_blob(self.root / rel, data) if self.repo is not None else None
-            if blob is not None:
-                store = "git"
-            else:
-                self.put_object(data)
-                store = "versions"
+            store = "git" if blob is not None else "versions"
         rec = Record(version_id=version_id, sid=sid, path=rel, store=store, sha256=digest,
                      size=len(data) if data is not None else 0, created=time.time(), reason=reason,
                      turn_id=turn_id, call_id=call_id, blob=blob)
-        self.append(asdict(rec))
+        # The object and its line under one lock: a collection in between would find the object
+        # unreferenced and remove it, leaving a record whose content is gone.
+        with self._locked(True) as dfd:
+            if store == "versions":
+                assert data is not None
+                self.put_object(data)
+            self._append(dfd, asdict(rec))
         return rec
 
     def mark_undone(self, version_id: str, sid: str) -> None:
@@ -169,14 +190,18 @@ class Store:
     # ------------------------------------------------------------------ reading (untrusted)
     def records(self) -> tuple[list[Record], set[str]]:
         """Every record whose MAC holds, oldest first, and the ids marked undone."""
+        idx = self.read_index()
+        return idx.records, idx.undone
+
+    def read_index(self) -> Index:
         path = f"{self.dir_rel}/index.jsonl"
         with self._locked(False):
             raw = safefs.read(self.root, path, max_bytes=MAX_INDEX_BYTES)
-        if raw is None:
-            return [], set()
-        out: list[Record] = []
-        undone: set[str] = set()
-        for line in raw.splitlines():
+        return self._parse(raw)
+
+    def _parse(self, raw: bytes | None) -> Index:
+        idx = Index()
+        for line in (raw or b"").splitlines():
             if not line or len(line) > MAX_INDEX_LINE:
                 continue
             try:
@@ -187,12 +212,22 @@ class Store:
                 continue
             if "undone" in d:
                 if isinstance(d["undone"], str):
-                    undone.add(d["undone"])
+                    idx.undone.add(d["undone"])
+                    idx.lines.append((line, d["undone"]))
+                continue
+            if "horizon" in d:
+                if isinstance(d["horizon"], (int, float)) and isinstance(d.get("sid"), str):
+                    idx.horizons[d["sid"]] = max(float(d["horizon"]), idx.horizons.get(d["sid"], 0.0))
+                continue
+            if "collected_at" in d:
+                if isinstance(d["collected_at"], (int, float)):
+                    idx.collected_at = max(idx.collected_at or 0.0, float(d["collected_at"]))
                 continue
             rec = self._valid(d)
             if rec is not None:
-                out.append(rec)
-        return out, undone
+                idx.records.append(rec)
+                idx.lines.append((line, rec.version_id))
+        return idx
 
     def _valid(self, d: dict[str, Any]) -> Record | None:
         try:
@@ -216,10 +251,14 @@ class Store:
         return rec
 
     def find(self, version_id: str) -> Record:
-        recs, _ = self.records()
-        for rec in recs:
+        idx = self.read_index()
+        for rec in idx.records:
             if rec.version_id == version_id:
                 return rec
+        born = id_time(version_id)
+        if idx.collected_at is not None and born is not None and born < idx.collected_at:
+            raise Collected(f"version {version_id} is no longer kept: it is older than the last collection "
+                            "and outside the retention policy ([versions] keep_days, keep_per_file)")
         raise NotFound("no such version")
 
     def content(self, rec: Record) -> bytes | None:
