@@ -49,6 +49,7 @@ LOG_LIMIT = 10_000_000
 class Runner(Service):
     name = subjects.RUNNER
     uses_redis = True
+    records_meta = True
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -69,7 +70,8 @@ class Runner(Service):
         self.redis.set_retry(Retry(NoBackoff(), 0))
         self.js = self.nc.jetstream()
         await eventlog.ensure_stream(self.js)
-        self.store = Store(self.redis, self.js, self.owner, self.log)
+        self.store = Store(self.redis, self.js, self.owner, self.log, wait_replicas=self.settings.redis.wait_replicas,
+                           wait_ms=self.settings.redis.wait_ms)
         await self.store.load()
         await self._check_durability()
         await self._check_sandbox()
@@ -256,8 +258,11 @@ class Runner(Service):
         if self.stopping:
             return
         sent = time.monotonic()
-        raw = await self.store.fns.claim(runner=self.runner_id, lease_ms=self.settings.runner.lease_ms, limit=20)
-        for c in drives_mod.parse_claims(raw):
+        rc = self.settings.runner
+        # Every bucket is looked at within half a lease: a pass takes its share, not all of them.
+        share = max(1, rc.lease_ms // 2 // rc.claim_interval_ms)
+        claims = await self.store.claim(runner=self.runner_id, lease_ms=rc.lease_ms, limit=20, share=share)
+        for c in claims:
             sid = str(c["sid"])
             self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"),
                              token=c.get("token"))
