@@ -209,7 +209,7 @@ class RedisCluster(aiocluster.RedisCluster):
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
             raise redis.exceptions.RedisClusterException("shard_hint is deprecated in cluster mode")
-        return ClusterPipeline(self, transaction)
+        return ClusterPipeline(self, transaction)  # type: ignore[abstract]  # redis-py builds it so too
 
 
 async def _connect_cluster(url: str, shown: str, log: Any, auth: dict[str, str]) -> Any:
