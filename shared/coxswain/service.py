@@ -49,6 +49,7 @@ CONNECT_WAIT_S = 0.5
 REDIS_MAX_CONNECTIONS = 256
 REDIS_POOL_WAIT_S = 10.0
 RELEARN_S = 0.5
+CANCEL_WAIT_S = 10.0
 
 
 async def connect_nats(
@@ -366,7 +367,11 @@ class Service:
         for task in pending:
             task.cancel()
         if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+            _, stuck = await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
+            if stuck:
+                # a task that does not end when cancelled must not keep the process alive
+                self.log.error("service.tasks_stuck", tasks=sorted(t.get_name() for t in stuck),
+                               where=[repr(t.get_stack(limit=3)) for t in stuck][:3])
         with contextlib.suppress(Exception):
             await self.on_stop()
         if self._nc is not None and not self._nc.is_closed:

@@ -240,7 +240,9 @@ class Runner(Service):
 
     # ------------------------------------------------------------------ loops
     async def _every(self, period: float, fn: Any) -> None:
-        while True:
+        # Not only cancellation ends it: redis-py's cluster pipeline can swallow a cancellation
+        # that arrives while it waits for a node (the loop then ran on, and stop waited for it).
+        while not self.stopping:
             try:
                 await fn()
             except asyncio.CancelledError:
