@@ -282,9 +282,15 @@ def stack_fixture(name: str, *, also_cluster: bool = False, **kw: Any) -> Any:
     on a Redis Cluster of 3 masters and 3 replicas (:data:`REDIS_KINDS`)."""
     import pytest
 
-    kinds = REDIS_KINDS if also_cluster else ["cluster" if kw.pop("redis_cluster", False) else "single"]
+    if not also_cluster:
+        @pytest.fixture(scope="module")
+        def one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+            with running(tmp_path_factory.mktemp(name), **kw) as s:
+                yield s
 
-    @pytest.fixture(scope="module", params=kinds)
+        return one
+
+    @pytest.fixture(scope="module", params=REDIS_KINDS)
     def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         cluster = request.param == "cluster"
         with running(tmp_path_factory.mktemp(name + ("-cluster" if cluster else "")), redis_cluster=cluster,

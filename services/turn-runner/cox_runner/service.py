@@ -261,8 +261,8 @@ class Runner(Service):
             return
         sent = time.monotonic()
         rc = self.settings.runner
-        # Every bucket is looked at within half a lease: a pass takes its share, not all of them.
-        share = max(1, rc.lease_ms // 2 // rc.claim_interval_ms)
+        # Every bucket is looked at within a quarter of a lease: a pass takes its share, not all.
+        share = max(1, rc.lease_ms // 4 // rc.claim_interval_ms)
         claims = await self.store.claim(runner=self.runner_id, lease_ms=rc.lease_ms, limit=20, share=share)
         for c in claims:
             sid = str(c["sid"])
