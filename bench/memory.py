@@ -108,5 +108,13 @@ async def measure(stack: Stack, pool: Pool, n: int, log: Any) -> dict[str, Any]:
 async def _wait_published(r: aioredis.Redis, timeout: float = 120.0) -> None:
     """Until no outbox waits to be published (the dirty index is empty)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and await r.zcard(keys.DIRTY) > 0:
+    while time.monotonic() < deadline and await _dirty(r) > 0:
         await asyncio.sleep(0.1)
+
+
+async def _dirty(r: aioredis.Redis) -> int:
+    """Sessions whose outbox waits, over every bucket's dirty index."""
+    async with r.pipeline(transaction=False) as pipe:
+        for b in range(keys.buckets()):
+            pipe.zcard(keys.dirty(b))
+        return sum(await pipe.execute())

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from cox.creds import Credentials
+from cox.redis_cluster import RedisClusterServer
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
 from coxswain.proc import die_with_parent
@@ -38,7 +39,7 @@ SERVICE_OF = {**{module: name for name, module in SERVICES.items()}, "cox_runner
 
 class Stack:
     def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
-                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None) -> None:
+                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None, redis_cluster: bool = False) -> None:
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.runners = runners
@@ -57,6 +58,11 @@ class Stack:
         self.credentials = Credentials.generate()
         self.nats: Any = (NatsContainer if docker else NatsServer)(tmp / "nats", credentials=self.credentials)
         self.redis: Any = (RedisContainer if docker else RedisServer)(tmp / "redis", credentials=self.credentials)
+        self.redis_cluster = redis_cluster
+        if redis_cluster:
+            # 3 masters + 3 replicas on loopback; every acknowledged transition waits for a replica
+            self.redis = RedisClusterServer(tmp / "redis-cluster", credentials=self.credentials)
+            self.extra_env = {"COX_REDIS__CLUSTER": "true", "COX_REDIS__WAIT_REPLICAS": "1", **self.extra_env}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
@@ -148,6 +154,15 @@ class Stack:
         return "\n".join(f"==== {n}\n{self.log(n)[-2000:]}" for n in self.procs)
 
     # ------------------------------------------------------------------ clients
+    def redis_client(self) -> Any:
+        """A synchronous admin client of the stack's Redis (a cluster client for a cluster)."""
+        import redis
+        import redis.cluster
+
+        if self.redis_cluster:
+            return redis.cluster.RedisCluster.from_url(self.redis.admin_url, decode_responses=True)
+        return redis.Redis.from_url(self.redis.admin_url, decode_responses=True)
+
     def client(self, token: str = TOKEN, timeout: float = 30.0) -> Api:
         return Api(self.url, token, timeout)
 
@@ -260,13 +275,36 @@ def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
         stack.stop()
 
 
-def stack_fixture(name: str, **kw: Any) -> Any:
-    """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``."""
+def stack_fixture(name: str, *, also_cluster: bool = False, **kw: Any) -> Any:
+    """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``.
+
+    ``also_cluster``: the module's tests run twice, on one Redis server and (marked ``cluster``)
+    on a Redis Cluster of 3 masters and 3 replicas (:data:`REDIS_KINDS`)."""
     import pytest
 
-    @pytest.fixture(scope="module")
-    def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-        with running(tmp_path_factory.mktemp(name), **kw) as s:
+    if not also_cluster:
+        @pytest.fixture(scope="module")
+        def one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+            with running(tmp_path_factory.mktemp(name), **kw) as s:
+                yield s
+
+        return one
+
+    @pytest.fixture(scope="module", params=REDIS_KINDS)
+    def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+        cluster = request.param == "cluster"
+        with running(tmp_path_factory.mktemp(name + ("-cluster" if cluster else "")), redis_cluster=cluster,
+                     **kw) as s:
             yield s
 
     return stack
+
+
+def _redis_kinds() -> list[Any]:
+    import pytest
+
+    return ["single", pytest.param("cluster", marks=pytest.mark.cluster)]
+
+
+REDIS_KINDS = _redis_kinds()
+"""The Redis a parametrized stack runs on: one server, and a cluster (the ``cluster`` tier)."""

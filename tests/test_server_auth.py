@@ -315,9 +315,11 @@ def test_each_redis_user_has_only_what_its_service_does(stack: Stack, api: Api) 
     deny: Callable[[], Any]
     with redis_as(stack, subjects.GATEWAY) as gw:
         assert gw.hget(session, "seq") is not None                   # it reads sessions
+        assert gw.hget(keys.META, "buckets") == str(keys.buckets())   # ... and the bucket count
         for deny in (lambda: gw.hset(session, "principal", "me"),  # ... and writes nothing
                      lambda: gw.delete(session),
                      lambda: gw.get(keys.VERSIONS_MAC_KEY),
+                     lambda: gw.hset(keys.META, "buckets", "1"),    # the bucket count is the runner's
                      lambda: gw.flushall(),
                      lambda: gw.keys("*"),
                      lambda: gw.config_set("appendonly", "no"),

@@ -15,23 +15,24 @@ from typing import Any
 import nats
 import psutil
 import pytest
-import redis
 
 from coxswain import keys, subjects
 from coxswain.models import KeepRequest
 
 from .logcheck import log_of, replay
 from .runners import holder, records, respawn, wait_log
-from .stack import Api, Stack, script
+from .stack import REDIS_KINDS, Api, Stack, script
 
 LEASE_MS = 2000
 DEFAULT_LEASE_MS = 5000
 MEASURED: dict[int, list[float]] = {}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("takeover"), runners=2, lease_ms=LEASE_MS)
+@pytest.fixture(scope="module", params=REDIS_KINDS)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    cluster = request.param == "cluster"
+    s = Stack(tmp_path_factory.mktemp("takeover-" + request.param), runners=2, lease_ms=LEASE_MS,
+              redis_cluster=cluster)
     s.start()
     try:
         yield s
@@ -152,7 +153,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     assert not seen & set(never), seen
 
     # Redis itself refuses the stale token, whatever the runner would try.
-    r = redis.Redis.from_url(stack.redis.admin_url, decode_responses=True)
+    r = stack.redis_client()
     try:
         body = json.dumps({"type": "agent.message", "sid": sid, "turn_id": start["turn_id"], "text": "late"})
         for fn, args in (("cox_emit", [sid, stale_token, "test", "0", body, ""]),

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from coxswain.proc import die_with_parent
 
 from . import demo
 from .creds import Credentials
+from .redis_cluster import RedisClusterServer
 from .servers import NatsServer, RedisServer, free_port, terminate_tree
 
 SERVICES = (("gateway", "cox_gateway"), ("guard", "cox_guard"), ("judge", "cox_judge"), ("versions", "cox_versions"))
@@ -140,6 +142,9 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--credentials", default=None, metavar="FILE",
                    help="per-service users for the servers in NATS_URL/REDIS_URL (JSON, as .cox/credentials.json)")
     p.add_argument("--no-demo", action="store_true", help="do not create the demo workspace and session")
+    p.add_argument("--redis-cluster", action="store_true",
+                   help="run Redis as a local cluster of 3 masters + 3 replicas (fresh at each start) and "
+                        "acknowledge only what a replica holds ([redis] cluster, wait_replicas = 1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,11 +232,17 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     code = 0
     try:
         nats_url = await _server("nats", NatsServer, state, servers, auth)
-        redis_url = await _server("redis", RedisServer, state, servers, auth)
+        cluster = bool(getattr(args, "redis_cluster", False))
+        if cluster:
+            redis_url = await _redis_cluster(state, servers, auth)
+        else:
+            redis_url = await _server("redis", RedisServer, state, servers, auth)
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("COX_") and k not in SERVER_VARS}
         env.update(COX_NATS_URL=nats_url, COX_REDIS_URL=redis_url, COX_TOKEN=token, COX_ROOT=str(root),
                    COX_PORT=str(port), PYTHONUNBUFFERED="1")
+        if cluster:
+            env.update(COX_REDIS__CLUSTER="true", COX_REDIS__WAIT_REPLICAS="1")
         if config:
             env[cfgmod.CONFIG_ENV] = str(Path(config).resolve())
         plan = [*((n, n, m) for n, m in SERVICES)]
@@ -285,6 +296,23 @@ async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: 
     servers.append(Watched(name, server))
     say(f"{name}.started", url=server.url)
     return server.url
+
+
+async def _redis_cluster(state: Path, servers: list[Watched], auth: Auth) -> str:
+    """A local Redis Cluster under ``state/redis-cluster`` (made afresh: its nodes take new free
+    ports). Each node is watched like a server: one that dies is restarted and rejoins as a replica."""
+    if not auth.own_servers:
+        path = state / "credentials.json"
+        auth.own.save(path)
+        say("credentials.written", path=str(path))
+    auth.own_servers.add("redis")
+    workdir = state / "redis-cluster"
+    shutil.rmtree(workdir, ignore_errors=True)
+    cluster = RedisClusterServer(workdir, credentials=auth.own)
+    await asyncio.to_thread(cluster.start)
+    servers.extend(Watched(f"redis-node-{i}", node) for i, node in enumerate(cluster.nodes))
+    say("redis.started", url=cluster.url, cluster=True, nodes=len(cluster.nodes))
+    return cluster.url
 
 
 async def _wait_ready(base: str, children: list[Child], servers: list[Watched], stop: asyncio.Event) -> bool:

@@ -128,16 +128,23 @@ def _list(items: tuple[str, ...]) -> str:
 
 _SESSIONS = f"{keys.PREFIX}:s:*"
 _PRINCIPALS = f"{keys.PREFIX}:p:*"
+_LEASES = f"{keys.LEASES_PREFIX}*"
+_DIRTY = f"{keys.DIRTY_PREFIX}*"
+# the cluster client learns the slot map (CLUSTER SLOTS / SHARDS) and key positions (COMMAND,
+# in @connection); harmless against one server
+_CLUSTER = ("+cluster|slots", "+cluster|shards", "+cluster|info", "+cluster|nodes", "+cluster|myid")
 _CONNECTION = ("resetchannels", "-@all", "+@connection")
 
 REDIS: Final[Mapping[str, tuple[str, ...]]] = {
     ADMIN: ("~*", "&*", "+@all"),
-    GATEWAY: (f"%R~{_SESSIONS}", f"%R~{_PRINCIPALS}", *_CONNECTION, "+@read", "+@transaction", "-@dangerous"),
-    VERSIONS: (f"%R~{_SESSIONS}", f"~{keys.VERSIONS_MAC_KEY}", *_CONNECTION, "+@read", "+set", "-@dangerous"),
-    RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{keys.LEASES}", f"~{keys.DIRTY}", *_CONNECTION,
+    GATEWAY: (f"%R~{_SESSIONS}", f"%R~{_PRINCIPALS}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+@transaction",
+              "-@dangerous", *_CLUSTER),
+    VERSIONS: (f"%R~{_SESSIONS}", f"~{keys.VERSIONS_MAC_KEY}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+set",
+               "-@dangerous", *_CLUSTER),
+    RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{_LEASES}", f"~{_DIRTY}", f"~{keys.META}", *_CONNECTION,
              "+@read", "+@write", "+@transaction", "+fcall", "+function|load", "+time", "-@dangerous",
              # the runner's start-up check that Redis fsyncs every write (appendfsync always)
-             "+config|get"),
+             "+config|get", *_CLUSTER),
 }
 """ACL rules per user (after ``on`` and its password). ``-@dangerous`` comes after the
 categories it trims (KEYS, FLUSHALL, CONFIG SET, ACL, DEBUG, ...)."""

@@ -230,6 +230,23 @@ class VersionsConfig(_Section):
     """How often the versions service collects every workspace under the root (and once at start)."""
 
 
+class RedisConfig(_Section):
+    """How coxswain uses Redis (the URL and credentials are top-level: ``COX_REDIS_URL`` ...)."""
+
+    cluster: bool = False
+    """``COX_REDIS_URL`` names one node of a Redis Cluster: connect with the cluster client (it
+    finds every other node). Off: one Redis server (the default)."""
+    buckets: int = Field(256, ge=1, le=16384)
+    """Sessions hash into this many buckets; a bucket's keys share one cluster slot. Fixed at
+    first start (kept in Redis as ``cox:meta``): a process configured otherwise refuses to start."""
+    wait_replicas: int = Field(0, ge=0)
+    """After each acknowledged transition (a 202 of the API, a turn's end, a takeover) wait until
+    this many replicas hold it (``WAIT``); when fewer answer within ``wait_ms`` the API answers
+    503. 0: no waiting (one server without replicas)."""
+    wait_ms: int = Field(1000, ge=1)
+    """How long a transition waits for its replicas."""
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
@@ -272,6 +289,7 @@ class Settings(BaseSettings):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     versions: VersionsConfig = Field(default_factory=VersionsConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

@@ -1,23 +1,32 @@
-"""Redis key layout. Every key is owned by a session (deleted with it) or is a small global index.
+"""Redis key layout. Every key is owned by a session (deleted with it) or is a small index.
 
-All of a session's keys share the hash tag ``{sid}`` so they land in one cluster slot and one
-Lua call can touch them together. The Lua library (``cox_runner/redis_lib.lua``) derives the
-suffixed keys from the session key, so the suffixes below are mirrored there: change both.
+Sessions hash into a fixed number of buckets (``[redis] buckets``, fixed at first start and kept
+in :data:`META`): ``bucket = crc32(sid) mod buckets``. Every key of a session, and its bucket's
+lease and dirty indexes, carry the bucket's hash tag ``{b<n>}``, so one function call only ever
+touches keys of one Redis Cluster slot. The Lua library (``cox_runner/redis_lib.lua``) derives
+the suffixed keys and the bucket's indexes from the session key, so the suffixes and index
+prefixes below are mirrored there: change both.
+
+The principal index (:func:`principal`) is on no bucket: it is written in its own call, before
+the session is created (a listing skips an entry whose session does not exist).
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Final
 
 from .ids import check_id
 
 PREFIX: Final = "cox"
 
-# Global indexes (small, one entry per session at most).
-LEASES: Final = "cox:leases"
-"""zset sid -> lease expiry in ms (Redis clock). Takeover scans it for expired leases."""
-DIRTY: Final = "cox:outbox:dirty"
-"""zset sid -> ms when its outbox last got events nobody has published yet. The sweeper's list."""
+DEFAULT_BUCKETS: Final = 256
+_buckets = DEFAULT_BUCKETS
+
+META: Final = "cox:meta"
+"""hash: ``buckets`` -> the bucket count the data was written with (set once, at first start)."""
+LEASES_PREFIX: Final = "cox:leases:"
+DIRTY_PREFIX: Final = "cox:dirty:"
 VERSIONS_MAC_KEY: Final = "cox:versions:mac-key"
 """string: the versions service's HMAC key (hex). Index lines in a workspace's store folder are
 members only with a valid MAC; the key lives here, out of reach of the model's commands."""
@@ -58,9 +67,42 @@ TX_KEEP_MS: Final = 60_000
 """How long a transition's reply is kept (mirrored in the Lua library): longer than any retry."""
 
 
+def use_buckets(n: int) -> None:
+    """Set the bucket count of this process (once, at start: :func:`coxswain.service.check_buckets`)."""
+    global _buckets
+    if n < 1:
+        raise ValueError("buckets must be at least 1")
+    _buckets = n
+
+
+def buckets() -> int:
+    return _buckets
+
+
+def bucket(sid: str) -> int:
+    """The session's bucket: stable across processes and restarts (crc32, not Python's hash)."""
+    return zlib.crc32(sid.encode()) % _buckets
+
+
+def tag(b: int) -> str:
+    """The hash tag of bucket ``b``: every key of the bucket is in one cluster slot."""
+    return f"{{b{b}}}"
+
+
 def session(sid: str) -> str:
     """The session hash; also the base every other session key is derived from."""
-    return f"cox:s:{{{check_id(sid, 'session id')}}}"
+    return f"cox:s:{tag(bucket(check_id(sid, 'session id')))}:{sid}"
+
+
+def leases(b: int) -> str:
+    """zset sid -> lease expiry in ms (Redis clock) of bucket ``b``. Takeover scans it."""
+    return LEASES_PREFIX + tag(b)
+
+
+def dirty(b: int) -> str:
+    """zset sid -> ms when the session's outbox got events nobody has published yet (bucket ``b``).
+    The sweeper's list."""
+    return DIRTY_PREFIX + tag(b)
 
 
 def of(sid: str, suffix: str) -> str:
@@ -73,5 +115,6 @@ def tx(sid: str, tx_id: str) -> str:
 
 
 def principal(name: str) -> str:
-    """zset sid -> created ms: the sessions one principal owns."""
+    """zset sid -> created ms: the sessions one principal owns. Written before the session is
+    created (its own call: another slot); an entry without a session is skipped when listed."""
     return f"cox:p:{check_id(name, 'principal')}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import json
 import signal
@@ -26,13 +27,14 @@ from typing import Any, ClassVar, TypeVar
 import nats
 import nats.micro
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
 import redis.exceptions
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from . import __version__, bus, logs, rpc, subjects
+from . import __version__, bus, keys, logs, rpc, subjects
 from .config import Settings
 from .errors import CoxError, Invalid, Unavailable
 from .models import Health
@@ -46,6 +48,8 @@ CONNECT_ATTEMPTS = 40
 CONNECT_WAIT_S = 0.5
 REDIS_MAX_CONNECTIONS = 256
 REDIS_POOL_WAIT_S = 10.0
+RELEARN_S = 0.5
+CANCEL_WAIT_S = 10.0
 
 
 async def connect_nats(
@@ -88,17 +92,21 @@ async def connect_nats(
 
 
 async def connect_redis(
-    url: str, log: Any, *, user: str | None = None, password: str | None = None
-) -> aioredis.Redis:
+    url: str, log: Any, *, user: str | None = None, password: str | None = None, cluster: bool = False
+) -> Any:
     """A Redis client, checked with PING under bounded retries.
 
     ``user``/``password`` win over a ``user:pass@`` in ``url``; the URL is logged redacted.
+    ``cluster``: ``url`` names one node of a Redis Cluster; the client (redis-py's asyncio
+    ``RedisCluster``) learns the others from it and routes each command by its key's slot.
     """
     shown = logs.redact_url(url)
     auth: dict[str, str] = {}
     if password is not None:
         url = _without_userinfo(url)  # redis-py lets the URL's credentials win over arguments
         auth = {"password": password, **({"username": user} if user else {})}
+    if cluster:
+        return await _connect_cluster(url, shown, log, auth)
     # redis-py 8's default pool refuses the 101st concurrent command ("Too many connections")
     # instead of waiting for a free connection: a runner driving ~100 sessions at once answered
     # sends with 503 and missed lease renewals (turns ended "crashed"). Wait, bounded, instead.
@@ -120,6 +128,128 @@ async def connect_redis(
     raise Unavailable(f"could not connect to Redis at {shown}: {last!r}")
 
 
+# What a cluster answers while a failover is under way (the slot has no master yet, or the client
+# closed its connections to relearn the slot map under a command in flight): the same to coxswain
+# as a Redis that did not answer, so every caller's handling of ConnectionError applies (a 503, a
+# StoreDown, a lease left to lapse). The command may or may not have run, as for a broken connection.
+_FAILING_OVER = (redis.exceptions.ClusterError, redis.exceptions.TryAgainError,
+                 redis.exceptions.RedisClusterException)
+# ... and redis-py's own, when it closes every connection on ClusterDownError while other tasks
+# still write to them
+_CLOSED_UNDER = ("'writelines'", "TCPTransport closed", "handler is closed")
+
+
+def _failing_over(exc: BaseException) -> bool:
+    if isinstance(exc, _FAILING_OVER):
+        return True
+    return isinstance(exc, (AttributeError, RuntimeError)) and any(m in str(exc) for m in _CLOSED_UNDER)
+
+
+def _as_down(exc: BaseException) -> redis.exceptions.ConnectionError:
+    return redis.exceptions.ConnectionError(f"redis cluster failing over: {exc!r}")
+
+
+# Set while a command runs: redis-py calls ``aclose()`` on ClusterDownError, which would close the
+# connections of every other command in flight (on healthy masters too); inside a command it only
+# makes the client learn the slot map again (:meth:`RedisCluster.aclose`).
+_IN_COMMAND: contextvars.ContextVar[bool] = contextvars.ContextVar("cox_redis_in_command", default=False)
+
+
+class ClusterPipeline(aiocluster.ClusterPipeline):
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        mark = _IN_COMMAND.set(True)
+        try:
+            res = await super().execute(raise_on_error=raise_on_error, allow_redirections=allow_redirections)
+        except Exception as exc:
+            if _failing_over(exc):
+                raise _as_down(exc) from exc
+            raise
+        finally:
+            _IN_COMMAND.reset(mark)
+        return [_as_down(r) if isinstance(r, BaseException) and _failing_over(r) else r for r in res]
+
+
+class RedisCluster(aiocluster.RedisCluster):
+    """redis-py's asyncio cluster client whose failover errors are :class:`ConnectionError` (above)."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        mark = _IN_COMMAND.set(True)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except Exception as exc:
+            if _failing_over(exc):
+                raise _as_down(exc) from exc
+            raise
+        finally:
+            _IN_COMMAND.reset(mark)
+
+    _relearned: float | None = None
+
+    async def initialize(self, additional_startup_nodes_info: Any = None, last_failed_node_name: Any = None) -> Any:
+        """Learn the slot map, at most once per :data:`RELEARN_S`: every command that meets the
+        dead master asks for it again, and each time re-reads the whole ``COMMAND`` table under one
+        lock, which held every command of the process (healthy masters' lease renewals too) for
+        seconds during a failover. In between, MOVED answers patch the map command by command."""
+        now = time.monotonic()
+        if (self._initialize and self._relearned is not None and now - self._relearned < RELEARN_S
+                and self.nodes_manager.default_node is not None):
+            self._initialize = False
+            return self
+        relearn = self._initialize
+        await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+        if relearn:
+            self._relearned = time.monotonic()
+        return self
+
+    async def aclose(self) -> None:
+        if _IN_COMMAND.get():
+            self._initialize = True  # relearn the slot map before the next command; keep connections
+            return
+        await super().aclose()
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            raise redis.exceptions.RedisClusterException("shard_hint is deprecated in cluster mode")
+        return ClusterPipeline(self, transaction)  # type: ignore[abstract]  # redis-py builds it so too
+
+
+async def _connect_cluster(url: str, shown: str, log: Any, auth: dict[str, str]) -> Any:
+    last: Exception | None = None
+    for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        # The cluster client holds a pool per node; its ``max_connections`` is per node and it
+        # raises instead of waiting when they are all taken, so it is generous.
+        client = RedisCluster.from_url(
+            url, decode_responses=True, max_connections=4 * REDIS_MAX_CONNECTIONS, socket_connect_timeout=2,
+            socket_timeout=5, health_check_interval=5, **auth,
+        )
+        try:
+            await client.initialize()
+            await client.ping(target_nodes=aiocluster.RedisCluster.PRIMARIES)
+            return client
+        except (redis.exceptions.RedisError, OSError) as exc:
+            last = exc
+            log.warning("redis.connect_failed", url=shown, cluster=True, attempt=attempt, error=repr(exc))
+            await client.aclose()
+            await asyncio.sleep(CONNECT_WAIT_S)
+    raise Unavailable(f"could not connect to the Redis Cluster at {shown}: {last!r}")
+
+
+async def check_buckets(redis: Any, want: int, *, first: bool) -> int:
+    """Use the bucket count the data was written with (``cox:meta``), which must be ``want``.
+
+    ``first``: this process may record ``want`` when nothing is recorded yet (the runner; the
+    other services only read Redis). Raises :class:`Invalid` on a mismatch: sessions would be
+    looked up in the wrong buckets."""
+    if first:
+        await redis.hsetnx(keys.META, "buckets", str(want))
+    have = await redis.hget(keys.META, "buckets")
+    if have is not None and int(have) != want:
+        raise Invalid(f"[redis] buckets = {want}, but the data in Redis was written with {have} buckets; "
+                      f"buckets is fixed at first start: set it back to {have}")
+    keys.use_buckets(want)
+    return want
+
+
 def _without_userinfo(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     return scheme + sep + rest.rpartition("@")[2] if sep else url
@@ -130,6 +260,8 @@ class Service:
 
     name: ClassVar[str] = "service"
     uses_redis: ClassVar[bool] = False
+    records_meta: ClassVar[bool] = False
+    """Records the bucket count at first start (the runner: the one service that writes Redis)."""
     max_inflight: ClassVar[int] = 512
     drain_grace_s: ClassVar[float] = 10.0
 
@@ -176,8 +308,10 @@ class Service:
             )
             if self.uses_redis:
                 self._redis = await connect_redis(
-                    s.redis_url, self.log, user=s.redis_user, password=_secret(s.redis_password)
+                    s.redis_url, self.log, user=s.redis_user, password=_secret(s.redis_password),
+                    cluster=s.redis.cluster,
                 )
+                await check_buckets(self._redis, s.redis.buckets, first=self.records_meta)
             self._micro = await nats.micro.add_service(
                 self._nc, name=self.name, version=__version__, description=f"coxswain {self.name}",
                 metadata={"instance": self.instance},
@@ -233,7 +367,11 @@ class Service:
         for task in pending:
             task.cancel()
         if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+            _, stuck = await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
+            if stuck:
+                # a task that does not end when cancelled must not keep the process alive
+                self.log.error("service.tasks_stuck", tasks=sorted(t.get_name() for t in stuck),
+                               where=[repr(t.get_stack(limit=3)) for t in stuck][:3])
         with contextlib.suppress(Exception):
             await self.on_stop()
         if self._nc is not None and not self._nc.is_closed:

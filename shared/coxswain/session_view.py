@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from . import keys
 from .config import SandboxConfig
 from .models import (
@@ -21,18 +19,20 @@ from .models import (
 )
 
 
-async def load(redis: aioredis.Redis, sid: str, principal: str | None,
+async def load(redis: Any, sid: str, principal: str | None,
                sandbox: SandboxConfig | None = None) -> Session | None:
     """The session, or None when it does not exist or belongs to another principal. With
     ``sandbox`` (the process's settings) the view says where the session's commands run."""
     base = keys.session(sid)
+    # One MULTI (all keys in the session's slot, so a cluster runs it too). Raw commands: redis-py's
+    # cluster transaction passes the typed commands' ``keys`` to reply parsers that take none.
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hgetall(base)
-        pipe.lrange(base + keys.STEER, 0, -1)
-        pipe.lrange(base + keys.QUEUE, 0, -1)
-        pipe.hgetall(base + keys.LEADS)
-        pipe.hgetall(base + keys.APPROVALS)
-        pipe.smembers(base + keys.STANDING)
+        pipe.execute_command("HGETALL", base)
+        pipe.execute_command("LRANGE", base + keys.STEER, 0, -1)
+        pipe.execute_command("LRANGE", base + keys.QUEUE, 0, -1)
+        pipe.execute_command("HGETALL", base + keys.LEADS)
+        pipe.execute_command("HGETALL", base + keys.APPROVALS)
+        pipe.execute_command("SMEMBERS", base + keys.STANDING)
         h, steer, queue, leads, approvals, standing = await pipe.execute()
     if not h or (principal is not None and h.get("principal") != principal):
         return None

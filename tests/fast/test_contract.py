@@ -26,11 +26,31 @@ def test_every_key_suffix_the_lua_library_uses_is_a_python_key() -> None:
     assert used <= SUFFIXES, f"key suffixes Lua uses that coxswain.keys lacks: {sorted(used - SUFFIXES)}"
 
 
-def test_the_global_keys_are_the_same_strings() -> None:
-    assert f"local LEASES = '{keys.LEASES}'" in LUA
-    assert f"local DIRTY = '{keys.DIRTY}'" in LUA
-    base = re.search(r"'(cox:s:\{)' \.\. sid \.\. '(\})'", LUA)
-    assert base is not None and base[1] + "x" + base[2] == keys.session("x")
+def test_the_bucket_keys_are_the_same_strings() -> None:
+    """Lua derives a bucket's indexes from a session key, and a session key from a bucket's index
+    (takeover): both must be what coxswain.keys builds, all in the session's hash tag."""
+    assert f"local LEASES_PREFIX = '{keys.LEASES_PREFIX}'" in LUA
+    assert f"local DIRTY_PREFIX = '{keys.DIRTY_PREFIX}'" in LUA
+    sid = "s_abc"
+    b = keys.bucket(sid)
+    assert keys.session(sid) == "cox:s:" + keys.tag(b) + ":" + sid
+    assert "local base = 'cox:s:' .. tag .. ':' .. sid" in LUA
+    assert keys.leases(b) == keys.LEASES_PREFIX + keys.tag(b) and keys.dirty(b) == keys.DIRTY_PREFIX + keys.tag(b)
+    assert "string.match(key, '(%b{})')" in LUA
+
+
+def test_a_session_and_its_bucket_share_one_cluster_slot() -> None:
+    for sid in ("s_1", "s_zz9", "s_1m8nnadqc85sqddmdkhj9"):
+        b = keys.bucket(sid)
+        tags = {_hash_tag(k) for k in (keys.session(sid), keys.of(sid, keys.QUEUE), keys.leases(b), keys.dirty(b))}
+        assert tags == {f"b{b}"}, sid
+    assert len({keys.bucket(f"s_{i}") for i in range(2000)}) == keys.buckets(), "crc32 fills every bucket"
+
+
+def _hash_tag(key: str) -> str:
+    """What Redis Cluster hashes: the text between the first { and the } after it."""
+    start = key.index("{")
+    return key[start + 1:key.index("}", start)]
 
 
 def test_every_event_the_lua_library_builds_is_in_the_union() -> None:

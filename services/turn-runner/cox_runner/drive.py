@@ -245,12 +245,6 @@ async def _end_crashed(deps: Deps, d: Drive) -> dict[str, Any] | None:
     return await turn_end_call(deps, d, body, "")
 
 
-def parse_claims(raw: Any) -> list[dict[str, Any]]:
-    if isinstance(raw, str):
-        raw = json.loads(raw)
-    return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
-
-
 async def renew_all(deps: Deps) -> None:
     """Renew every lease this runner holds (one pipeline) and pass on what changed.
 
@@ -263,16 +257,30 @@ async def renew_all(deps: Deps) -> None:
     rc = deps.settings.runner
     lease_ms = rc.lease_ms
     sent = time.monotonic()
-    try:
-        async with deps.redis.pipeline(transaction=False) as pipe:
-            for d in drives:
-                deps.store.fns.renew(pipe, sid=d.sid, token=d.token, lease_ms=lease_ms)
-            results = await asyncio.wait_for(pipe.execute(raise_on_error=False), timeout=rc.renew_every_ms / 1000)
-    except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
-        deps.log.warning("lease.renew_failed", error=repr(exc), drives=len(drives))
-        await deps.redis_failed()
-        return
+    # One pipeline per Redis master (one in all without a cluster): a master that died fails the
+    # renewals of its sessions only.
+    groups: dict[str, list[Drive]] = {}
+    for d in drives:
+        groups.setdefault(deps.store.node_of(keys.session(d.sid)), []).append(d)
+
+    async def renew(group: list[Drive]) -> list[Any]:
+        try:
+            async with deps.redis.pipeline(transaction=False) as pipe:
+                for d in group:
+                    deps.store.fns.renew(pipe, sid=d.sid, token=d.token, lease_ms=lease_ms)
+                return list(await asyncio.wait_for(pipe.execute(raise_on_error=False),
+                                                   timeout=rc.renew_every_ms / 1000))
+        except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
+            deps.log.warning("lease.renew_failed", error=repr(exc), drives=len(group))
+            await deps.redis_failed()
+            return [None] * len(group)
+
+    replies = await asyncio.gather(*(renew(g) for g in groups.values()))
+    drives = [d for g in groups.values() for d in g]
+    results = [r for rs in replies for r in rs]
     for d, res in zip(drives, results, strict=True):
+        if res is None:
+            continue
         if isinstance(res, Exception):
             deps.log.warning("lease.renew_failed", sid=d.sid, error=repr(res))
             continue

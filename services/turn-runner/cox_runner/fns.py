@@ -8,13 +8,14 @@ the function unpacks.
 
 Functions that record events go through :meth:`Store.call` (errors raised, outbox published, a
 call whose connection broke retried with its transition id: the library answers a retry whose
-first attempt ran with that attempt's reply);
-the lease keeper's ``cox_renew`` is queued on its pipeline; the takeover and publishing functions
-(``cox_claim``, ``cox_pub_done``, ``cox_dirty``, ``cox_pub_claim``) answer raw values.
+first attempt ran with that attempt's reply); the lease keeper's ``cox_renew`` and the per-bucket
+scans ``cox_claim`` and ``cox_dirty`` are queued on a pipeline (one per pass over every bucket);
+the publishing functions (``cox_pub_done``, ``cox_pub_claim``) answer raw values.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypedDict, TypeVar, cast
 
@@ -147,8 +148,11 @@ class Fns:
     @lua("cox_create")
     async def create(self, *, sid: str, principal: str, workspace: str, model: str, title: str, body: str,
                      owner: str) -> Created:
-        res = await self.store.call("cox_create", sid, [sid, principal, workspace, model, title, body, owner],
-                                    extra_keys=[keys.principal(principal)])
+        """The principal's index entry is written first, in its own call (another cluster slot): a
+        crash between the two leaves an entry without a session, which a listing skips; the other
+        order could leave a session nobody lists."""
+        await self.store.redis.zadd(keys.principal(principal), {sid: int(time.time() * 1000)}, nx=True)
+        res = await self.store.call("cox_create", sid, [sid, principal, workspace, model, title, body, owner])
         return cast(Created, res)
 
     @lua("cox_patch")
@@ -229,10 +233,10 @@ class Fns:
 
     # ------------------------------------------------------------------ takeover, publishing
     @lua("cox_claim")
-    async def claim(self, *, runner: str, lease_ms: int, limit: int) -> Any:
-        """The claimed sessions, as JSON (:func:`cox_runner.drive.parse_claims`)."""
-        raw = await self._raw("cox_claim", [], [runner, str(lease_ms), str(limit)])
-        return raw[0] if isinstance(raw, list) else raw
+    def claim(self, pipe: Any, *, bucket: int, runner: str, lease_ms: int, limit: int) -> None:
+        """Queue a claim of bucket ``bucket`` on ``pipe``; its reply is ``[JSON]`` of the claimed
+        sessions (:meth:`cox_runner.store.Store.claim`)."""
+        pipe.fcall("cox_claim", 1, keys.leases(bucket), runner, str(lease_ms), str(limit))
 
     @lua("cox_pub_done")
     async def pub_done(self, *, sid: str, owner: str, last: int) -> list[str]:
@@ -241,8 +245,9 @@ class Fns:
         return list(res[1:])
 
     @lua("cox_dirty")
-    async def dirty(self, *, min_age_ms: int, limit: int) -> list[str]:
-        return list(await self._raw("cox_dirty", [], [str(min_age_ms), str(limit)]))
+    def dirty(self, pipe: Any, *, bucket: int, min_age_ms: int, limit: int) -> None:
+        """Queue the sweeper's look at bucket ``bucket`` on ``pipe``; its reply is a list of sids."""
+        pipe.fcall("cox_dirty", 1, keys.dirty(bucket), str(min_age_ms), str(limit))
 
     @lua("cox_pub_claim")
     async def pub_claim(self, *, sid: str, owner: str) -> list[str]:

@@ -2,8 +2,9 @@
 --[[
 coxswain's session state machine: every transition is one function call, atomic in Redis.
 
-Keys of a session derive from its hash key KEYS[1] = "cox:s:{<sid>}" (see coxswain/keys.py;
-the suffixes below mirror it). The global indexes are fixed names.
+Keys of a session derive from its hash key KEYS[1] = "cox:s:{b<bucket>}:<sid>" (see
+coxswain/keys.py; the suffixes below mirror it). Its bucket's lease and dirty indexes carry the
+same hash tag {b<bucket>}: every call touches keys of one Redis Cluster slot only.
 
 Every function returns an array: [1] is a JSON reply ({"error": code, "detail": text} when it
 refused, in which case nothing was changed); the rest, when present, is a batch of outbox
@@ -23,8 +24,11 @@ first attempt's answer, even if the state moved on since (a turn_end that releas
 is not refused "fenced" on the retry).
 ]]
 
-local LEASES = 'cox:leases'
-local DIRTY = 'cox:outbox:dirty'
+local LEASES_PREFIX = 'cox:leases:'
+local DIRTY_PREFIX = 'cox:dirty:'
+local function tag_of(key) return string.match(key, '(%b{})') end
+local function leases_of(base) return LEASES_PREFIX .. tag_of(base) end
+local function dirty_of(base) return DIRTY_PREFIX .. tag_of(base) end
 local PUB_BATCH = 200
 local PUB_LOCK_MS = 5000
 local TX_KEEP_MS = 60000
@@ -42,7 +46,7 @@ local function emit(base, sid, body, now)
   local seq = redis.call('HINCRBY', base, 'seq', 1)
   local ev = '{"seq":' .. seq .. ',"ts":' .. now .. ',' .. string.sub(body, 2)
   redis.call('RPUSH', base .. ':outbox', ev)
-  redis.call('ZADD', DIRTY, 'NX', now, sid)
+  redis.call('ZADD', dirty_of(base), 'NX', now, sid)
   return seq
 end
 
@@ -161,14 +165,14 @@ end
 local function take_lease(base, sid, runner, lease_ms, now)
   local token = tostring(redis.call('HINCRBY', base, 'fence', 1))
   redis.call('SET', base .. ':lease', token, 'PX', lease_ms)
-  redis.call('ZADD', LEASES, now + lease_ms, sid)
+  redis.call('ZADD', leases_of(base), now + lease_ms, sid)
   redis.call('HSET', base, 'runner', runner, 'token', token, 'busy', '1')
   return token
 end
 
 local function release(base, sid, now)
   redis.call('DEL', base .. ':lease')
-  redis.call('ZREM', LEASES, sid)
+  redis.call('ZREM', leases_of(base), sid)
   redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'runner', '', 'token', '',
     'lead_closed', '0', 'op', '', 'busy', '0')
   apply_next_model(base, sid, now)
@@ -213,9 +217,10 @@ end
 
 -- ------------------------------------------------------------------ session lifecycle
 
--- KEYS: base, principal index. ARGV: sid, principal, workspace, model, title, created_body, owner
+-- KEYS: base. ARGV: sid, principal, workspace, model, title, created_body, owner. The caller
+-- wrote the principal index entry before (another slot: not in this call).
 local function cox_create(keys, args)
-  local base, pidx = keys[1], keys[2]
+  local base = keys[1]
   local sid, principal, workspace, model, title, body, owner = unpack(args)
   if redis.call('EXISTS', base) == 1 then return refuse('conflict', 'session exists') end
   local now = now_ms()
@@ -224,7 +229,6 @@ local function cox_create(keys, args)
   redis.call('HSET', base, 'principal', principal, 'workspace', workspace, 'model', model,
     'title', title, 'title_source', tsrc, 'auto_title', '1', 'dont_ask', '0', 'created', now,
     'seq', 0, 'fence', 0, 'turn_id', '', 'stop', '', 'lead_closed', '0', 'busy', '0')
-  redis.call('ZADD', pidx, now, sid)
   emit(base, sid, body, now)
   return with_pub(base, owner, reply({ sid = sid, created = now }))
 end
@@ -426,7 +430,7 @@ local function cox_renew(keys, args)
   local sid, token, lease_ms = args[1], args[2], tonumber(args[3])
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   redis.call('PEXPIRE', base .. ':lease', lease_ms)
-  redis.call('ZADD', LEASES, now_ms() + lease_ms, sid)
+  redis.call('ZADD', leases_of(base), now_ms() + lease_ms, sid)
   return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq'),
                    observed = redis.call('LLEN', base .. ':observed'),
                    dont_ask = redis.call('HGET', base, 'dont_ask') == '1' }) }
@@ -560,14 +564,14 @@ local function cox_turn_end(keys, args)
   redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'lead_closed', '0', 'op', '')
   if handoff == '1' and (redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')) > 0 then
     redis.call('DEL', base .. ':lease')
-    redis.call('ZADD', LEASES, 0, sid)
+    redis.call('ZADD', leases_of(base), 0, sid)
     redis.call('HSET', base, 'runner', '', 'token', '')
     return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, handed_off = true }))
   end
   local waiting = redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')
   if hold_next == '1' and waiting > 0 then
     redis.call('PEXPIRE', base .. ':lease', lease_ms)
-    redis.call('ZADD', LEASES, now + lease_ms, sid)
+    redis.call('ZADD', leases_of(base), now + lease_ms, sid)
     return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, held = true }))
   end
   local raw = redis.call('LPOP', base .. ':sq')
@@ -575,7 +579,7 @@ local function cox_turn_end(keys, args)
   if raw then
     local msg = cjson.decode(raw)
     redis.call('PEXPIRE', base .. ':lease', lease_ms)
-    redis.call('ZADD', LEASES, now + lease_ms, sid)
+    redis.call('ZADD', leases_of(base), now + lease_ms, sid)
     begin_turn(base, sid, msg, next_turn_id, now, agents_md)
     return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id }))
   end
@@ -598,20 +602,22 @@ end
 
 -- ------------------------------------------------------------------ takeover
 
--- Claim sessions whose lease expired (their runner died or stalled). ARGV: runner, lease_ms, limit
+-- Claim sessions of one bucket whose lease expired (their runner died or stalled).
+-- KEYS: the bucket's lease index. ARGV: runner, lease_ms, limit
 local function cox_claim(keys, args)
   local runner, lease_ms, limit = args[1], tonumber(args[2]), tonumber(args[3])
+  local leases, tag = keys[1], tag_of(keys[1])
   local now = now_ms()
-  local sids = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
+  local sids = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)
   local out = {}
   for i = 1, #sids do
     local sid = sids[i]
-    local base = 'cox:s:{' .. sid .. '}'
+    local base = 'cox:s:' .. tag .. ':' .. sid
     local ttl = redis.call('PTTL', base .. ':lease')
     if ttl > 0 then
-      redis.call('ZADD', LEASES, now + ttl, sid)
+      redis.call('ZADD', leases, now + ttl, sid)
     elseif redis.call('EXISTS', base) == 0 or not busy(base) then
-      redis.call('ZREM', LEASES, sid)
+      redis.call('ZREM', leases, sid)
     else
       local old = redis.call('HGET', base, 'runner')
       local token = take_lease(base, sid, runner, lease_ms, now)
@@ -647,14 +653,15 @@ local function cox_pub_done(keys, args)
     return out
   end
   redis.call('DEL', base .. ':publock')
-  redis.call('ZREM', DIRTY, sid)
+  redis.call('ZREM', dirty_of(base), sid)
   return { reply({ more = false }) }
 end
 
--- Sweeper: sessions whose outbox has waited longer than min_age_ms. ARGV: min_age_ms, limit
+-- Sweeper: sessions of one bucket whose outbox has waited longer than min_age_ms.
+-- KEYS: the bucket's dirty index. ARGV: min_age_ms, limit
 local function cox_dirty(keys, args)
   local cutoff = now_ms() - tonumber(args[1])
-  return redis.call('ZRANGEBYSCORE', DIRTY, '-inf', cutoff, 'LIMIT', 0, tonumber(args[2]))
+  return redis.call('ZRANGEBYSCORE', keys[1], '-inf', cutoff, 'LIMIT', 0, tonumber(args[2]))
 end
 
 -- Take the publish lock of a session found by the sweeper. ARGV: sid, owner
@@ -662,7 +669,7 @@ local function cox_pub_claim(keys, args)
   local base = keys[1]
   local sid, owner = args[1], args[2]
   if redis.call('LLEN', base .. ':outbox') == 0 then
-    redis.call('ZREM', DIRTY, sid)
+    redis.call('ZREM', dirty_of(base), sid)
     return { reply({ claimed = false }) }
   end
   return with_pub(base, owner, reply({ claimed = true }))

@@ -59,6 +59,7 @@ def store_retry_s(settings: Settings) -> float:
 class Runner(Service):
     name = subjects.RUNNER
     uses_redis = True
+    records_meta = True
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -79,7 +80,8 @@ class Runner(Service):
         self.redis.set_retry(Retry(NoBackoff(), 0))
         self.js = self.nc.jetstream()
         await eventlog.ensure_stream(self.js)
-        self.store = Store(self.redis, self.js, self.owner, self.log, retry_s=store_retry_s(self.settings),
+        self.store = Store(self.redis, self.js, self.owner, self.log, wait_replicas=self.settings.redis.wait_replicas,
+                           wait_ms=self.settings.redis.wait_ms, retry_s=store_retry_s(self.settings),
                            on_down=self.redis_failed, faults=DropReplies.from_env(os.environ, self.log))
         await self.store.load()
         await self._check_durability()
@@ -249,7 +251,9 @@ class Runner(Service):
 
     # ------------------------------------------------------------------ loops
     async def _every(self, period: float, fn: Any) -> None:
-        while True:
+        # Not only cancellation ends it: redis-py's cluster pipeline can swallow a cancellation
+        # that arrives while it waits for a node (the loop then ran on, and stop waited for it).
+        while not self.stopping:
             try:
                 await fn()
             except asyncio.CancelledError:
@@ -267,8 +271,11 @@ class Runner(Service):
         if self.stopping:
             return
         sent = time.monotonic()
-        raw = await self.store.fns.claim(runner=self.runner_id, lease_ms=self.settings.runner.lease_ms, limit=20)
-        for c in drives_mod.parse_claims(raw):
+        rc = self.settings.runner
+        # Every bucket is looked at within a quarter of a lease: a pass takes its share, not all.
+        share = max(1, rc.lease_ms // 4 // rc.claim_interval_ms)
+        claims = await self.store.claim(runner=self.runner_id, lease_ms=rc.lease_ms, limit=20, share=share)
+        for c in claims:
             sid = str(c["sid"])
             self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"),
                              token=c.get("token"))

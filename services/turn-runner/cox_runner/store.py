@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
-import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
 import redis.exceptions
 from nats.js import JetStreamContext
 
@@ -57,6 +57,12 @@ RETRY_MAX_S = 0.5
 _BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
+# Transitions a person is told succeeded (the API's 202/201 answers) and the turn's end: with
+# ``[redis] wait_replicas`` they are not acknowledged before that many replicas hold them.
+WAITED_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer",
+                        "cox_queue_remove", "cox_queue_order", "cox_op_begin", "cox_turn_end"})
+
+
 def _list(value: Any) -> list[Any]:
     """cjson writes an empty Lua table as ``{}``; lists always come back as lists."""
     return value if isinstance(value, list) else []
@@ -65,10 +71,15 @@ def _list(value: Any) -> list[Any]:
 class Store:
     """Calls into the Redis function library; one per runner process."""
 
-    def __init__(self, redis: aioredis.Redis, js: JetStreamContext, owner: str, log: Any, *,
-                 retry_s: float = 1.0, on_down: Callable[[], Awaitable[None]] | None = None,
+    def __init__(self, redis: Any, js: JetStreamContext, owner: str, log: Any, *, wait_replicas: int = 0,
+                 wait_ms: int = 1000, retry_s: float = 1.0, on_down: Callable[[], Awaitable[None]] | None = None,
                  faults: DropReplies | None = None) -> None:
         self.redis = redis
+        self.wait_replicas = wait_replicas
+        self.wait_ms = wait_ms
+        self.cluster = isinstance(redis, aiocluster.RedisCluster)
+        self._cursor = random.randrange(1 << 16)
+        """Where the next takeover pass starts (:meth:`claim`)."""
         self.js = js
         self.owner = owner
         self.log = log
@@ -84,7 +95,41 @@ class Store:
         """One typed method per library function: what the rest of the runner calls."""
 
     async def load(self) -> None:
-        await self.redis.function_load(LIBRARY, replace=True)
+        """Load the library; in a cluster on every master (a replica gets it by replication, so a
+        promoted one has it; a master added later gets it on the first "Function not found")."""
+        await self.redis.function_load(LIBRARY, replace=True)  # the cluster client sends it to every master
+
+    def node_of(self, key: str) -> str:
+        """The name of the Redis master serving ``key`` ('' without a cluster)."""
+        return str(self.redis.get_node_from_key(key).name) if self.cluster else ""
+
+    def _queue_wait(self, pipe: Any, key: str) -> None:
+        """Queue ``WAIT`` on ``pipe`` after the write it must cover. ``WAIT`` counts the replicas
+        that hold this connection's writes, so it goes on the same pipeline (one connection), and
+        in a cluster to the master of ``key``'s slot."""
+        if self.cluster:
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms,
+                                 target_nodes=self.redis.get_node_from_key(key))
+        else:
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+
+    async def _fcall(self, fn: str, ks: list[str], argv: list[str]) -> tuple[Any, bool]:
+        """Run ``fn``; with ``wait_replicas``, also wait for the replicas. Returns (reply, held):
+        ``held`` is False when fewer replicas than asked answered in time."""
+        if not (self.wait_replicas and fn in WAITED_FNS and ks):
+            return await self.redis.fcall(fn, len(ks), *ks, *argv), True
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.fcall(fn, len(ks), *ks, *argv)
+            self._queue_wait(pipe, ks[0])
+            res, acked = await pipe.execute(raise_on_error=False)
+        if isinstance(res, Exception):
+            raise res
+        if isinstance(acked, Exception):
+            # The call was redirected (MOVED: a failover moved its slot) and ran on the new master,
+            # while WAIT went to the old one, now a replica: not confirmed.
+            self.log.warning("redis.wait_failed", fn=fn, error=repr(acked))
+            return res, False
+        return res, int(acked) >= self.wait_replicas
 
     async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
                    publish: bool = True) -> dict[str, Any]:
@@ -102,7 +147,7 @@ class Store:
         while True:
             attempt += 1
             try:
-                res = await self._fcall(fn, ks, argv)
+                res, held = await self._attempt(fn, ks, argv)
                 break
             except _BROKEN as exc:
                 waited = time.monotonic() - first
@@ -125,23 +170,31 @@ class Store:
         if batch and sid is not None:
             if publish:
                 self._start_publish(sid, batch)
+        if not held:
+            # It ran on the master, but no replica confirmed it in time: a failover could lose it,
+            # so it is not acknowledged. The person's retry is idempotent (client_id).
+            self.log.warning("redis.not_replicated", fn=fn, sid=sid, wait_ms=self.wait_ms)
+            detail = f"{fn} was not confirmed by {self.wait_replicas} Redis replica(s) within {self.wait_ms} ms"
+            if fn in HOLDER_FNS:
+                raise StoreDown(detail)
+            raise errors.Unavailable(detail + ": retry")
         if isinstance(head, dict) and "error" in head:
             raise errors.from_wire({"error": head["error"], "detail": head.get("detail", ""),
                                     "status": _status(head["error"])})
         return head if isinstance(head, dict) else {"value": head}
 
-    async def _fcall(self, fn: str, ks: list[str], argv: list[str]) -> Any:
-        """One attempt (the library loaded again if Redis lost it, e.g. a fresh server)."""
+    async def _attempt(self, fn: str, ks: list[str], argv: list[str]) -> tuple[Any, bool]:
+        """One attempt (the library loaded again if Redis lost it, e.g. a fresh server); (reply, held)."""
         try:
-            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+            res, held = await self._fcall(fn, ks, argv)
         except redis.exceptions.ResponseError as exc:
             if "Function not found" not in str(exc) and "NOSCRIPT" not in str(exc):
                 raise
             await self.load()
-            res = await self.redis.fcall(fn, len(ks), *ks, *argv)
+            res, held = await self._fcall(fn, ks, argv)
         if self.faults and self.faults.drop(fn):
             raise redis.exceptions.ConnectionError(f"fault injection: the reply of {fn} was dropped after it ran")
-        return res
+        return res, held
 
     # ------------------------------------------------------------------ publishing
     def _start_publish(self, sid: str, batch: list[str]) -> None:
@@ -168,9 +221,61 @@ class Store:
         except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
             self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
 
+    async def _scan(self, queue: Callable[[Any, int], None], wait: bool = False,
+                    buckets: list[int] | None = None) -> list[Any]:
+        """Run one call per bucket of ``buckets`` (default: all), pipelined (in a cluster: one
+        round trip per master), and return the replies that are not errors. No bucket belongs to
+        a runner: each runner alone looks at every bucket, so none is left to one that died.
+
+        ``wait`` (with ``wait_replicas``): the pass wrote something that must be replicated
+        before it is acted on; when a replica does not confirm it in time, nothing is returned."""
+        todo = list(range(keys.buckets())) if buckets is None else buckets
+        n = len(todo)
+        waits = 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for b in todo:
+                queue(pipe, b)
+            if wait and self.wait_replicas:
+                masters = {self.redis.get_node_from_key(keys.leases(b)).name: b for b in todo} if self.cluster \
+                    else {"": 0}
+                for b in masters.values():
+                    self._queue_wait(pipe, keys.leases(b))
+                waits = len(masters)
+            res = await pipe.execute(raise_on_error=False)
+        if waits:
+            res, acks = res[:n], res[n:]
+            if any(isinstance(a, Exception) or int(a) < self.wait_replicas for a in acks):
+                self.log.warning("redis.not_replicated", fn="scan", wait_ms=self.wait_ms)
+                return []
+        failed = [r for r in res if isinstance(r, Exception)]
+        if failed:
+            if any("Function not found" in str(e) or "NOSCRIPT" in str(e) for e in failed):
+                await self.load()
+            self.log.warning("redis.scan_failed", buckets=len(failed), error=repr(failed[0]))
+        return [r for r in res if not isinstance(r, Exception)]
+
+    async def claim(self, runner: str, lease_ms: int, limit: int, share: int = 1) -> list[dict[str, Any]]:
+        """Claim the sessions whose lease expired (``cox_claim``) in the next ``1/share`` of the
+        buckets: ``share`` passes look at every bucket once (a runner's passes rotate from a
+        random start, so runners look at different buckets at a time)."""
+        n = keys.buckets()
+        count = -(-n // max(1, share))
+        todo = [(self._cursor + i) % n for i in range(min(count, n))]
+        self._cursor = (self._cursor + count) % n
+        replies = await self._scan(lambda pipe, b: self.fns.claim(pipe, bucket=b, runner=runner,
+                                                                   lease_ms=lease_ms, limit=limit),
+                                   wait=True, buckets=todo)
+        out: list[dict[str, Any]] = []
+        for raw in replies:
+            claimed = json.loads(raw[0] if isinstance(raw, list) else raw)
+            out += [c for c in _list(claimed) if isinstance(c, dict)]
+        return out
+
     async def sweep(self, min_age_ms: int = 1000, limit: int = 50) -> int:
         """Publish outboxes nobody is publishing (their drainer died or NATS was down)."""
-        sids = await self.fns.dirty(min_age_ms=min_age_ms, limit=limit)
+        replies = await self._scan(lambda pipe, b: self.fns.dirty(pipe, bucket=b, min_age_ms=min_age_ms,
+                                                                   limit=limit))
+        sids = [sid for r in replies for sid in r]
         claimed = 0
         for sid in sids:
             try:
