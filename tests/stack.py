@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from cox.creds import Credentials
+from cox.nats_cluster import NatsCluster
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
 from coxswain.proc import die_with_parent
@@ -38,7 +39,7 @@ SERVICE_OF = {**{module: name for name, module in SERVICES.items()}, "cox_runner
 
 class Stack:
     def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
-                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None) -> None:
+                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None, nats_cluster: bool = False) -> None:
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.runners = runners
@@ -57,6 +58,12 @@ class Stack:
         self.credentials = Credentials.generate()
         self.nats: Any = (NatsContainer if docker else NatsServer)(tmp / "nats", credentials=self.credentials)
         self.redis: Any = (RedisContainer if docker else RedisServer)(tmp / "redis", credentials=self.credentials)
+        self.nats_cluster = nats_cluster
+        if nats_cluster:
+            # 3 local nodes (cox.nats_cluster); every service gets every node's URL and the event
+            # stream is kept on all three
+            self.nats = NatsCluster(tmp / "nats-cluster", credentials=self.credentials)
+            self.extra_env = {"COX_NATS__STREAM_REPLICAS": "3", **self.extra_env}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
@@ -260,13 +267,30 @@ def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
         stack.stop()
 
 
-def stack_fixture(name: str, **kw: Any) -> Any:
-    """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``."""
+def stack_fixture(name: str, *, also_nats_cluster: bool = False, **kw: Any) -> Any:
+    """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``.
+
+    ``also_nats_cluster``: the module's tests run twice, on one NATS server and (marked
+    ``cluster``) on a 3-node NATS cluster (:data:`NATS_KINDS`)."""
     import pytest
 
-    @pytest.fixture(scope="module")
-    def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-        with running(tmp_path_factory.mktemp(name), **kw) as s:
+    kinds = NATS_KINDS if also_nats_cluster else ["single"]
+
+    @pytest.fixture(scope="module", params=kinds)
+    def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+        cluster = request.param == "nats-cluster"
+        with running(tmp_path_factory.mktemp(name + ("-nats-cluster" if cluster else "")),
+                     **{"nats_cluster": cluster, **kw}) as s:
             yield s
 
     return stack
+
+
+def _nats_kinds() -> list[Any]:
+    import pytest
+
+    return ["single", pytest.param("nats-cluster", marks=pytest.mark.cluster)]
+
+
+NATS_KINDS = _nats_kinds()
+"""The NATS a parametrized stack runs on: one server, and a 3-node cluster (the ``cluster`` tier)."""

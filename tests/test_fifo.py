@@ -17,7 +17,7 @@ MESSAGES = 10
 SEED = int(os.environ.get("COX_TEST_SEED", "0")) or random.randrange(1, 1 << 30)
 
 
-stack = stack_fixture("fifo", runners=2)
+stack = stack_fixture("fifo", runners=2, also_nats_cluster=True)
 
 
 def a_message(rng: random.Random, label: str) -> str:

@@ -22,16 +22,17 @@ from coxswain.models import KeepRequest
 
 from .logcheck import log_of, replay
 from .runners import holder, records, respawn, wait_log
-from .stack import Api, Stack, script
+from .stack import NATS_KINDS, Api, Stack, script
 
 LEASE_MS = 2000
 DEFAULT_LEASE_MS = 5000
 MEASURED: dict[int, list[float]] = {}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    s = Stack(tmp_path_factory.mktemp("takeover"), runners=2, lease_ms=LEASE_MS)
+@pytest.fixture(scope="module", params=NATS_KINDS)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = Stack(tmp_path_factory.mktemp("takeover-" + request.param), runners=2, lease_ms=LEASE_MS,
+              nats_cluster=request.param == "nats-cluster")
     s.start()
     try:
         yield s

@@ -25,7 +25,7 @@ from . import events, subjects
 DUPLICATE_WINDOW_S = 300.0
 
 
-def stream_config() -> api.StreamConfig:
+def stream_config(replicas: int = 1) -> api.StreamConfig:
     return api.StreamConfig(
         name=subjects.EVENTS_STREAM,
         subjects=[subjects.EVENTS_WILDCARD],
@@ -36,20 +36,44 @@ def stream_config() -> api.StreamConfig:
         deny_purge=True,
         allow_direct=True,
         max_msg_size=1_048_576,
+        num_replicas=replicas,
     )
 
 
-async def ensure_stream(js: JetStreamContext) -> None:
-    """Create the events stream, or bring an existing one to this configuration."""
-    cfg = stream_config()
+class StreamMisconfigured(Exception):
+    """The events stream cannot have the configured replica count (e.g. more replicas than the
+    cluster has JetStream nodes): the server's refusal, with what was asked."""
+
+
+async def ensure_stream(js: JetStreamContext, replicas: int = 1) -> api.StreamInfo:
+    """Create the events stream, or bring an existing one to this configuration.
+
+    An existing stream with another replica count is updated to ``replicas`` (JetStream moves or
+    adds the copies); if the server refuses, :class:`StreamMisconfigured` says why rather than
+    running on a stream that is not replicated the way ``[nats] stream_replicas`` says.
+    """
+    cfg = stream_config(replicas)
+    refused: Exception | None = None
     try:
         await js.stream_info(subjects.EVENTS_STREAM)
     except nats.js.errors.NotFoundError:
-        with contextlib.suppress(nats.js.errors.BadRequestError):
-            await js.add_stream(cfg)
-            return
-    with contextlib.suppress(nats.js.errors.BadRequestError):
+        try:
+            return await js.add_stream(cfg)
+        except nats.js.errors.BadRequestError as exc:  # another runner created it first, or refused
+            refused = exc
+    try:
         await js.update_stream(cfg)
+    except nats.js.errors.BadRequestError as exc:
+        refused = exc
+    except nats.js.errors.NotFoundError as exc:  # add_stream refused and there is still no stream
+        raise StreamMisconfigured(f"cannot create stream {subjects.EVENTS_STREAM} with {replicas} "
+                                  f"replica(s): {refused!r}") from exc
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    have = info.config.num_replicas or 1
+    if have != replicas:
+        raise StreamMisconfigured(f"stream {subjects.EVENTS_STREAM} has {have} replica(s), [nats] "
+                                  f"stream_replicas asks for {replicas}: {refused!r}")
+    return info
 
 
 WRONG_LAST_SEQUENCE = 10071

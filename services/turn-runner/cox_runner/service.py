@@ -68,7 +68,7 @@ class Runner(Service):
         # (see store.py); the caller decides (503, or the drive lets its lease lapse).
         self.redis.set_retry(Retry(NoBackoff(), 0))
         self.js = self.nc.jetstream()
-        await eventlog.ensure_stream(self.js)
+        await eventlog.ensure_stream(self.js, self.settings.nats.stream_replicas)
         self.store = Store(self.redis, self.js, self.owner, self.log)
         await self.store.load()
         await self._check_durability()
