@@ -59,11 +59,11 @@ async def ensure_stream(js: JetStreamContext, replicas: int = 1) -> api.StreamIn
     except nats.js.errors.NotFoundError:
         try:
             return await js.add_stream(cfg)
-        except nats.js.errors.BadRequestError as exc:  # another runner created it first, or refused
+        except (nats.js.errors.BadRequestError, nats.js.errors.ServerError) as exc:  # raced, or refused
             refused = exc
     try:
         await js.update_stream(cfg)
-    except nats.js.errors.BadRequestError as exc:
+    except (nats.js.errors.BadRequestError, nats.js.errors.ServerError) as exc:
         refused = exc
     except nats.js.errors.NotFoundError as exc:  # add_stream refused and there is still no stream
         raise StreamMisconfigured(f"cannot create stream {subjects.EVENTS_STREAM} with {replicas} "
