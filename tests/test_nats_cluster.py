@@ -123,7 +123,7 @@ def test_one_node_killed_mid_load_loses_nothing_and_stops_nothing(stack: Stack, 
     while True:
         info = asyncio.run(_stream_info(stack.nats.admin_url))
         peers = info.cluster.replicas if info.cluster else []
-        if peers and all(p.current and not p.offline for p in peers) or time.monotonic() > deadline:
+        if (peers and all(p.current and not p.offline for p in peers)) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert peers and all(p.current and not p.offline for p in peers), info.cluster

@@ -79,6 +79,8 @@ async def ensure_stream(js: JetStreamContext, replicas: int = 1) -> api.StreamIn
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code when ``Nats-Expected-Last-Subject-Sequence`` does not hold."""
 CURSORS_MAX = 10_000
+CONSUMER_RETRY_S = 5.0
+"""How long a reader retries creating its consumer while JetStream answers 503 (a leader election)."""
 
 
 class OutOfOrder(Exception):
@@ -186,10 +188,21 @@ class EventFeed:
             mem_storage=True,
             max_ack_pending=-1,
         )
-        self._sub = await self.js.pull_subscribe(
-            subjects.events(self.sid), stream=subjects.EVENTS_STREAM, config=cfg
-        )
-        return self
+        # On a NATS cluster creating a consumer is a round through the meta leader and the
+        # stream's leader; while either is being elected (a node lost, or a loaded machine
+        # missing heartbeats) JetStream answers 503 for a moment. Ride over that, bounded.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONSUMER_RETRY_S
+        while True:
+            try:
+                self._sub = await self.js.pull_subscribe(
+                    subjects.events(self.sid), stream=subjects.EVENTS_STREAM, config=cfg
+                )
+                return self
+            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -207,12 +220,21 @@ class EventFeed:
         """Events with seq above the last given, waiting up to ``timeout`` s for the first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        unanswered_until = loop.time() + CONSUMER_RETRY_S
         while True:
             remaining = deadline - loop.time()
             try:
                 msgs = await self._sub.fetch(batch=limit, timeout=max(0.05, remaining))
             except (TimeoutError, nats.errors.TimeoutError):
                 return []
+            except nats.js.errors.ServiceUnavailableError:
+                # "no responders" to the pull request: on a cluster the consumer just created
+                # lives on another node and its interest has not reached this one yet (or its
+                # node is being replaced). A moment later it answers; bounded.
+                if loop.time() > unanswered_until:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
             out = []
             for m in msgs:
                 with contextlib.suppress(Exception):
