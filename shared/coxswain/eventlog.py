@@ -45,13 +45,27 @@ class StreamMisconfigured(Exception):
     cluster has JetStream nodes): the server's refusal, with what was asked."""
 
 
-async def ensure_stream(js: JetStreamContext, replicas: int = 1) -> api.StreamInfo:
+async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: float = 30.0) -> api.StreamInfo:
     """Create the events stream, or bring an existing one to this configuration.
 
     An existing stream with another replica count is updated to ``replicas`` (JetStream moves or
     adds the copies); if the server refuses, :class:`StreamMisconfigured` says why rather than
-    running on a stream that is not replicated the way ``[nats] stream_replicas`` says.
+    running on a stream that is not replicated the way ``[nats] stream_replicas`` says. While
+    JetStream answers "unavailable" or not at all (a cluster electing its leaders, a loaded
+    machine) it is asked again for up to ``patience_s``.
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    while True:
+        try:
+            return await _ensure_stream(js, replicas)
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def _ensure_stream(js: JetStreamContext, replicas: int) -> api.StreamInfo:
     cfg = stream_config(replicas)
     refused: Exception | None = None
     try:
