@@ -1,4 +1,4 @@
-"""``./dev bench [--quick] [--peer langgraph] [--only PHASES] [--no-profile]``
+"""``./dev bench [--quick] [--peer langgraph] [--only PHASES] [--no-profile] [--cluster]``
 
 Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff, trace (wire
 timelines; one stack, two runners, the floors' servers), sweep (a fresh stack per runner count), memory (a fresh stack),
@@ -92,8 +92,10 @@ def cpu_floor(f: dict[str, Any]) -> Any:
 
 
 class Run:
-    def __init__(self, counts: Counts, only: set[str], profile: bool, peer: str | None, tmp: Path) -> None:
+    def __init__(self, counts: Counts, only: set[str], profile: bool, peer: str | None, tmp: Path,
+                 cluster: bool = False) -> None:
         self.c = counts
+        self.cluster = cluster
         self.only = only
         self.profile = profile
         self.peer = peer
@@ -131,7 +133,10 @@ class Run:
             floor_fn = cpu_floor(f) if f else (lambda events: float("nan"))
             self.res["phases"]["sweep"] = await self.phase("sweep", sweep.sweep(
                 self.tmp, c.sweep_sessions, c.sweep_runners, c.sweep_messages, c.sweep_delay_ms, c.sweep_timeout_s,
-                floor_fn, log))
+                floor_fn, log, kinds=("single", "cluster") if self.cluster else ("single",)))
+            if self.cluster:
+                self.res["phases"]["sweep_cluster_vs_single"] = sweep.cluster_vs_single(
+                    self.res["phases"]["sweep"] or [])
         if self.want("memory"):
             self.res["phases"]["memory"] = await self.phase("memory", self.memory())
         if self.want("sandbox"):
@@ -220,6 +225,9 @@ def main() -> int:
     p.add_argument("--peer", choices=["langgraph"], help="also run the peer side by side (installs it apart)")
     p.add_argument("--only", default=",".join(PHASES), help=f"comma-separated phases among {','.join(PHASES)}")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of the tool-call turn")
+    p.add_argument("--cluster", action="store_true",
+                   help="run the sweep on single servers and on clusters (3-node NATS) in the same run, "
+                        "and report turns/s and CPU per turn of each with the ratio")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (logs of every process)")
     p.add_argument("--note", action="append", default=[], help="a note to print in RESULTS.md (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -235,7 +243,7 @@ def main() -> int:
     except ValueError as exc:
         p.error(str(exc))
     tmp = Path(tempfile.mkdtemp(prefix="cox-bench-"))
-    run = Run(counts, only, not a.no_profile, a.peer, tmp)
+    run = Run(counts, only, not a.no_profile, a.peer, tmp, a.cluster)
     run.res["meta"] = meta(sys.argv[1:])
     run.res["counts"] = asdict(counts)
     run.res["notes"] += a.note

@@ -71,6 +71,8 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_row("sweep", f"runners={p['runners']} S={p['sessions']}", None, None, "", p["error"]))
             continue
         tag = f"runners={p['runners']} S={p['sessions']}"
+        if p.get("servers", "single") != "single":
+            tag = f"{p['servers']} {tag}"
         ok = "FIFO+no-overlap kept" if p["verdict"]["ok"] else f"BROKEN: {p['verdict']['problems'][:2]}"
         sr = p["verdict"].get("short_reads") or {}
         if sr.get("short_reads"):
@@ -88,6 +90,16 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_row("sweep", f"{tag} CPU per turn", p["cpu_ms_per_turn"], p["cpu_floor_ms_per_turn"], "ms",
                         f"all stack processes; client {p['client_cpu_ms_per_turn']} ms/turn apart; floor = CPU of "
                         f"HTTP + NATS req-reply + 3 Redis scripts + {p['events_per_turn']} JetStream publishes"))
+    for cmp in ph.get("sweep_cluster_vs_single") or []:
+        tag = f"runners={cmp['runners']} S={cmp['sessions']}"
+        what = "+".join(k for k, v in (cmp.get("clustered") or {}).items() if v) or "none"
+        out.append(_row("cluster", f"{tag} turns/s, cluster vs single", cmp["turns_per_s"]["cluster"],
+                        cmp["turns_per_s"]["single"], "turns/s",
+                        f"clustered: {what}; 'floor' = the same point on single servers; ratio = single / cluster",
+                        inverse=True))
+        out.append(_row("cluster", f"{tag} CPU per turn, cluster vs single", cmp["cpu_ms_per_turn"]["cluster"],
+                        cmp["cpu_ms_per_turn"]["single"], "ms",
+                        "all stack processes, every server node included; ratio = cluster / single"))
     if m := ph.get("memory"):
         n = m["sessions"]
         for name, mb in m["rss_mb_after"].items():
@@ -116,7 +128,7 @@ def stat_or_none(f: dict[str, Any], kind: str, q: str) -> float | None:
 
 
 def largest(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    scored = [r for r in rs if isinstance(r.get("ratio"), (int, float)) and r["section"] not in ("memory", "peer")]
+    scored = [r for r in rs if isinstance(r.get("ratio"), (int, float)) and r["section"] not in ("memory", "peer", "cluster")]
     return max(scored, key=lambda r: r["ratio"]) if scored else None
 
 

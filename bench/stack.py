@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from cox.creds import Credentials
+from cox.nats_cluster import NatsCluster
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain.proc import die_with_parent
 
@@ -44,13 +45,43 @@ max_pending = 64
 READY_TIMEOUT_S = 180.0
 
 
+SERVER_KINDS = ("single", "cluster")
+"""``single``: one nats-server and one redis-server. ``cluster``: a 3-node NATS cluster (event
+stream with 3 replicas) and, once ``cox.redis_cluster`` is on this branch, a Redis Cluster: the
+hook is :meth:`Servers._redis_cluster` (today one redis-server, said so in the results)."""
+
+
 class Servers:
     """nats-server and redis-server for one stack (and the floors measured beside it)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, kind: str = "single") -> None:
+        if kind not in SERVER_KINDS:
+            raise ValueError(f"servers kind {kind!r} is none of {SERVER_KINDS}")
+        self.kind = kind
         self.credentials = Credentials.generate()
-        self.nats = NatsServer(tmp / "nats", credentials=self.credentials)
-        self.redis = RedisServer(tmp / "redis", credentials=self.credentials)
+        self.nats: NatsServer | NatsCluster = (
+            NatsCluster(tmp / "nats-cluster", credentials=self.credentials) if kind == "cluster"
+            else NatsServer(tmp / "nats", credentials=self.credentials))
+        self.redis = self._redis_cluster(tmp) if kind == "cluster" else RedisServer(tmp / "redis",
+                                                                                     credentials=self.credentials)
+
+    def _redis_cluster(self, tmp: Path) -> RedisServer:
+        """The Redis side of ``cluster``. HOOK: when ``cox.redis_cluster`` lands, start its
+        cluster here, add its ``[redis]`` settings to :meth:`config` and its node processes to
+        :meth:`procs`; until then the cluster run clusters NATS only (``redis_clustered`` False)."""
+        return RedisServer(tmp / "redis", credentials=self.credentials)
+
+    @property
+    def redis_clustered(self) -> bool:
+        return False
+
+    @property
+    def nats_clustered(self) -> bool:
+        return isinstance(self.nats, NatsCluster)
+
+    def config(self) -> str:
+        """What the services' config file needs for these servers."""
+        return "\n[nats]\nstream_replicas = 3\n" if self.nats_clustered else ""
 
     def start(self) -> Servers:
         self.nats.start()
@@ -63,9 +94,12 @@ class Servers:
 
     def procs(self) -> dict[str, psutil.Process]:
         out = {}
-        for name, s in (("nats-server", self.nats), ("redis-server", self.redis)):
-            if s.proc is not None:
-                out[name] = psutil.Process(s.proc.pid)
+        nats = self.nats.nodes if isinstance(self.nats, NatsCluster) else [self.nats]
+        for i, node in enumerate(nats):
+            if node.proc is not None:
+                out["nats-server" + (f"-{i + 1}" if len(nats) > 1 else "")] = psutil.Process(node.proc.pid)
+        if self.redis.proc is not None:
+            out["redis-server"] = psutil.Process(self.redis.proc.pid)
         return out
 
 
@@ -80,7 +114,7 @@ class Stack:
         self.root = tmp / "workspaces"
         self.state = tmp / "state"
         self.config = tmp / "coxswain.toml"
-        self.config.write_text(config)
+        self.config.write_text(config + servers.config())
         self.port = free_port()
         self.token = secrets.token_urlsafe(16)
         self.proc: subprocess.Popen[bytes] | None = None

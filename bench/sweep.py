@@ -177,7 +177,10 @@ def ideal(n_sessions: int, messages: int, delay_ms: int, cpu_floor_ms: float) ->
 
 
 async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], messages: int, delay_ms: int,
-                timeout: float, cpu_floor_per_turn_ms: Callable[[float], float], log: Any) -> list[dict[str, Any]]:
+                timeout: float, cpu_floor_per_turn_ms: Callable[[float], float], log: Any,
+                kinds: tuple[str, ...] = ("single",)) -> list[dict[str, Any]]:
+    """Every (runners, sessions) point on each kind of servers (``single``, ``cluster``), in turn,
+    each on a fresh stack; a point is tagged with its ``servers`` kind."""
     out: list[dict[str, Any]] = []
     def text(j: int) -> str:
         return session.script([{"text": f"turn {j} done", "delay_ms": delay_ms}], text=f"message {j}")
@@ -185,9 +188,10 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
     def answer(j: int) -> str:
         return f"turn {j} done"
 
-    for n_runners in runners:
-        servers = Servers(tmp / f"sweep-r{n_runners}").start()
-        stack = Stack(tmp / f"sweep-r{n_runners}", servers, n_runners)
+    for kind, n_runners in [(k, n) for k in kinds for n in runners]:
+        where = tmp / f"sweep-{kind}-r{n_runners}"
+        servers = Servers(where, kind).start()
+        stack = Stack(where, servers, n_runners)
         try:
             stack.start()
             pool = Pool(stack.port, stack.token, size=32)
@@ -199,6 +203,9 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
                     except Exception as exc:  # noqa: BLE001 - a failed point is reported, the sweep goes on
                         r = {"sessions": s, "error": repr(exc), "turns_per_s_counted": 0.0}
                     r["runners"] = n_runners
+                    r["servers"] = kind
+                    if kind == "cluster":
+                        r["clustered"] = {"nats": servers.nats_clustered, "redis": servers.redis_clustered}
                     if "error" not in r:
                         ide = ideal(s, messages, delay_ms, cpu_floor_per_turn_ms(r["events_per_turn"]))
                         r["ideal"] = ide
@@ -209,7 +216,7 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
                         }
                         r["cpu_floor_ms_per_turn"] = round(cpu_floor_per_turn_ms(r["events_per_turn"]), 3)
                     out.append(r)
-                    log(f"  sweep runners={n_runners} S={s}: {r.get('turns_per_s', '-')} turns/s "
+                    log(f"  sweep {kind} runners={n_runners} S={s}: {r.get('turns_per_s', '-')} turns/s "
                         f"(counted {r.get('turns_per_s_counted')}), p99 wait {r.get('queue_wait_ms', {}).get('p99')} ms, "
                         f"verdict {r.get('verdict', {}).get('ok')} ({time.perf_counter() - t0:.0f}s)")
             finally:
@@ -217,4 +224,23 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
         finally:
             stack.stop()
             servers.stop()
+    return out
+
+
+def cluster_vs_single(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each (runners, sessions) measured on both kinds: turns/s and CPU per turn on the
+    clusters and on single servers, and cluster / single for each."""
+    by = {(p.get("servers", "single"), p["runners"], p["sessions"]): p for p in points if "error" not in p}
+    out = []
+    for (kind, n_runners, s), c in sorted(by.items()):
+        one = by.get(("single", n_runners, s))
+        if kind != "cluster" or one is None:
+            continue
+        out.append({
+            "runners": n_runners, "sessions": s, "clustered": c.get("clustered"),
+            "turns_per_s": {"single": one["turns_per_s_counted"], "cluster": c["turns_per_s_counted"],
+                            "ratio": ratio(c["turns_per_s_counted"] or None, one["turns_per_s_counted"] or None)},
+            "cpu_ms_per_turn": {"single": one["cpu_ms_per_turn"], "cluster": c["cpu_ms_per_turn"],
+                                "ratio": ratio(c["cpu_ms_per_turn"], one["cpu_ms_per_turn"])},
+        })
     return out

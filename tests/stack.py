@@ -25,6 +25,7 @@ import httpx
 
 from cox.creds import Credentials
 from cox.redis_cluster import RedisClusterServer
+from cox.nats_cluster import NatsCluster
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
 from coxswain.proc import die_with_parent
@@ -39,7 +40,8 @@ SERVICE_OF = {**{module: name for name, module in SERVICES.items()}, "cox_runner
 
 class Stack:
     def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
-                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None, redis_cluster: bool = False) -> None:
+                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None, redis_cluster: bool = False,
+                 nats_cluster: bool = False) -> None:
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.runners = runners
@@ -63,6 +65,12 @@ class Stack:
             # 3 masters + 3 replicas on loopback; every acknowledged transition waits for a replica
             self.redis = RedisClusterServer(tmp / "redis-cluster", credentials=self.credentials)
             self.extra_env = {"COX_REDIS__CLUSTER": "true", "COX_REDIS__WAIT_REPLICAS": "1", **self.extra_env}
+        self.nats_cluster = nats_cluster
+        if nats_cluster:
+            # 3 local nodes (cox.nats_cluster); every service gets every node's URL and the event
+            # stream is kept on all three
+            self.nats = NatsCluster(tmp / "nats-cluster", credentials=self.credentials)
+            self.extra_env = {"COX_NATS__STREAM_REPLICAS": "3", **self.extra_env}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
@@ -278,8 +286,9 @@ def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
 def stack_fixture(name: str, *, also_cluster: bool = False, **kw: Any) -> Any:
     """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``.
 
-    ``also_cluster``: the module's tests run twice, on one Redis server and (marked ``cluster``)
-    on a Redis Cluster of 3 masters and 3 replicas (:data:`REDIS_KINDS`)."""
+    ``also_cluster``: the module's tests run twice, on one Redis and one NATS server, and (marked
+    ``cluster``) on a Redis Cluster of 3 masters and 3 replicas with a 3-node NATS cluster
+    (:data:`CLUSTER_KINDS`)."""
     import pytest
 
     if not also_cluster:
@@ -290,21 +299,22 @@ def stack_fixture(name: str, *, also_cluster: bool = False, **kw: Any) -> Any:
 
         return one
 
-    @pytest.fixture(scope="module", params=REDIS_KINDS)
+    @pytest.fixture(scope="module", params=CLUSTER_KINDS)
     def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         cluster = request.param == "cluster"
         with running(tmp_path_factory.mktemp(name + ("-cluster" if cluster else "")), redis_cluster=cluster,
-                     **kw) as s:
+                     nats_cluster=cluster, **kw) as s:
             yield s
 
     return stack
 
 
-def _redis_kinds() -> list[Any]:
+def _cluster_kinds() -> list[Any]:
     import pytest
 
     return ["single", pytest.param("cluster", marks=pytest.mark.cluster)]
 
 
-REDIS_KINDS = _redis_kinds()
-"""The Redis a parametrized stack runs on: one server, and a cluster (the ``cluster`` tier)."""
+CLUSTER_KINDS = _cluster_kinds()
+"""The servers a parametrized stack runs on: one Redis and one NATS server, and (the ``cluster``
+tier) a Redis Cluster of 3 masters + 3 replicas with a 3-node NATS cluster."""

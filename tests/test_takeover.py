@@ -21,18 +21,18 @@ from coxswain.models import KeepRequest
 
 from .logcheck import log_of, replay
 from .runners import holder, records, respawn, wait_log
-from .stack import REDIS_KINDS, Api, Stack, script
+from .stack import CLUSTER_KINDS, Api, Stack, script
 
 LEASE_MS = 2000
 DEFAULT_LEASE_MS = 5000
 MEASURED: dict[int, list[float]] = {}
 
 
-@pytest.fixture(scope="module", params=REDIS_KINDS)
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     cluster = request.param == "cluster"
     s = Stack(tmp_path_factory.mktemp("takeover-" + request.param), runners=2, lease_ms=LEASE_MS,
-              redis_cluster=cluster)
+              redis_cluster=cluster, nats_cluster=cluster)
     s.start()
     try:
         yield s

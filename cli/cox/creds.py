@@ -85,6 +85,10 @@ def redis_admin_url(url: str, creds: Credentials) -> str:
 
 
 def _with_user(url: str, user: str, password: str) -> str:
-    """``url`` with ``user:password@`` (for clients that take only a URL). Never log it."""
+    """``url`` with ``user:password@`` (for clients that take only a URL). Never log it.
+
+    A comma-separated list (the nodes of a NATS cluster) gets the user on every URL."""
+    if "," in url:
+        return ",".join(_with_user(u.strip(), user, password) for u in url.split(",") if u.strip())
     scheme, _, rest = url.partition("://")
     return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{rest}"

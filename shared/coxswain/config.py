@@ -247,6 +247,17 @@ class RedisConfig(_Section):
     """How long a transition waits for its replicas."""
 
 
+class NatsConfig(_Section):
+    """How coxswain uses NATS (the URL and credentials are top-level: ``COX_NATS_URL`` ...)."""
+
+    stream_replicas: int = Field(1, ge=1, le=5)
+    """Replicas of the JetStream event stream (``num_replicas``): 1 on one server, 3 on a cluster of
+    three nodes (each event is then on a quorum of nodes before its publish is acknowledged, and
+    the stream survives the loss of one node). The turn-runner creates the stream with it, or
+    updates an existing stream to it at start; a count the cluster cannot place (more than its
+    JetStream nodes) stops the runner with the server's error."""
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
@@ -258,6 +269,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COX_", env_nested_delimiter="__", extra="ignore")
 
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("COX_NATS_URL", "NATS_URL"))
+    """One NATS server, or every node of a NATS cluster comma-separated
+    (``nats://n1:4222,nats://n2:4222,nats://n3:4222``); clients reconnect to any of them."""
     redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=AliasChoices("COX_REDIS_URL", "REDIS_URL"))
     # This process's user on each server (``cox up`` gives every service its own); unset: the
     # URL's ``user:pass@``, if any. Never logged: URLs are redacted, passwords are SecretStr.
@@ -290,6 +303,7 @@ class Settings(BaseSettings):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     versions: VersionsConfig = Field(default_factory=VersionsConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
+    nats: NatsConfig = Field(default_factory=NatsConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

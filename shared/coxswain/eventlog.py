@@ -25,7 +25,7 @@ from . import events, subjects
 DUPLICATE_WINDOW_S = 300.0
 
 
-def stream_config() -> api.StreamConfig:
+def stream_config(replicas: int = 1) -> api.StreamConfig:
     return api.StreamConfig(
         name=subjects.EVENTS_STREAM,
         subjects=[subjects.EVENTS_WILDCARD],
@@ -36,25 +36,65 @@ def stream_config() -> api.StreamConfig:
         deny_purge=True,
         allow_direct=True,
         max_msg_size=1_048_576,
+        num_replicas=replicas,
     )
 
 
-async def ensure_stream(js: JetStreamContext) -> None:
-    """Create the events stream, or bring an existing one to this configuration."""
-    cfg = stream_config()
+class StreamMisconfigured(Exception):
+    """The events stream cannot have the configured replica count (e.g. more replicas than the
+    cluster has JetStream nodes): the server's refusal, with what was asked."""
+
+
+async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: float = 30.0) -> api.StreamInfo:
+    """Create the events stream, or bring an existing one to this configuration.
+
+    An existing stream with another replica count is updated to ``replicas`` (JetStream moves or
+    adds the copies); if the server refuses, :class:`StreamMisconfigured` says why rather than
+    running on a stream that is not replicated the way ``[nats] stream_replicas`` says. While
+    JetStream answers "unavailable" or not at all (a cluster electing its leaders, a loaded
+    machine) it is asked again for up to ``patience_s``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience_s
+    while True:
+        try:
+            return await _ensure_stream(js, replicas)
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def _ensure_stream(js: JetStreamContext, replicas: int) -> api.StreamInfo:
+    cfg = stream_config(replicas)
+    refused: Exception | None = None
     try:
         await js.stream_info(subjects.EVENTS_STREAM)
     except nats.js.errors.NotFoundError:
-        with contextlib.suppress(nats.js.errors.BadRequestError):
-            await js.add_stream(cfg)
-            return
-    with contextlib.suppress(nats.js.errors.BadRequestError):
+        try:
+            return await js.add_stream(cfg)
+        except (nats.js.errors.BadRequestError, nats.js.errors.ServerError) as exc:  # raced, or refused
+            refused = exc
+    try:
         await js.update_stream(cfg)
+    except (nats.js.errors.BadRequestError, nats.js.errors.ServerError) as exc:
+        refused = exc
+    except nats.js.errors.NotFoundError as exc:  # add_stream refused and there is still no stream
+        raise StreamMisconfigured(f"cannot create stream {subjects.EVENTS_STREAM} with {replicas} "
+                                  f"replica(s): {refused!r}") from exc
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    have = info.config.num_replicas or 1
+    if have != replicas:
+        raise StreamMisconfigured(f"stream {subjects.EVENTS_STREAM} has {have} replica(s), [nats] "
+                                  f"stream_replicas asks for {replicas}: {refused!r}")
+    return info
 
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code when ``Nats-Expected-Last-Subject-Sequence`` does not hold."""
 CURSORS_MAX = 10_000
+CONSUMER_RETRY_S = 5.0
+"""How long a reader retries creating its consumer while JetStream answers 503 (a leader election)."""
 
 
 class OutOfOrder(Exception):
@@ -162,10 +202,21 @@ class EventFeed:
             mem_storage=True,
             max_ack_pending=-1,
         )
-        self._sub = await self.js.pull_subscribe(
-            subjects.events(self.sid), stream=subjects.EVENTS_STREAM, config=cfg
-        )
-        return self
+        # On a NATS cluster creating a consumer is a round through the meta leader and the
+        # stream's leader; while either is being elected (a node lost, or a loaded machine
+        # missing heartbeats) JetStream answers 503 for a moment. Ride over that, bounded.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CONSUMER_RETRY_S
+        while True:
+            try:
+                self._sub = await self.js.pull_subscribe(
+                    subjects.events(self.sid), stream=subjects.EVENTS_STREAM, config=cfg
+                )
+                return self
+            except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError):
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -183,12 +234,21 @@ class EventFeed:
         """Events with seq above the last given, waiting up to ``timeout`` s for the first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        unanswered_until = loop.time() + CONSUMER_RETRY_S
         while True:
             remaining = deadline - loop.time()
             try:
                 msgs = await self._sub.fetch(batch=limit, timeout=max(0.05, remaining))
             except (TimeoutError, nats.errors.TimeoutError):
                 return []
+            except nats.js.errors.ServiceUnavailableError:
+                # "no responders" to the pull request: on a cluster the consumer just created
+                # lives on another node and its interest has not reached this one yet (or its
+                # node is being replaced). A moment later it answers; bounded.
+                if loop.time() > unanswered_until:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
             out = []
             for m in msgs:
                 with contextlib.suppress(Exception):

@@ -59,7 +59,9 @@ async def connect_nats(
     """Connect with bounded retries (a log line each); afterwards nats-py reconnects forever.
 
     ``user``/``password`` win over a ``user:pass@`` in ``url``; the URL is logged redacted. A
-    lost connection fails the requests in flight at once (:class:`bus.Link`).
+    lost connection fails the requests in flight at once (:class:`bus.Link`). ``url`` may name
+    every node of a cluster, comma-separated: the client connects to one of them and, when it is
+    lost, reconnects to another (nats-py also learns nodes the server announces).
     """
     ln = bus.Link()
 
@@ -78,7 +80,7 @@ async def connect_nats(
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
         try:
             nc = await nats.connect(
-                url, name=name, connect_timeout=2, allow_reconnect=True, max_reconnect_attempts=-1,
+                nats_servers(url), name=name, connect_timeout=2, allow_reconnect=True, max_reconnect_attempts=-1,
                 reconnect_time_wait=0.25, error_cb=on_error, disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect, user=user, password=password, inbox_prefix=inbox_prefix,
             )
@@ -89,6 +91,14 @@ async def connect_nats(
             log.warning("nats.connect_failed", url=shown, attempt=attempt, error=repr(exc))
             await asyncio.sleep(CONNECT_WAIT_S)
     raise Unavailable(f"could not connect to NATS at {shown}: {last!r}")
+
+
+def nats_servers(url: str) -> list[str]:
+    """The URLs of ``COX_NATS_URL``: one, or a cluster's nodes separated by commas."""
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if not servers:
+        raise Invalid(f"no NATS URL in {url!r}")
+    return servers
 
 
 async def connect_redis(

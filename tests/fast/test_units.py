@@ -103,3 +103,20 @@ def test_the_sandbox_fails_closed_without_bwrap(tmp_path: Path) -> None:
     bare = sandbox.Sandbox(SandboxConfig(mode="none"), ".coxswain")
     assert bare.argv(tmp_path, "true", network=False) == ["/bin/bash", "-c", "true"]
     assert bare.status().available and not bare.confined
+
+
+def test_a_nats_url_may_list_every_node_of_a_cluster() -> None:
+    from cox.creds import Credentials, nats_admin_url
+    from coxswain.config import Settings
+    from coxswain.service import nats_servers
+
+    one = "nats://127.0.0.1:4222"
+    three = " nats://a:4222, nats://b:4222 ,nats://c:4222,"
+    assert nats_servers(one) == [one]
+    assert nats_servers(three) == ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+    creds = Credentials.generate()
+    urls = nats_admin_url(three, creds).split(",")
+    assert [u.rsplit("@", 1)[1] for u in urls] == ["a:4222", "b:4222", "c:4222"]
+    assert all(u.startswith("nats://admin:") for u in urls)
+    assert Settings().nats.stream_replicas == 1
+    assert Settings(nats={"stream_replicas": 3}).nats.stream_replicas == 3

@@ -79,7 +79,7 @@ class Runner(Service):
         # The store retries it itself, with the call's transition id (see store.py).
         self.redis.set_retry(Retry(NoBackoff(), 0))
         self.js = self.nc.jetstream()
-        await eventlog.ensure_stream(self.js)
+        await eventlog.ensure_stream(self.js, self.settings.nats.stream_replicas)
         self.store = Store(self.redis, self.js, self.owner, self.log, wait_replicas=self.settings.redis.wait_replicas,
                            wait_ms=self.settings.redis.wait_ms, retry_s=store_retry_s(self.settings),
                            on_down=self.redis_failed, faults=DropReplies.from_env(os.environ, self.log))
