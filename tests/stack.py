@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from cox.creds import Credentials
-from cox.redis_cluster import RedisClusterServer
 from cox.nats_cluster import NatsCluster
+from cox.redis_cluster import RedisClusterServer
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
 from coxswain.proc import die_with_parent
