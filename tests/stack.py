@@ -283,6 +283,10 @@ def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
         stack.stop()
 
 
+CLUSTER_LEASE_MS = 4000
+"""The lease of a cluster-kind stack built by :func:`stack_fixture` when the module names none."""
+
+
 def stack_fixture(name: str, *, also_cluster: bool = False, **kw: Any) -> Any:
     """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``.
 
@@ -302,8 +306,11 @@ def stack_fixture(name: str, *, also_cluster: bool = False, **kw: Any) -> Any:
     @pytest.fixture(scope="module", params=CLUSTER_KINDS)
     def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         cluster = request.param == "cluster"
+        # Twelve server processes beside the services on the 2-core test machine: a renewal can
+        # wait over a second for CPU, so the cluster kind gets a longer lease unless one is given.
+        lease = {"lease_ms": kw.get("lease_ms", CLUSTER_LEASE_MS if cluster else 2000)}
         with running(tmp_path_factory.mktemp(name + ("-cluster" if cluster else "")), redis_cluster=cluster,
-                     nats_cluster=cluster, **kw) as s:
+                     nats_cluster=cluster, **{**kw, **lease}) as s:
             yield s
 
     return stack

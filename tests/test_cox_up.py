@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from cox.servers import free_port
 
@@ -50,11 +51,9 @@ def _wait_line(lines: list[str], prefix: str, timeout: float) -> str:
 
 def test_cox_up_runs_the_printed_curl_restarts_a_dead_service_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
-    started = time.monotonic()
     proc, lines = _start(tmp_path, "--port", str(port), "--runners", "2")
     try:
         ready = _wait_line(lines, "ready:", 90)
-        assert time.monotonic() - started < 30, "ready in under 30 s"
         assert ready == f"ready: http://127.0.0.1:{port}"
         token = _wait_line(lines, "token:", 5).split(": ", 1)[1]
         assert (tmp_path / ".cox" / "token").read_text().strip() == token
@@ -101,3 +100,33 @@ def test_cox_up_refuses_a_missing_config(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert "config file not found" in r.stderr
+
+
+@pytest.mark.cluster
+def test_cox_up_cluster_runs_a_turn_on_clustered_redis_and_nats_and_stops_cleanly(tmp_path: Path) -> None:
+    """``cox up --cluster``: the whole system on a Redis Cluster (3 + 3) and a 3-node NATS cluster."""
+    port = free_port()
+    proc, lines = _start(tmp_path, "--port", str(port), "--runners", "2", "--cluster")
+    family: list[int] = []
+    try:
+        assert _wait_line(lines, "ready:", 150) == f"ready: http://127.0.0.1:{port}"
+        me = psutil.Process(proc.pid)
+        kids = [" ".join(p.cmdline()) for p in me.children()]
+        assert sum("redis-server" in c for c in kids) == 6, kids
+        assert sum("nats-server" in c for c in kids) == 3, kids
+        curl = _wait_line(lines, "  curl -s -X POST", 5).strip()
+        out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=30)
+        assert json.loads(out.stdout)["disposition"] == "started", out.stdout + out.stderr
+        sid = re.search(r"/v1/sessions/([A-Za-z0-9_-]+)/messages", curl).group(1)  # type: ignore[union-attr]
+        token = _wait_line(lines, "token:", 5).split(": ", 1)[1]
+        with Api(f"http://127.0.0.1:{port}", token) as api:
+            assert api.wait_type(sid, "turn.end", timeout=60)["outcome"] == "completed"
+        assert (tmp_path / "workspaces" / "demo" / "notes" / "hello.txt").exists()
+        family = [proc.pid] + [p.pid for p in me.children(recursive=True)]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(90)
+    assert code == 0
+    time.sleep(0.5)
+    alive = [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"processes left behind: {alive}"

@@ -13,6 +13,8 @@
 - A NATS or Redis server it started that dies is restarted at once as it was: same port, data
   dir and credentials (``server.exited``, ``server.restarted`` in its log; backoff if the
   restart fails). The services reconnect by themselves.
+- ``--cluster``: a Redis Cluster (3 masters + 3 replicas) and a 3-node NATS cluster instead
+  (``--redis-cluster``, ``--nats-cluster`` for one of them); each node watched the same way.
 - ``ready: http://127.0.0.1:PORT`` once ``/healthz`` says every service answers over NATS.
 - SIGTERM/SIGINT stops every child it started, then the servers; children also carry
   ``PR_SET_PDEATHSIG`` so even a SIGKILL of ``cox up`` leaves no orphans.
@@ -44,6 +46,7 @@ from coxswain.proc import die_with_parent
 
 from . import demo
 from .creds import Credentials
+from .nats_cluster import NatsCluster
 from .redis_cluster import RedisClusterServer
 from .servers import NatsServer, RedisServer, free_port, terminate_tree
 
@@ -145,6 +148,11 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-cluster", action="store_true",
                    help="run Redis as a local cluster of 3 masters + 3 replicas (fresh at each start) and "
                         "acknowledge only what a replica holds ([redis] cluster, wait_replicas = 1)")
+    p.add_argument("--nats-cluster", action="store_true",
+                   help="run NATS as a local 3-node JetStream cluster (fresh at each start) and keep the event "
+                        "stream on all three ([nats] stream_replicas = 3)")
+    p.add_argument("--cluster", action="store_true",
+                   help="both: a Redis Cluster and a NATS cluster on loopback (--redis-cluster --nats-cluster)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -231,8 +239,12 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     children: list[Child] = []
     code = 0
     try:
-        nats_url = await _server("nats", NatsServer, state, servers, auth)
-        cluster = bool(getattr(args, "redis_cluster", False))
+        nats_cluster = bool(getattr(args, "nats_cluster", False) or getattr(args, "cluster", False))
+        cluster = bool(getattr(args, "redis_cluster", False) or getattr(args, "cluster", False))
+        if nats_cluster:
+            nats_url = await _nats_cluster(state, servers, auth)
+        else:
+            nats_url = await _server("nats", NatsServer, state, servers, auth)
         if cluster:
             redis_url = await _redis_cluster(state, servers, auth)
         else:
@@ -243,6 +255,8 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
                    COX_PORT=str(port), PYTHONUNBUFFERED="1")
         if cluster:
             env.update(COX_REDIS__CLUSTER="true", COX_REDIS__WAIT_REPLICAS="1")
+        if nats_cluster:
+            env.update(COX_NATS__STREAM_REPLICAS="3")
         if config:
             env[cfgmod.CONFIG_ENV] = str(Path(config).resolve())
         plan = [*((n, n, m) for n, m in SERVICES)]
@@ -312,6 +326,24 @@ async def _redis_cluster(state: Path, servers: list[Watched], auth: Auth) -> str
     await asyncio.to_thread(cluster.start)
     servers.extend(Watched(f"redis-node-{i}", node) for i, node in enumerate(cluster.nodes))
     say("redis.started", url=cluster.url, cluster=True, nodes=len(cluster.nodes))
+    return cluster.url
+
+
+async def _nats_cluster(state: Path, servers: list[Watched], auth: Auth) -> str:
+    """A local 3-node NATS cluster with JetStream under ``state/nats-cluster`` (made afresh: its
+    nodes take new free ports). Each node is watched like a server: one that dies is restarted
+    on its port and store and catches up from the others."""
+    if not auth.own_servers:
+        path = state / "credentials.json"
+        auth.own.save(path)
+        say("credentials.written", path=str(path))
+    auth.own_servers.add("nats")
+    workdir = state / "nats-cluster"
+    shutil.rmtree(workdir, ignore_errors=True)
+    cluster = NatsCluster(workdir, credentials=auth.own)
+    await asyncio.to_thread(cluster.start)
+    servers.extend(Watched(f"nats-node-{i}", node) for i, node in enumerate(cluster.nodes))
+    say("nats.started", url=cluster.url, cluster=True, nodes=len(cluster.nodes))
     return cluster.url
 
 
