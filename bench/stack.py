@@ -24,6 +24,7 @@ import psutil
 
 from cox.creds import Credentials
 from cox.nats_cluster import NatsCluster
+from cox.redis_cluster import RedisClusterServer
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain.proc import die_with_parent
 
@@ -47,8 +48,8 @@ READY_TIMEOUT_S = 180.0
 
 SERVER_KINDS = ("single", "cluster")
 """``single``: one nats-server and one redis-server. ``cluster``: a 3-node NATS cluster (event
-stream with 3 replicas) and, once ``cox.redis_cluster`` is on this branch, a Redis Cluster: the
-hook is :meth:`Servers._redis_cluster` (today one redis-server, said so in the results)."""
+stream with 3 replicas) and a Redis Cluster of 3 masters + 3 replicas (every acknowledged
+transition waits for a replica: ``[redis] wait_replicas = 1``), as ``cox up --cluster`` runs."""
 
 
 class Servers:
@@ -62,18 +63,13 @@ class Servers:
         self.nats: NatsServer | NatsCluster = (
             NatsCluster(tmp / "nats-cluster", credentials=self.credentials) if kind == "cluster"
             else NatsServer(tmp / "nats", credentials=self.credentials))
-        self.redis = self._redis_cluster(tmp) if kind == "cluster" else RedisServer(tmp / "redis",
-                                                                                     credentials=self.credentials)
-
-    def _redis_cluster(self, tmp: Path) -> RedisServer:
-        """The Redis side of ``cluster``. HOOK: when ``cox.redis_cluster`` lands, start its
-        cluster here, add its ``[redis]`` settings to :meth:`config` and its node processes to
-        :meth:`procs`; until then the cluster run clusters NATS only (``redis_clustered`` False)."""
-        return RedisServer(tmp / "redis", credentials=self.credentials)
+        self.redis: RedisServer | RedisClusterServer = (
+            RedisClusterServer(tmp / "redis-cluster", credentials=self.credentials) if kind == "cluster"
+            else RedisServer(tmp / "redis", credentials=self.credentials))
 
     @property
     def redis_clustered(self) -> bool:
-        return False
+        return isinstance(self.redis, RedisClusterServer)
 
     @property
     def nats_clustered(self) -> bool:
@@ -81,7 +77,10 @@ class Servers:
 
     def config(self) -> str:
         """What the services' config file needs for these servers."""
-        return "\n[nats]\nstream_replicas = 3\n" if self.nats_clustered else ""
+        out = "\n[nats]\nstream_replicas = 3\n" if self.nats_clustered else ""
+        if self.redis_clustered:
+            out += "\n[redis]\ncluster = true\nwait_replicas = 1\n"
+        return out
 
     def start(self) -> Servers:
         self.nats.start()
@@ -98,8 +97,10 @@ class Servers:
         for i, node in enumerate(nats):
             if node.proc is not None:
                 out["nats-server" + (f"-{i + 1}" if len(nats) > 1 else "")] = psutil.Process(node.proc.pid)
-        if self.redis.proc is not None:
-            out["redis-server"] = psutil.Process(self.redis.proc.pid)
+        redis = self.redis.nodes if isinstance(self.redis, RedisClusterServer) else [self.redis]
+        for i, rnode in enumerate(redis):
+            if rnode.proc is not None:
+                out["redis-server" + (f"-{i + 1}" if len(redis) > 1 else "")] = psutil.Process(rnode.proc.pid)
         return out
 
 

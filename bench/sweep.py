@@ -33,8 +33,15 @@ from .stack import CpuMeter, Servers, Stack
 from .stats import percentile, ratio, summary
 
 
-async def wait_all_idle(redis_url: str, sids: list[str], timeout: float) -> bool:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+def redis_client(redis_url: str, cluster: bool = False) -> Any:
+    """The bench's own reader of the sessions' state (the cluster client on a Redis Cluster)."""
+    if cluster:
+        return aioredis.RedisCluster.from_url(redis_url, decode_responses=True)
+    return aioredis.Redis.from_url(redis_url, decode_responses=True)
+
+
+async def wait_all_idle(redis_url: str, sids: list[str], timeout: float, cluster: bool = False) -> bool:
+    r = redis_client(redis_url, cluster)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     try:
@@ -54,12 +61,12 @@ async def wait_all_idle(redis_url: str, sids: list[str], timeout: float) -> bool
         await r.aclose()
 
 
-async def read_logs(pool: Pool, redis_url: str, sids: list[str],
-                    tries: int = 5) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+async def read_logs(pool: Pool, redis_url: str, sids: list[str], tries: int = 5,
+                    cluster: bool = False) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
     """Every session's log, checked against its ``seq`` in Redis. A read that came back short
     (the gateway answered fewer events than the log holds) is retried, and counted: such a read
     is a fault of the read path, which the report names, not of the load."""
-    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    r = redis_client(redis_url, cluster)
     try:
         async with r.pipeline(transaction=False) as pipe:
             for sid in sids:
@@ -129,9 +136,10 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     t0w, t0 = time.time(), time.perf_counter()
     await session.gather_all([feed(s) for s in sids], timeout)
     sent_s = time.perf_counter() - t0
-    finished = await wait_all_idle(stack.servers.redis.admin_url, sids, timeout)
+    clustered = stack.servers.redis_clustered
+    finished = await wait_all_idle(stack.servers.redis.admin_url, sids, timeout, cluster=clustered)
     meter.stop()
-    logs, short = await read_logs(pool, stack.servers.redis.admin_url, sids)
+    logs, short = await read_logs(pool, stack.servers.redis.admin_url, sids, cluster=clustered)
     v = verdict.check(logs, accepted, answers)
     v["short_reads"] = short
     v["finished_in_time"] = finished
