@@ -49,6 +49,8 @@ HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_lea
 TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
                     "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
                     "cox_queue_remove", "cox_queue_order"})
+PUB_LOCK_MS = 5000
+"""The publish lock's lifetime (``PUB_LOCK_MS`` in the library)."""
 RETRY_ATTEMPTS = 5
 """Attempts of one call whose connection broke (the first included), within ``retry_s``."""
 RETRY_FIRST_S = 0.02
@@ -211,9 +213,35 @@ class Store:
 
         task.add_done_callback(done)
 
+    async def _replicated(self, sid: str) -> bool:
+        """With ``wait_replicas``: True once that many replicas hold everything the session's
+        master has written so far (the batch about to be published included).
+
+        ``WAIT`` counts the replicas that reached this connection's last write, and the
+        replication stream is one ordered stream per master: so a write here (the publish lock's
+        expiry pushed on; we hold the lock) followed by ``WAIT`` covers every earlier write of that
+        master, whichever connection made it. Without this an event could reach the stream,
+        then be lost with its master before a replica had it: the promoted replica would hand
+        its seq to a new event, which the stream would drop as a duplicate."""
+        if not self.wait_replicas:
+            return True
+        key = keys.of(sid, keys.PUBLOCK)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.pexpire(key, PUB_LOCK_MS)
+            self._queue_wait(pipe, key)
+            held, acked = await pipe.execute(raise_on_error=False)
+        if isinstance(held, Exception) or isinstance(acked, Exception) or not held:
+            return False  # the lock is gone (another publisher) or the master is: nothing to publish here
+        return int(acked) >= self.wait_replicas
+
     async def _publish(self, sid: str, batch: list[str]) -> None:
         try:
             while batch:
+                if not await self._replicated(sid):
+                    # Not on a replica yet: publish nothing. The lock lapses and the sweeper
+                    # tries again (the events stay in the outbox, in order).
+                    self.log.warning("outbox.not_replicated", sid=sid, wait_ms=self.wait_ms)
+                    return
                 last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
                 batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
         except asyncio.CancelledError:
