@@ -233,10 +233,10 @@ class Fns:
 
     # ------------------------------------------------------------------ takeover, publishing
     @lua("cox_claim")
-    def claim(self, pipe: Any, *, bucket: int, runner: str, lease_ms: int, limit: int) -> None:
-        """Queue a claim of bucket ``bucket`` on ``pipe``; its reply is ``[JSON]`` of the claimed
-        sessions (:meth:`cox_runner.store.Store.claim`)."""
-        pipe.fcall("cox_claim", 1, keys.leases(bucket), runner, str(lease_ms), str(limit))
+    def claim(self, pipe: Any, *, buckets: list[int], runner: str, lease_ms: int, limit: int) -> None:
+        """Queue a claim of ``buckets`` on ``pipe`` (one bucket in a cluster: one slot a call); its
+        reply is ``[JSON]`` of the claimed sessions (:meth:`cox_runner.store.Store.claim`)."""
+        pipe.fcall("cox_claim", len(buckets), *(keys.leases(b) for b in buckets), runner, str(lease_ms), str(limit))
 
     @lua("cox_pub_done")
     async def pub_done(self, *, sid: str, owner: str, last: int) -> list[str]:
@@ -245,9 +245,9 @@ class Fns:
         return list(res[1:])
 
     @lua("cox_dirty")
-    def dirty(self, pipe: Any, *, bucket: int, min_age_ms: int, limit: int) -> None:
-        """Queue the sweeper's look at bucket ``bucket`` on ``pipe``; its reply is a list of sids."""
-        pipe.fcall("cox_dirty", 1, keys.dirty(bucket), str(min_age_ms), str(limit))
+    def dirty(self, pipe: Any, *, buckets: list[int], min_age_ms: int, limit: int) -> None:
+        """Queue the sweeper's look at ``buckets`` on ``pipe``; its reply is a list of sids."""
+        pipe.fcall("cox_dirty", len(buckets), *(keys.dirty(b) for b in buckets), str(min_age_ms), str(limit))
 
     @lua("cox_pub_claim")
     async def pub_claim(self, *, sid: str, owner: str) -> list[str]:

@@ -602,28 +602,32 @@ end
 
 -- ------------------------------------------------------------------ takeover
 
--- Claim sessions of one bucket whose lease expired (their runner died or stalled).
--- KEYS: the bucket's lease index. ARGV: runner, lease_ms, limit
+-- Claim sessions whose lease expired (their runner died or stalled), in the buckets named.
+-- KEYS: lease indexes of buckets (one in a cluster, where a call stays in one slot; on one server
+-- every bucket in one call). ARGV: runner, lease_ms, limit (over all the buckets of the call)
 local function cox_claim(keys, args)
   local runner, lease_ms, limit = args[1], tonumber(args[2]), tonumber(args[3])
-  local leases, tag = keys[1], tag_of(keys[1])
   local now = now_ms()
-  local sids = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)
   local out = {}
-  for i = 1, #sids do
-    local sid = sids[i]
-    local base = 'cox:s:' .. tag .. ':' .. sid
-    local ttl = redis.call('PTTL', base .. ':lease')
-    if ttl > 0 then
-      redis.call('ZADD', leases, now + ttl, sid)
-    elseif redis.call('EXISTS', base) == 0 or not busy(base) then
-      redis.call('ZREM', leases, sid)
-    else
-      local old = redis.call('HGET', base, 'runner')
-      local token = take_lease(base, sid, runner, lease_ms, now)
-      local open = redis.call('HGETALL', base .. ':open')
-      out[#out + 1] = { sid = sid, token = token, turn_id = redis.call('HGET', base, 'turn_id'),
-                        old_runner = old, open = open, op = redis.call('HGET', base, 'op') }
+  for k = 1, #keys do
+    if #out >= limit then break end
+    local leases, tag = keys[k], tag_of(keys[k])
+    local sids = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit - #out)
+    for i = 1, #sids do
+      local sid = sids[i]
+      local base = 'cox:s:' .. tag .. ':' .. sid
+      local ttl = redis.call('PTTL', base .. ':lease')
+      if ttl > 0 then
+        redis.call('ZADD', leases, now + ttl, sid)
+      elseif redis.call('EXISTS', base) == 0 or not busy(base) then
+        redis.call('ZREM', leases, sid)
+      else
+        local old = redis.call('HGET', base, 'runner')
+        local token = take_lease(base, sid, runner, lease_ms, now)
+        local open = redis.call('HGETALL', base .. ':open')
+        out[#out + 1] = { sid = sid, token = token, turn_id = redis.call('HGET', base, 'turn_id'),
+                          old_runner = old, open = open, op = redis.call('HGET', base, 'op') }
+      end
     end
   end
   return { cjson.encode(out) }
@@ -657,11 +661,17 @@ local function cox_pub_done(keys, args)
   return { reply({ more = false }) }
 end
 
--- Sweeper: sessions of one bucket whose outbox has waited longer than min_age_ms.
--- KEYS: the bucket's dirty index. ARGV: min_age_ms, limit
+-- Sweeper: sessions whose outbox has waited longer than min_age_ms, in the buckets named.
+-- KEYS: dirty indexes of buckets (one in a cluster; all on one server). ARGV: min_age_ms, limit
 local function cox_dirty(keys, args)
-  local cutoff = now_ms() - tonumber(args[1])
-  return redis.call('ZRANGEBYSCORE', keys[1], '-inf', cutoff, 'LIMIT', 0, tonumber(args[2]))
+  local cutoff, limit = now_ms() - tonumber(args[1]), tonumber(args[2])
+  local out = {}
+  for k = 1, #keys do
+    if #out >= limit then break end
+    local got = redis.call('ZRANGEBYSCORE', keys[k], '-inf', cutoff, 'LIMIT', 0, limit - #out)
+    for i = 1, #got do out[#out + 1] = got[i] end
+  end
+  return out
 end
 
 -- Take the publish lock of a session found by the sweeper. ARGV: sid, owner

@@ -49,6 +49,8 @@ HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_lea
 TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
                     "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
                     "cox_queue_remove", "cox_queue_order"})
+SWEEP_SHARE = 4
+"""In a cluster, the sweeper's passes (one a second) look at every bucket within this many."""
 PUB_LOCK_MS = 5000
 """The publish lock's lifetime (``PUB_LOCK_MS`` in the library)."""
 RETRY_ATTEMPTS = 5
@@ -82,6 +84,8 @@ class Store:
         self.cluster = isinstance(redis, aiocluster.RedisCluster)
         self._cursor = random.randrange(1 << 16)
         """Where the next takeover pass starts (:meth:`claim`)."""
+        self._sweep_cursor = random.randrange(1 << 16)
+        """Where the next sweeper pass starts in a cluster (:meth:`sweep`)."""
         self.js = js
         self.owner = owner
         self.log = log
@@ -249,20 +253,22 @@ class Store:
         except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
             self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
 
-    async def _scan(self, queue: Callable[[Any, int], None], wait: bool = False,
+    async def _scan(self, queue: Callable[[Any, list[int]], None], wait: bool = False,
                     buckets: list[int] | None = None) -> list[Any]:
-        """Run one call per bucket of ``buckets`` (default: all), pipelined (in a cluster: one
-        round trip per master), and return the replies that are not errors. No bucket belongs to
-        a runner: each runner alone looks at every bucket, so none is left to one that died.
+        """Look at ``buckets`` (default: all) and return the replies that are not errors: in a
+        cluster one call per bucket (a call stays in one slot), pipelined (one round trip per
+        master); on one server one call for them all. No bucket belongs to a runner: each
+        runner alone looks at every bucket, so none is left to one that died.
 
         ``wait`` (with ``wait_replicas``): the pass wrote something that must be replicated
         before it is acted on; when a replica does not confirm it in time, nothing is returned."""
         todo = list(range(keys.buckets())) if buckets is None else buckets
-        n = len(todo)
+        groups = [[b] for b in todo] if self.cluster else [todo]
+        n = len(groups)
         waits = 0
         async with self.redis.pipeline(transaction=False) as pipe:
-            for b in todo:
-                queue(pipe, b)
+            for g in groups:
+                queue(pipe, g)
             if wait and self.wait_replicas:
                 masters = {self.redis.get_node_from_key(keys.leases(b)).name: b for b in todo} if self.cluster \
                     else {"": 0}
@@ -287,10 +293,11 @@ class Store:
         buckets: ``share`` passes look at every bucket once (a runner's passes rotate from a
         random start, so runners look at different buckets at a time)."""
         n = keys.buckets()
-        count = -(-n // max(1, share))
+        # On one server a pass is one call whatever it covers: every bucket, every pass.
+        count = -(-n // max(1, share)) if self.cluster else n
         todo = [(self._cursor + i) % n for i in range(min(count, n))]
         self._cursor = (self._cursor + count) % n
-        replies = await self._scan(lambda pipe, b: self.fns.claim(pipe, bucket=b, runner=runner,
+        replies = await self._scan(lambda pipe, g: self.fns.claim(pipe, buckets=g, runner=runner,
                                                                    lease_ms=lease_ms, limit=limit),
                                    wait=True, buckets=todo)
         out: list[dict[str, Any]] = []
@@ -300,9 +307,17 @@ class Store:
         return out
 
     async def sweep(self, min_age_ms: int = 1000, limit: int = 50) -> int:
-        """Publish outboxes nobody is publishing (their drainer died or NATS was down)."""
-        replies = await self._scan(lambda pipe, b: self.fns.dirty(pipe, bucket=b, min_age_ms=min_age_ms,
-                                                                   limit=limit))
+        """Publish outboxes nobody is publishing (their drainer died or NATS was down). In a
+        cluster a pass looks at the next :data:`SWEEP_SHARE` th of the buckets (one call each), so
+        every bucket within that many passes; on one server at all of them in one call."""
+        n = keys.buckets()
+        todo = None
+        if self.cluster:
+            count = -(-n // SWEEP_SHARE)
+            todo = [(self._sweep_cursor + i) % n for i in range(min(count, n))]
+            self._sweep_cursor = (self._sweep_cursor + count) % n
+        replies = await self._scan(lambda pipe, g: self.fns.dirty(pipe, buckets=g, min_age_ms=min_age_ms,
+                                                                   limit=limit), buckets=todo)
         sids = [sid for r in replies for sid in r]
         claimed = 0
         for sid in sids:
