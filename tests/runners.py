@@ -66,7 +66,7 @@ def respawn(stack: Stack, instance: str, env: dict[str, str] | None = None) -> N
     wait_ready(stack, instance, since)
 
 
-def wait_ready(stack: Stack, instance: str, since: int, timeout: float = 30.0) -> None:
+def wait_ready(stack: Stack, instance: str, since: int, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(r.get("event") == "service.started" for r in records(stack, instance, since)):

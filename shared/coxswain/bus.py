@@ -68,7 +68,35 @@ async def call(nc: Client, subject: str, request: BaseModel, result: type[T], ti
     return result.model_validate(data)
 
 
+NO_RESPONDERS_WAIT_S = 2.0
+"""How long a request keeps trying while the bus says nobody listens on its subject."""
+
+
 async def raw_call(nc: Client, subject: str, payload: bytes, timeout: float = 10.0) -> Any:
+    """Send ``payload`` to ``subject``; its reply (JSON) or :class:`Unavailable`.
+
+    "No responders" means the request reached nobody, so it is sent again, briefly (up to
+    :data:`NO_RESPONDERS_WAIT_S`): in a NATS cluster a server learns of a subscription on
+    another node, or of one gone with its dead client, a moment after the fact, and a
+    restarting service is back within that time."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + min(NO_RESPONDERS_WAIT_S, timeout)
+    pause = 0.05
+    while True:
+        try:
+            return await _raw_call_once(nc, subject, payload, timeout)
+        except _NoResponders as exc:
+            if loop.time() + pause > until:
+                raise Unavailable(f"no service answers {subject}") from exc.__cause__
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.4)
+
+
+class _NoResponders(Exception):
+    pass
+
+
+async def _raw_call_once(nc: Client, subject: str, payload: bytes, timeout: float) -> Any:
     if nc.is_closed or not nc.is_connected:
         raise Unavailable("the message bus is not connected")
     try:
@@ -88,7 +116,7 @@ async def raw_call(nc: Client, subject: str, payload: bytes, timeout: float = 10
                 raise Unavailable(f"{lost.result()} while waiting for {subject}")
             msg = req.result()
     except nats.errors.NoRespondersError as exc:
-        raise Unavailable(f"no service answers {subject}") from exc
+        raise _NoResponders() from exc
     except nats.errors.TimeoutError as exc:
         raise Unavailable(f"{subject} did not answer within {timeout:g}s") from exc
     except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
