@@ -112,8 +112,8 @@ class RedisClusterServer:
 
     def start(self, timeout: float = 60.0) -> Self:
         try:
-            for n in self.nodes:
-                n.start()
+            for i in range(len(self.nodes)):
+                self._start_node(i)
             addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
             out = self.nodes[0].cli("--cluster", "create", *addrs, "--cluster-replicas", str(self.replicas),
                                     "--cluster-yes", timeout=timeout)
@@ -124,6 +124,21 @@ class RedisClusterServer:
             self.stop()
             raise
         return self
+
+    def _start_node(self, i: int, attempts: int = 3) -> None:
+        """Start node ``i`` for the first time; on new ports if its own were taken meanwhile (a
+        free port is only free when it is picked: another process's connection may take it)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.nodes[i].start()
+                return
+            except RuntimeError as exc:
+                if attempt == attempts or "in use" not in str(exc):
+                    raise
+                old = self.nodes[i]
+                (old.workdir / "nodes.conf").unlink(missing_ok=True)
+                port, bus = _free_pair()
+                self.nodes[i] = RedisClusterNode(old.workdir, port, bus, self.credentials, old.node_timeout_ms)
 
     def wait_ok(self, timeout: float = 60.0) -> None:
         """Until every live node says ``cluster_state:ok`` and knows every live node, and every
