@@ -46,12 +46,6 @@ Handler = Callable[[M], Awaitable[BaseModel | dict[str, Any]]]
 
 CONNECT_ATTEMPTS = 40
 CONNECT_WAIT_S = 0.5
-NATS_PING_S = 2
-NATS_MAX_PINGS_OUT = 3
-"""A NATS node that answers no PING for ``NATS_PING_S * NATS_MAX_PINGS_OUT`` seconds (6 to 8 s)
-is taken for gone: the client fails its calls in flight (503) and reconnects to another node.
-nats-py's default (2 min, 2 pings) leaves a client on a node cut off the network (not dead:
-nothing resets the connection) waiting up to 4 minutes; tests/test_partitions.py measures it."""
 REDIS_MAX_CONNECTIONS = 256
 REDIS_POOL_WAIT_S = 10.0
 RELEARN_S = 0.5
@@ -87,8 +81,7 @@ async def connect_nats(
         try:
             nc = await nats.connect(
                 nats_servers(url), name=name, connect_timeout=2, allow_reconnect=True, max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25, ping_interval=NATS_PING_S, max_outstanding_pings=NATS_MAX_PINGS_OUT,
-                error_cb=on_error, disconnected_cb=on_disconnect,
+                reconnect_time_wait=0.25, error_cb=on_error, disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect, user=user, password=password, inbox_prefix=inbox_prefix,
             )
             bus.link(nc, ln)
