@@ -44,11 +44,15 @@ class Sender(threading.Thread):
         self.done = threading.Event()
         self.sent = threading.Event()
 
+    def message(self, i: int) -> str:
+        """The text of this sender's ``i``-th message (a turn of about 250 ms)."""
+        return script({"text": f"{self.tag}-{i} done", "delay_ms": 250}, text=f"{self.tag}-{i}")
+
     def run(self) -> None:
         with self.stack.client(timeout=60) as api:
             i = 0
             while not self.done.is_set():
-                text = script({"text": f"{self.tag}-{i} done", "delay_ms": 250}, text=f"{self.tag}-{i}")
+                text = self.message(i)
                 while True:
                     try:
                         r = api.send(self.sid, text, mode="queue", client_id=f"{self.tag}-{i}")
@@ -78,9 +82,10 @@ class Sender(threading.Thread):
                 time.sleep(0.3 if (self.replies[-1].get("position") or 0) >= 5 else 0.03)
 
 
-def run_senders(stack: Stack, api: Api, tag: str, outage: Any, n: int = 3, refused_ok: bool = False) -> list[Sender]:
+def run_senders(stack: Stack, api: Api, tag: str, outage: Any, n: int = 3, refused_ok: bool = False,
+                sender: type[Sender] = Sender) -> list[Sender]:
     sids = [api.create(f"{tag}-{i}")["id"] for i in range(n)]
-    senders = [Sender(stack, sid, f"{tag}{i}", refused_ok) for i, sid in enumerate(sids)]
+    senders = [sender(stack, sid, f"{tag}{i}", refused_ok) for i, sid in enumerate(sids)]
     for s in senders:
         s.start()
     for s in senders:

@@ -74,6 +74,9 @@ class _Server:
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / f"{self.name}.log"
+        self.cgroup: Path | None = None
+        """A cgroup v2 directory the process is started in (before it opens a socket), so that
+        :mod:`cox.netcut` can cut it off the network by its cgroup; None: the parent's."""
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -88,7 +91,7 @@ class _Server:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.workdir, preexec_fn=die_with_parent,
+            cwd=self.workdir, preexec_fn=self._preexec,
         )
         proc = self.proc
 
@@ -111,6 +114,11 @@ class _Server:
                 self.stop()
                 raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{''.join(lines[-20:])}")
         return self
+
+    def _preexec(self) -> None:
+        die_with_parent()
+        if self.cgroup is not None:
+            (self.cgroup / "cgroup.procs").write_text("0")  # "0": this process, before exec
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
