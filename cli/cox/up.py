@@ -49,6 +49,7 @@ from .creds import Credentials
 from .nats_cluster import NatsCluster
 from .redis_cluster import RedisClusterServer
 from .servers import NatsServer, RedisServer, free_port, terminate_tree
+from .servers import _Server as Server
 
 SERVICES = (("gateway", "cox_gateway"), ("guard", "cox_guard"), ("judge", "cox_judge"), ("versions", "cox_versions"))
 RUNNER = "turn-runner"
@@ -95,7 +96,7 @@ class Watched:
     """A server cox up started: restarted as it was (same port, data dir, credentials) if it dies."""
 
     name: str
-    server: NatsServer | RedisServer
+    server: Server
     restarts: int = 0
     backoff: float = 0.0
     next_start: float = 0.0
@@ -242,11 +243,11 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
         nats_cluster = bool(getattr(args, "nats_cluster", False) or getattr(args, "cluster", False))
         cluster = bool(getattr(args, "redis_cluster", False) or getattr(args, "cluster", False))
         if nats_cluster:
-            nats_url = await _nats_cluster(state, servers, auth)
+            nats_url = await _cluster("nats", NatsCluster, state, servers, auth)
         else:
             nats_url = await _server("nats", NatsServer, state, servers, auth)
         if cluster:
-            redis_url = await _redis_cluster(state, servers, auth)
+            redis_url = await _cluster("redis", RedisClusterServer, state, servers, auth)
         else:
             redis_url = await _server("redis", RedisServer, state, servers, auth)
 
@@ -294,17 +295,22 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     return code
 
 
+def _own(state: Path, auth: Auth, name: str) -> None:
+    """``name`` is a server of our own: its credentials are written once, with the first."""
+    if not auth.own_servers:
+        path = state / "credentials.json"
+        auth.own.save(path)
+        say("credentials.written", path=str(path))
+    auth.own_servers.add(name)
+
+
 async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: Path, servers: list[Watched],
                   auth: Auth) -> str:
     """The URL in ``<NAME>_URL`` (or ``COX_<NAME>_URL``), else a server of our own under ``state``."""
     url = os.environ.get(f"{name.upper()}_URL") or os.environ.get(f"COX_{name.upper()}_URL")
     if url:
         return url
-    if not auth.own_servers:
-        path = state / "credentials.json"
-        auth.own.save(path)
-        say("credentials.written", path=str(path))
-    auth.own_servers.add(name)
+    _own(state, auth, name)
     server = kind(workdir=state / name, port=free_port(), credentials=auth.own)
     await asyncio.to_thread(server.start)
     servers.append(Watched(name, server))
@@ -312,38 +318,18 @@ async def _server(name: str, kind: type[NatsServer] | type[RedisServer], state: 
     return server.url
 
 
-async def _redis_cluster(state: Path, servers: list[Watched], auth: Auth) -> str:
-    """A local Redis Cluster under ``state/redis-cluster`` (made afresh: its nodes take new free
-    ports). Each node is watched like a server: one that dies is restarted and rejoins as a replica."""
-    if not auth.own_servers:
-        path = state / "credentials.json"
-        auth.own.save(path)
-        say("credentials.written", path=str(path))
-    auth.own_servers.add("redis")
-    workdir = state / "redis-cluster"
+async def _cluster(name: str, kind: type[RedisClusterServer] | type[NatsCluster], state: Path,
+                   servers: list[Watched], auth: Auth) -> str:
+    """A local cluster of ``name`` (``redis``: 3 masters + 3 replicas; ``nats``: 3 JetStream
+    nodes) under ``state/<name>-cluster``, made afresh (its nodes take new free ports). Each node
+    is watched like a server: one that dies is restarted on its port and data and rejoins."""
+    _own(state, auth, name)
+    workdir = state / f"{name}-cluster"
     shutil.rmtree(workdir, ignore_errors=True)
-    cluster = RedisClusterServer(workdir, credentials=auth.own)
+    cluster = kind(workdir, credentials=auth.own)
     await asyncio.to_thread(cluster.start)
-    servers.extend(Watched(f"redis-node-{i}", node) for i, node in enumerate(cluster.nodes))
-    say("redis.started", url=cluster.url, cluster=True, nodes=len(cluster.nodes))
-    return cluster.url
-
-
-async def _nats_cluster(state: Path, servers: list[Watched], auth: Auth) -> str:
-    """A local 3-node NATS cluster with JetStream under ``state/nats-cluster`` (made afresh: its
-    nodes take new free ports). Each node is watched like a server: one that dies is restarted
-    on its port and store and catches up from the others."""
-    if not auth.own_servers:
-        path = state / "credentials.json"
-        auth.own.save(path)
-        say("credentials.written", path=str(path))
-    auth.own_servers.add("nats")
-    workdir = state / "nats-cluster"
-    shutil.rmtree(workdir, ignore_errors=True)
-    cluster = NatsCluster(workdir, credentials=auth.own)
-    await asyncio.to_thread(cluster.start)
-    servers.extend(Watched(f"nats-node-{i}", node) for i, node in enumerate(cluster.nodes))
-    say("nats.started", url=cluster.url, cluster=True, nodes=len(cluster.nodes))
+    servers.extend(Watched(f"{name}-node-{i}", node) for i, node in enumerate(cluster.nodes))
+    say(f"{name}.started", url=cluster.url, cluster=True, nodes=len(cluster.nodes))
     return cluster.url
 
 
