@@ -76,20 +76,25 @@ LAST_EVENT: Final = f"{_JS}.DIRECT.GET.{_STREAM}.{subjects.EVENTS_WILDCARD}"
 conditional publish is checked against."""
 OWN_STREAM: Final = tuple(f"{_JS}.STREAM.{op}.{_STREAM}" for op in ("INFO", "CREATE", "UPDATE"))
 """``eventlog.ensure_stream``: never DELETE, PURGE or MSG.DELETE."""
+_ARCHIVE = "KV_COX_ARCHIVE"  # coxswain.archive.STREAM (not imported: archive imports the models)
+READ_ARCHIVE: Final = (f"{_JS}.STREAM.INFO.{_ARCHIVE}", f"{_JS}.DIRECT.GET.{_ARCHIVE}.$KV.COX_ARCHIVE.*")
+"""``coxswain.archive``: an archived session's entry (the bucket's info, a direct get by key)."""
+OWN_ARCHIVE: Final = (f"{_JS}.STREAM.CREATE.{_ARCHIVE}", "$KV.COX_ARCHIVE.*")
+"""``cox_runner.archive``: make the bucket, put and delete entries (a publish to the key)."""
 
 NATS: Final[Mapping[str, NatsPermissions]] = {
     GATEWAY: NatsPermissions(
-        publish=(*requests_of(GATEWAY), *READ_EVENTS),
+        publish=(*requests_of(GATEWAY), *READ_EVENTS, *READ_ARCHIVE),
         subscribe=(*_serves(GATEWAY), *_calls(GATEWAY), subjects.EVENTS_WILDCARD, subjects.USAGE_METRICS),
     ),
     RUNNER: NatsPermissions(
         publish=(*requests_of(RUNNER), subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM,
-                 LAST_EVENT, *READ_EVENTS, subjects.USAGE_METRICS),
+                 LAST_EVENT, *READ_EVENTS, subjects.USAGE_METRICS, *READ_ARCHIVE, *OWN_ARCHIVE),
         subscribe=(*_serves(RUNNER), *_calls(RUNNER), subjects.CONTROL_WILDCARD),
     ),
     GUARD: NatsPermissions(publish=requests_of(GUARD), subscribe=_serves(GUARD)),
     JUDGE: NatsPermissions(publish=requests_of(JUDGE), subscribe=_serves(JUDGE)),
-    VERSIONS: NatsPermissions(publish=(*requests_of(VERSIONS), *READ_EVENTS),
+    VERSIONS: NatsPermissions(publish=(*requests_of(VERSIONS), *READ_EVENTS, *READ_ARCHIVE),
                               subscribe=(*_serves(VERSIONS), *_calls(VERSIONS))),
 }
 
@@ -130,6 +135,7 @@ _SESSIONS = f"{keys.PREFIX}:s:*"
 _PRINCIPALS = f"{keys.PREFIX}:p:*"
 _LEASES = f"{keys.LEASES_PREFIX}*"
 _DIRTY = f"{keys.DIRTY_PREFIX}*"
+_ACTIVE = f"{keys.ACTIVE_PREFIX}*"
 # the cluster client learns the slot map (CLUSTER SLOTS / SHARDS) and key positions (COMMAND,
 # in @connection); harmless against one server
 _CLUSTER = ("+cluster|slots", "+cluster|shards", "+cluster|info", "+cluster|nodes", "+cluster|myid")
@@ -141,7 +147,8 @@ REDIS: Final[Mapping[str, tuple[str, ...]]] = {
               "-@dangerous", *_CLUSTER),
     VERSIONS: (f"%R~{_SESSIONS}", f"~{keys.VERSIONS_MAC_KEY}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+set",
                "-@dangerous", *_CLUSTER),
-    RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{_LEASES}", f"~{_DIRTY}", f"~{keys.META}", *_CONNECTION,
+    RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{_LEASES}", f"~{_DIRTY}", f"~{_ACTIVE}", f"~{keys.META}",
+             *_CONNECTION,
              "+@read", "+@write", "+@transaction", "+fcall", "+function|load", "+time", "-@dangerous",
              # the runner's start-up check that Redis fsyncs every write (appendfsync always)
              "+config|get", *_CLUSTER),

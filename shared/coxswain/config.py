@@ -258,6 +258,18 @@ class NatsConfig(_Section):
     JetStream nodes) stops the runner with the server's error."""
 
 
+class SessionsConfig(_Section):
+    """Idle sessions (docs/operations.md, "Idle sessions")."""
+
+    idle_days: float = Field(0.0, ge=0)
+    """A session that recorded nothing for this long (nothing running, queued, pending or
+    unpublished) has its Redis keys saved to the archive (JetStream KV ``COX_ARCHIVE``) and
+    dropped; its next change loads it back. Fractions of a day are allowed. 0: never archive."""
+    archive_every_s: float = Field(60.0, gt=0)
+    """How often each turn-runner looks for idle sessions (a share of the buckets a pass, like the
+    sweeper in a cluster)."""
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
@@ -304,6 +316,7 @@ class Settings(BaseSettings):
     versions: VersionsConfig = Field(default_factory=VersionsConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     nats: NatsConfig = Field(default_factory=NatsConfig)
+    sessions: SessionsConfig = Field(default_factory=SessionsConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

@@ -342,13 +342,32 @@ class ModelRetry(_Event):
     error: str
 
 
+class SessionArchived(_Event):
+    """The idle session's state was saved to the archive (JetStream KV ``COX_ARCHIVE``) at this
+    seq; its Redis keys are dropped once this event is published, unless the session was used
+    meanwhile. Its next use loads it back (``session.restored``)."""
+
+    type: Literal["session.archived"] = "session.archived"
+    idle_ms: int
+    """How long the session had recorded nothing when it was archived."""
+
+
+class SessionRestored(_Event):
+    """The archived session was loaded back into Redis for a change (a send, Lead, patch, ...)."""
+
+    type: Literal["session.restored"] = "session.restored"
+    archived_seq: int
+    """The seq of the ``session.archived`` event whose snapshot was loaded."""
+
+
 Event = Annotated[
     SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
-    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted,
+    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
+    | SessionArchived | SessionRestored,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

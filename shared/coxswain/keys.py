@@ -27,6 +27,7 @@ META: Final = "cox:meta"
 """hash: ``buckets`` -> the bucket count the data was written with (set once, at first start)."""
 LEASES_PREFIX: Final = "cox:leases:"
 DIRTY_PREFIX: Final = "cox:dirty:"
+ACTIVE_PREFIX: Final = "cox:active:"
 VERSIONS_MAC_KEY: Final = "cox:versions:mac-key"
 """string: the versions service's HMAC key (hex). Index lines in a workspace's store folder are
 members only with a valid MAC; the key lives here, out of reach of the model's commands."""
@@ -103,6 +104,20 @@ def dirty(b: int) -> str:
     """zset sid -> ms when the session's outbox got events nobody has published yet (bucket ``b``).
     The sweeper's list."""
     return DIRTY_PREFIX + tag(b)
+
+
+def active(b: int) -> str:
+    """zset sid -> ms of the session's last recorded event (bucket ``b``): what the archiver
+    scans for sessions idle longer than ``[sessions] idle_days`` (docs/operations.md)."""
+    return ACTIVE_PREFIX + tag(b)
+
+
+ARCHIVED: Final = ("", QUEUE, STEER, LEADS, LEAD_ORDER, CLIENT_IDS, APPROVALS, OPEN_CALLS, STANDING, WRITES,
+                   OBSERVED)
+"""The suffixes of the keys an archived session's snapshot holds (``""``: the session hash): every
+key of a session but the lease, the outbox and its publish lock, which an archivable session has
+empty, and the transition replies (``TX``), which expire on their own and are left to do so. A
+new session key must be added here (tests/fast/test_archive_unit.py checks every suffix above)."""
 
 
 def of(sid: str, suffix: str) -> str:

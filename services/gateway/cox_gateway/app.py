@@ -12,7 +12,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel
 
-from coxswain import __version__, eventlog, keys, rpc, session_view, subjects
+from coxswain import __version__, archive, eventlog, keys, rpc, session_view, subjects
 from coxswain.errors import Invalid, NotFound, Unavailable
 from coxswain.events import check_text
 from coxswain.ids import ID_RE
@@ -87,6 +87,10 @@ def create_app(gw: Gateway) -> FastAPI:
 
     async def owned(sid: str, who: str) -> dict[str, str]:
         h: dict[str, str] = await gw.redis.hgetall(keys.session(sid))
+        if not h:
+            entry = await gw.archived(sid)  # an archived session reads from the archive
+            # no entry: it may have been loaded back (and its entry deleted) meanwhile: look again
+            h = archive.hash_of(entry) if entry is not None else await gw.redis.hgetall(keys.session(sid))
         if not h or h.get("principal") != who:
             raise NotFound("no such session")
         return h
@@ -95,8 +99,19 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.get("/v1/sessions")
     async def list_sessions(who: Principal, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[Session]:
         sids = await gw.redis.zrevrange(keys.principal(who), 0, limit - 1)
-        views = await asyncio.gather(*(session_view.load(gw.redis, s, who, gw.settings.sandbox) for s in sids))
+        views = await asyncio.gather(*(view_of(s, who) for s in sids))
         return [v for v in views if v is not None]
+
+    async def view_of(sid: str, who: str) -> Session | None:
+        """The session as Redis has it, or as the archive has it when it was archived."""
+        view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox)
+        if view is None:
+            entry = await gw.archived(sid)
+            if entry is not None:
+                view = archive.view(entry, who, gw.settings.sandbox)
+            else:  # it may have been loaded back (and its entry deleted) meanwhile: look again
+                view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox)
+        return view
 
     @app.get("/v1/models")
     async def list_models(who: Principal) -> dict[str, Any]:
@@ -109,7 +124,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/sessions/{sid}")
     async def get_session(sid: Sid, who: Principal) -> Session:
-        view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox)
+        view = await view_of(sid, who)
         if view is None:
             raise NotFound("no such session")
         return view

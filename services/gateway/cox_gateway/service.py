@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from coxswain import eventlog, keys, subjects
+from coxswain import archive, eventlog, keys, subjects
 from coxswain.config import Settings
 from coxswain.service import Service
 
@@ -65,12 +65,25 @@ class Gateway(Service):
             self.log.warning("metrics.bad_usage_sample", error=repr(exc))
 
     def seq_now(self, sid: str) -> Callable[[], Awaitable[int]]:
-        """The session's latest seq as Redis has it (where events are recorded first)."""
+        """The session's latest seq as Redis has it (where events are recorded first), or as the
+        archive has it for an archived session."""
 
         async def seq() -> int:
-            return int(await self.redis.hget(keys.session(sid), "seq") or 0)
+            now = await self.redis.hget(keys.session(sid), "seq")
+            if now is None:  # archived (docs/operations.md, "Idle sessions"): its log ends at the entry's seq
+                entry = await self.archived(sid)
+                now = entry.seq if entry is not None else await self.redis.hget(keys.session(sid), "seq")
+            return int(now or 0)
 
         return seq
+
+    async def archived(self, sid: str) -> archive.Entry | None:
+        """The archive's entry of a session Redis does not hold (docs/operations.md, "Idle
+        sessions"): read, never loaded back (a change through a turn-runner does that)."""
+        kv = getattr(self, "_archive_kv", None)
+        if kv is None:
+            kv = self._archive_kv = await archive.bucket(self.js)  # None until a runner made it
+        return await archive.read(kv, sid)
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()

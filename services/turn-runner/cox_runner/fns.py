@@ -126,6 +126,22 @@ class QueueOrdered(TypedDict, total=False):
     changed: bool
 
 
+class ArchiveTaken(TypedDict, total=False):
+    seq: int
+    sha: str
+    snapshot: str
+    principal: str
+
+
+class ArchiveDropped(TypedDict, total=False):
+    dropped: bool
+    reason: str
+
+
+class ArchiveLoaded(TypedDict, total=False):
+    restored: bool
+
+
 class Caller(Protocol):
     """What the facade calls through: :class:`cox_runner.store.Store`."""
 
@@ -265,3 +281,28 @@ class Fns:
     async def queue_order(self, *, sid: str, principal: str, owner: str, message_ids: Sequence[str]) -> QueueOrdered:
         res = await self.store.call("cox_queue_order", sid, [sid, principal, owner, *message_ids])
         return cast(QueueOrdered, res)
+
+    # ------------------------------------------------------------------ idle sessions (cox_runner.archive)
+    @lua("cox_idle")
+    def idle(self, pipe: Any, *, buckets: list[int], idle_ms: int, limit: int) -> None:
+        """Queue the archiver's look at ``buckets`` on ``pipe``; its reply is a list of sids."""
+        pipe.fcall("cox_idle", len(buckets), *(keys.active(b) for b in buckets), str(idle_ms), str(limit))
+
+    @lua("cox_archive_take")
+    async def archive_take(self, *, sid: str, idle_ms: int, owner: str, body: str,
+                           suffixes: Sequence[str]) -> ArchiveTaken:
+        """Record ``session.archived`` (``body``) and answer the snapshot after it; refused
+        ``not_idle`` when the session is not idle or not archivable."""
+        res = await self.store.call("cox_archive_take", sid, [sid, str(idle_ms), owner, body, *suffixes])
+        return cast(ArchiveTaken, res)
+
+    @lua("cox_archive_drop")
+    async def archive_drop(self, *, sid: str, seq: int, sha: str, suffixes: Sequence[str]) -> ArchiveDropped:
+        res = await self.store.call("cox_archive_drop", sid, [sid, str(seq), sha, *suffixes])
+        return cast(ArchiveDropped, res)
+
+    @lua("cox_archive_load")
+    async def archive_load(self, *, sid: str, snapshot: str, seq: int, owner: str, body: str) -> ArchiveLoaded:
+        """Load the keys back unless Redis holds the session (then ``restored`` is false)."""
+        res = await self.store.call("cox_archive_load", sid, [sid, snapshot, str(seq), owner, body])
+        return cast(ArchiveLoaded, res)

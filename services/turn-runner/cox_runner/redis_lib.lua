@@ -26,9 +26,11 @@ is not refused "fenced" on the retry).
 
 local LEASES_PREFIX = 'cox:leases:'
 local DIRTY_PREFIX = 'cox:dirty:'
+local ACTIVE_PREFIX = 'cox:active:'
 local function tag_of(key) return string.match(key, '(%b{})') end
 local function leases_of(base) return LEASES_PREFIX .. tag_of(base) end
 local function dirty_of(base) return DIRTY_PREFIX .. tag_of(base) end
+local function active_of(base) return ACTIVE_PREFIX .. tag_of(base) end
 local PUB_BATCH = 200
 local PUB_LOCK_MS = 5000
 local TX_KEEP_MS = 60000
@@ -47,6 +49,7 @@ local function emit(base, sid, body, now)
   local ev = '{"seq":' .. seq .. ',"ts":' .. now .. ',' .. string.sub(body, 2)
   redis.call('RPUSH', base .. ':outbox', ev)
   redis.call('ZADD', dirty_of(base), 'NX', now, sid)
+  redis.call('ZADD', active_of(base), now, sid)
   return seq
 end
 
@@ -775,3 +778,161 @@ end
 
 redis.register_function('cox_queue_remove', once(cox_queue_remove))
 redis.register_function('cox_queue_order', once(cox_queue_order))
+
+-- ------------------------------------------------------------------ idle sessions: archive and reload
+-- An idle session's keys can be saved to the archive (a JetStream KV bucket, written by the
+-- runner between these calls) and dropped; its next use loads them back (docs/design.md,
+-- "Idle sessions"). Every event moves the session in its bucket's activity index
+-- (cox:active:{b<n>}, see emit), which the archiver scans.
+
+-- The session's keys (the suffixes named, in that order) as canonical JSON:
+-- [[suffix, type, values], ...], a hash's fields and a set's members sorted, so the same state
+-- always encodes to the same text (its sha1 tells whether anything changed since).
+local function snapshot(base, suffixes)
+  local out = {}
+  for i = 1, #suffixes do
+    local sfx = suffixes[i]
+    local key = base .. sfx
+    local t = redis.call('TYPE', key)['ok']
+    if t == 'hash' then
+      local flat = redis.call('HGETALL', key)
+      local names, by = {}, {}
+      for j = 1, #flat, 2 do
+        names[#names + 1] = flat[j]
+        by[flat[j]] = flat[j + 1]
+      end
+      table.sort(names)
+      local vals = {}
+      for j = 1, #names do
+        vals[#vals + 1] = names[j]
+        vals[#vals + 1] = by[names[j]]
+      end
+      out[#out + 1] = { sfx, 'hash', vals }
+    elseif t == 'list' then
+      out[#out + 1] = { sfx, 'list', redis.call('LRANGE', key, 0, -1) }
+    elseif t == 'set' then
+      local m = redis.call('SMEMBERS', key)
+      table.sort(m)
+      out[#out + 1] = { sfx, 'set', m }
+    elseif t == 'string' then
+      out[#out + 1] = { sfx, 'string', { redis.call('GET', key) } }
+    elseif t ~= 'none' then
+      return nil
+    end
+  end
+  return cjson.encode(out)
+end
+
+-- Why the session may not be archived now ('' = it may): something runs, waits or is unpublished.
+local function unarchivable(base)
+  if busy(base) then return 'busy' end
+  if redis.call('EXISTS', base .. ':lease') == 1 then return 'leased' end
+  if redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q') > 0 then return 'queued' end
+  if redis.call('LLEN', base .. ':leadq') > 0 then return 'leads pending' end
+  if redis.call('LLEN', base .. ':outbox') > 0 then return 'outbox not published' end
+  if redis.call('HLEN', base .. ':wip') > 0 then return 'writes to settle' end
+  local appr = redis.call('HVALS', base .. ':appr')
+  for i = 1, #appr do
+    if cjson.decode(appr[i]).state == 'pending' then return 'approval open' end
+  end
+  return ''
+end
+
+-- Archiver: sessions whose last event is older than idle_ms, in the buckets named.
+-- KEYS: activity indexes of buckets (one in a cluster; all on one server). ARGV: idle_ms, limit
+local function cox_idle(keys, args)
+  local cutoff, limit = now_ms() - tonumber(args[1]), tonumber(args[2])
+  local out = {}
+  for k = 1, #keys do
+    if #out >= limit then break end
+    local got = redis.call('ZRANGEBYSCORE', keys[k], '-inf', cutoff, 'LIMIT', 0, limit - #out)
+    for i = 1, #got do out[#out + 1] = got[i] end
+  end
+  return out
+end
+
+-- Start archiving an idle session: record session.archived (body) and answer the snapshot of
+-- its keys after it, with its sha1 and seq. Refused not_idle (nothing recorded) while it is not
+-- idle for idle_ms or cannot be archived (then its activity is set to now: it is looked at
+-- again an idle period later, not on every pass). ARGV: sid, idle_ms, owner, body, suffixes...
+local function cox_archive_take(keys, args)
+  local base = keys[1]
+  local sid, idle_ms, owner, body = args[1], tonumber(args[2]), args[3], args[4]
+  local suffixes = {}
+  for i = 5, #args do suffixes[#suffixes + 1] = args[i] end
+  if redis.call('EXISTS', base) == 0 then
+    redis.call('ZREM', active_of(base), sid)
+    return refuse('not_found', 'no such session')
+  end
+  local now = now_ms()
+  local last = redis.call('ZSCORE', active_of(base), sid)
+  if last and tonumber(last) > now - idle_ms then return refuse('not_idle', 'used recently') end
+  local why = unarchivable(base)
+  if why ~= '' then
+    redis.call('ZADD', active_of(base), now, sid)
+    return refuse('not_idle', why)
+  end
+  local seq = emit(base, sid, body, now)
+  local snap = snapshot(base, suffixes)
+  if snap == nil then return refuse('invalid', 'a session key has an unexpected type') end
+  return with_pub(base, owner, reply({ seq = seq, sha = redis.sha1hex(snap), snapshot = snap,
+                                       principal = redis.call('HGET', base, 'principal') }))
+end
+
+-- Drop an archived session's keys, only if nothing changed since cox_archive_take answered this
+-- seq and sha (its session.archived event published: the outbox is empty) and nothing runs.
+-- Otherwise nothing is dropped (the session stays; the archive's copy is ignored while it does).
+-- ARGV: sid, seq, sha, suffixes...
+local function cox_archive_drop(keys, args)
+  local base = keys[1]
+  local sid, seq, sha = args[1], args[2], args[3]
+  local suffixes = {}
+  for i = 4, #args do suffixes[#suffixes + 1] = args[i] end
+  if redis.call('EXISTS', base) == 0 then return { reply({ dropped = false, reason = 'gone' }) } end
+  if redis.call('HGET', base, 'seq') ~= seq then return { reply({ dropped = false, reason = 'changed' }) } end
+  local why = unarchivable(base)
+  if why ~= '' then return { reply({ dropped = false, reason = why }) } end
+  local snap = snapshot(base, suffixes)
+  if snap == nil or redis.sha1hex(snap) ~= sha then return { reply({ dropped = false, reason = 'changed' }) } end
+  for i = 1, #suffixes do redis.call('DEL', base .. suffixes[i]) end
+  redis.call('DEL', base .. ':lease', base .. ':outbox', base .. ':publock')
+  redis.call('ZREM', active_of(base), sid)
+  redis.call('ZREM', dirty_of(base), sid)
+  redis.call('ZREM', leases_of(base), sid)
+  return { reply({ dropped = true }) }
+end
+
+-- Load an archived session's keys back (its snapshot from cox_archive_take) and record
+-- session.restored (body), unless the session is in Redis already (another reload was first,
+-- or it was never dropped): then nothing changes. ARGV: sid, snapshot, seq, owner, body
+local function cox_archive_load(keys, args)
+  local base = keys[1]
+  local sid, snap, seq, owner, body = unpack(args)
+  if redis.call('EXISTS', base) == 1 then return { reply({ restored = false }) } end
+  local entries = cjson.decode(snap)
+  for i = 1, #entries do
+    local sfx, t, vals = entries[i][1], entries[i][2], entries[i][3]
+    local key = base .. sfx
+    if t == 'hash' then
+      for j = 1, #vals, 2 do redis.call('HSET', key, vals[j], vals[j + 1]) end
+    elseif t == 'list' then
+      for j = 1, #vals do redis.call('RPUSH', key, vals[j]) end
+    elseif t == 'set' then
+      for j = 1, #vals do redis.call('SADD', key, vals[j]) end
+    elseif t == 'string' then
+      redis.call('SET', key, vals[1])
+    end
+  end
+  if redis.call('HGET', base, 'seq') ~= seq then
+    -- a snapshot that disagrees with its own record: leave nothing half loaded
+    for i = 1, #entries do redis.call('DEL', base .. entries[i][1]) end
+    return refuse('invalid', 'the archived snapshot does not hold seq ' .. seq)
+  end
+  emit(base, sid, body, now_ms())
+  return with_pub(base, owner, reply({ restored = true }))
+end
+
+redis.register_function('cox_idle', cox_idle)
+redis.register_function('cox_archive_take', once(cox_archive_take))
+redis.register_function('cox_archive_drop', cox_archive_drop)
+redis.register_function('cox_archive_load', cox_archive_load)

@@ -32,6 +32,7 @@ from coxswain.service import Service
 
 from . import drive as drives_mod
 from .admission import Admission
+from .archive import Archiver
 from .clients import Clients
 from .deps import Deps
 from .errors import StopRequested
@@ -95,26 +96,32 @@ class Runner(Service):
             infra_failed=self.infra_failed, services_missing=self.services_missing, usage_seen=self.usage_seen,
         )
         self.admission = Admission(self.deps)
+        self.archiver = Archiver(self.settings, self.store, self.js, self.log, self.owner)
+        await self.archiver.start()
         a = self.admission
         q = QueueOps(self.deps)
+        # A session's request that finds no session loads it back from the archive, and runs again.
+        on = self.archiver.reloading
         await self.endpoint(rpc.RUNNER_CREATE, a.create)
-        await self.endpoint(rpc.RUNNER_PATCH, a.patch)
-        await self.endpoint(rpc.RUNNER_SEND, a.send)
-        await self.endpoint(rpc.RUNNER_LEAD, a.lead)
-        await self.endpoint(rpc.RUNNER_STOP, a.stop)
-        await self.endpoint(rpc.RUNNER_ANSWER, a.answer)
-        await self.endpoint(rpc.RUNNER_OBSERVE, a.observe)
-        await self.endpoint(rpc.RUNNER_RESTORE, a.restore)
-        await self.endpoint(rpc.RUNNER_UNDO, a.undo)
-        await self.endpoint(rpc.RUNNER_COMPACT, a.compact)
-        await self.endpoint(rpc.RUNNER_QUEUE_REMOVE, q.remove)
-        await self.endpoint(rpc.RUNNER_QUEUE_ORDER, q.order)
+        await self.endpoint(rpc.RUNNER_PATCH, on(a.patch))
+        await self.endpoint(rpc.RUNNER_SEND, on(a.send))
+        await self.endpoint(rpc.RUNNER_LEAD, on(a.lead))
+        await self.endpoint(rpc.RUNNER_STOP, on(a.stop))
+        await self.endpoint(rpc.RUNNER_ANSWER, on(a.answer))
+        await self.endpoint(rpc.RUNNER_OBSERVE, on(a.observe))
+        await self.endpoint(rpc.RUNNER_RESTORE, on(a.restore))
+        await self.endpoint(rpc.RUNNER_UNDO, on(a.undo))
+        await self.endpoint(rpc.RUNNER_COMPACT, on(a.compact))
+        await self.endpoint(rpc.RUNNER_QUEUE_REMOVE, on(q.remove))
+        await self.endpoint(rpc.RUNNER_QUEUE_ORDER, on(q.order))
         await self.endpoint(rpc.RUNNER_WORKSPACES, q.workspaces)
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
         self.spawn(self._every(rc.claim_interval_ms / 1000, self._claim), "claimer", critical=True)
         self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
+        if self.settings.sessions.idle_days > 0:
+            self.spawn(self._every(self.settings.sessions.archive_every_s, self._archive), "archiver", critical=True)
 
     async def _check_durability(self) -> None:
         """The queue is only as durable as Redis: say so when it does not fsync every write."""
@@ -283,6 +290,10 @@ class Runner(Service):
 
     async def _sweep(self) -> None:
         await self.store.sweep()
+
+    async def _archive(self) -> None:
+        if not self.stopping:
+            await self.archiver.run_pass()
 
     # ------------------------------------------------------------------ shutdown
     async def before_cancel(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from coxswain import eventlog, keys, rpc, safefs, subjects, textdiff
+from coxswain import archive, eventlog, keys, rpc, safefs, subjects, textdiff
 from coxswain.config import Settings
 from coxswain.errors import CoxError, Fenced, Invalid, NotFound
 from coxswain.ids import new_id
@@ -370,7 +370,14 @@ class Versions(Service):
     async def changes(self, req: ChangesRequest) -> ChangesResult:
         """The latest recorded approval preview per file, from the session's event log."""
         self.workspace(req.workspace)
-        seq = int(await self.redis.hget(keys.session(req.sid), "seq") or 0)
+        now = await self.redis.hget(keys.session(req.sid), "seq")
+        if now is None:  # an archived session's log ends at its archive entry's seq
+            kv = getattr(self, "_archive_kv", None)
+            if kv is None:
+                kv = self._archive_kv = await archive.bucket(self.js)
+            entry = await archive.read(kv, req.sid)
+            now = entry.seq if entry is not None else 0
+        seq = int(now or 0)
         events = await eventlog.backlog(self.js, req.sid, 0, seq, limit=1_000_000)
         return changes_view.build(events)
 
