@@ -244,6 +244,8 @@ def test_an_idle_session_is_archived_and_comes_back_on_use(stack: Stack, api: Ap
     turn(api, sid, "second", api.all_events(sid)[-1]["seq"])
     before = api.wait_idle(sid)
     last = api.all_events(sid)[-1]["seq"]
+    changes = api.http.get(f"/v1/sessions/{sid}/changes")
+    assert changes.status_code == 200, changes.text
 
     wait_dropped(stack, sid)
     rc = stack.redis_client()
@@ -267,6 +269,10 @@ def test_an_idle_session_is_archived_and_comes_back_on_use(stack: Stack, api: Ap
     listed = api.http.get("/v1/sessions").json()
     assert sid in [s["id"] for s in listed]
     assert [e["seq"] for e in api.events(sid, after=last)] == [last + 1]
+    assert [e["seq"] for e in api.events(sid, after=last - 1, wait=1.0)] == [last, last + 1]
+    assert api.http.get(f"/v1/sessions/{sid}/changes").json() == changes.json()
+    assert api.http.get(f"/v1/sessions/{sid}", headers={"Authorization": "Bearer test-token-other"}
+                        ).status_code == 404, "another principal does not see it in the archive either"
     assert not in_redis(stack, sid)
 
     # A message loads it back; the turn runs and the log goes on.

@@ -343,9 +343,10 @@ class ModelRetry(_Event):
 
 
 class SessionArchived(_Event):
-    """The idle session's state was saved to the archive (JetStream KV ``COX_ARCHIVE``) at this
-    seq; its Redis keys are dropped once this event is published, unless the session was used
-    meanwhile. Its next use loads it back (``session.restored``)."""
+    """The archiver took the idle session's state at this seq; its Redis keys are dropped once
+    that state is in the archive (JetStream KV ``COX_ARCHIVE``) and this event is published,
+    unless the session was used meanwhile (it then stays in Redis). Its next change loads it
+    back (``session.restored``)."""
 
     type: Literal["session.archived"] = "session.archived"
     idle_ms: int

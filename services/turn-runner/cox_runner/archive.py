@@ -8,7 +8,9 @@ sweeper, so one runner alone finds every idle session):
    approval, no staged write, empty outbox), record ``session.archived`` through the outbox and
    answer a snapshot of every key of :data:`coxswain.keys.ARCHIVED` after it, with its sha1.
 2. Put the snapshot in the ``COX_ARCHIVE`` bucket (never over an entry of a later seq).
-3. Publish the outbox (the ``session.archived`` event: the log's seq stays one sequence).
+3. Publish the outbox (the ``session.archived`` event: the log's seq stays one sequence). If the
+   put failed, the event is still published (by a sweeper): it says the state was taken, and
+   the session simply stays in Redis.
 4. ``cox_archive_drop``: drop the keys, only if the session is exactly as snapshotted (same seq,
    same sha1 of its keys) and still archivable. A send (or anything else) that came meanwhile
    changed it: nothing is dropped, and the archive's now stale entry is ignored while Redis has
@@ -115,7 +117,9 @@ class Archiver:
         assert self.kv is not None
         body = ev.body(ev.SessionArchived(sid=sid, idle_ms=limit_ms))
         try:
-            took = await self.store.fns.archive_take(sid=sid, idle_ms=limit_ms, owner=self.owner, body=body,
+            # No publish lock with it (owner ''): the event is published after the put, below
+            # (or by a sweeper if this runner dies first).
+            took = await self.store.fns.archive_take(sid=sid, idle_ms=limit_ms, owner="", body=body,
                                                      suffixes=keys.ARCHIVED)
         except CoxError as exc:
             if exc.code not in ("not_idle", "not_found"):
