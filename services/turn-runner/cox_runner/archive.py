@@ -19,8 +19,9 @@ sweeper, so one runner alone finds every idle session):
 Loading back (:meth:`Archiver.reload`): a runner's transition that finds no session (``not_found``)
 looks in the archive; ``cox_archive_load`` writes the keys back and records
 ``session.restored`` in one call, unless Redis has the session already (a concurrent reload was
-first, or it was never dropped), and the transition runs again. The entry is then deleted, only
-at the revision that was loaded (a later archive's entry is never deleted).
+first, or it was never dropped), and the transition runs again. The loader then deletes the
+entry, only at the revision it loaded (a later archive's entry is never deleted), and only once
+the load is confirmed (``[redis] wait_replicas``): a failover cannot lose both copies.
 """
 
 from __future__ import annotations
@@ -173,10 +174,13 @@ class Archiver:
         body = ev.body(ev.SessionRestored(sid=sid, archived_seq=entry.seq))
         res = await self.store.fns.archive_load(sid=sid, snapshot=json.dumps(entry.record["keys"]), seq=entry.seq,
                                                 owner=self.owner, body=body)
-        if res.get("restored"):
-            self.log.info("session.restored", sid=sid, archived_seq=entry.seq)
+        if not res.get("restored"):
+            return True  # a concurrent load was first: it deletes the entry once its load is replicated
+        self.log.info("session.restored", sid=sid, archived_seq=entry.seq)
+        # The load is in Redis (and, with [redis] wait_replicas, on a replica: cox_archive_load is
+        # waited for), so the entry can go; only the revision just loaded: a later archive's stays.
+        # An entry left behind (this delete failed) is ignored while Redis has the session.
         with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.APIError):
-            # Only the revision just loaded: an entry a later archive wrote stays.
             await self.kv.delete(sid, last=entry.revision)
         return True
 

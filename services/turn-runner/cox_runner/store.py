@@ -64,7 +64,9 @@ _BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # Transitions a person is told succeeded (the API's 202/201 answers) and the turn's end: with
 # ``[redis] wait_replicas`` they are not acknowledged before that many replicas hold them.
 WAITED_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer",
-                        "cox_queue_remove", "cox_queue_order", "cox_op_begin", "cox_turn_end"})
+                        "cox_queue_remove", "cox_queue_order", "cox_op_begin", "cox_turn_end",
+                        # an archived session loaded back: on a replica before its archive entry is deleted
+                        "cox_archive_load"})
 
 
 def _list(value: Any) -> list[Any]:
