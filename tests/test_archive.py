@@ -364,3 +364,28 @@ def test_concurrent_uses_load_an_archived_session_once(stack: Stack, api: Api) -
     assert types.count("session.restored") == 1, types
     assert types.count("turn.end") == 4
     assert sorted(e["text"] for e in evs if e["type"] == "user.msg")[1:] == sorted(said(f"q{i}") for i in range(3))
+
+
+def test_only_the_runner_writes_the_archive_and_even_it_may_not_erase_it(stack: Stack) -> None:
+    """A forged entry would be loaded as a session's state: only the runner may put one, and
+    nobody but admin may delete or purge the bucket's stream."""
+    from coxswain import subjects
+
+    from .test_server_auth import as_user
+
+    forged = "$KV.COX_ARCHIVE.s_forged"
+    erase = [f"$JS.API.STREAM.{verb}.{archive.STREAM}" for verb in ("DELETE", "PURGE", "MSG.DELETE")]
+
+    async def run() -> None:
+        for user in (subjects.GATEWAY, subjects.GUARD, subjects.JUDGE, subjects.VERSIONS, subjects.RUNNER):
+            conn = await as_user(stack, user)
+            assert conn.nc is not None
+            targets = erase if user == subjects.RUNNER else [forged, *erase]
+            for subject in targets:
+                await conn.nc.publish(subject, b"{}")
+            await conn.settle()
+            for subject in targets:
+                assert conn.refused("publish", subject), (user, subject, conn.errors)
+            await conn.nc.close()
+
+    asyncio.run(run())
