@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
@@ -43,6 +44,7 @@ class Gateway(Service):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.auth = Auth(settings.principals())
+        self._archive_kv: KeyValue | None = None
 
     async def start(self) -> None:
         # The gateway only reads Redis, so a read may be retried: a pooled connection that a Redis
@@ -80,10 +82,9 @@ class Gateway(Service):
     async def archived(self, sid: str) -> archive.Entry | None:
         """The archive's entry of a session Redis does not hold (docs/operations.md, "Idle
         sessions"): read, never loaded back (a change through a turn-runner does that)."""
-        kv = getattr(self, "_archive_kv", None)
-        if kv is None:
-            kv = self._archive_kv = await archive.bucket(self.js)  # None until a runner made it
-        return await archive.read(kv, sid)
+        if self._archive_kv is None:
+            self._archive_kv = await archive.bucket(self.js)  # None until a runner made it
+        return await archive.read(self._archive_kv, sid)
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nats.js.kv import KeyValue
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
@@ -67,6 +68,7 @@ class Versions(Service):
         self._locks: dict[str, asyncio.Lock] = {}
         self._repos: dict[str, tuple[float, Repo | None]] = {}
         self.mac_key = b""
+        self._archive_kv: KeyValue | None = None
 
     async def start(self) -> None:
         # Every Redis call here is idempotent (GET, HGET, SET NX): retried on a broken connection.
@@ -372,10 +374,9 @@ class Versions(Service):
         self.workspace(req.workspace)
         now = await self.redis.hget(keys.session(req.sid), "seq")
         if now is None:  # an archived session's log ends at its archive entry's seq
-            kv = getattr(self, "_archive_kv", None)
-            if kv is None:
-                kv = self._archive_kv = await archive.bucket(self.js)
-            entry = await archive.read(kv, req.sid)
+            if self._archive_kv is None:
+                self._archive_kv = await archive.bucket(self.js)
+            entry = await archive.read(self._archive_kv, req.sid)
             now = entry.seq if entry is not None else 0
         seq = int(now or 0)
         events = await eventlog.backlog(self.js, req.sid, 0, seq, limit=1_000_000)
