@@ -2,9 +2,11 @@
 
 Three webhooks: ``approvals`` (``approval.pending``) posts to a receiver that answers 500 to the
 first two attempts of each delivery and 200 after; ``turns`` (``turn.end``, its secret from the
-environment) to one that always answers 200; ``stuck`` (both) to a socket that takes connections
-and never answers, so every attempt times out and each event is given up after
-``max_attempts``. The deliveries are read from the event log by the gateway; turns never wait.
+environment) and ``limits`` (``limit.warning``) to ones that always answer 200; ``gate``
+(``turn.end``) to one that answers 503 until a test opens it; ``stuck`` (both) to a socket that
+takes connections and never answers, so every attempt times out and each event is given up
+after ``max_attempts``. The deliveries are read from the event log by the gateway; turns never
+wait.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coxswain import notify
+from coxswain import keys, notify
 
 from .checks import finished, of_type
 from .stack import Api, Stack, running, script
@@ -31,8 +33,9 @@ from .stack import Api, Stack, running, script
 APPROVALS_SECRET = "whsec-approvals-7c1d0e"
 TURNS_SECRET = "whsec-turns-from-env-41b9"
 STUCK_SECRET = "whsec-stuck-0a93"
+OTHER_SECRET = "whsec-other-55e0"
 TIMEOUT_S = 1.5
-MAX_ATTEMPTS = 4
+MAX_ATTEMPTS = 6
 
 
 @dataclass
@@ -53,10 +56,12 @@ class Hit:
 
 class Receiver:
     """An HTTP server on a free loopback port that records every POST; ``/flaky`` answers 500 to
-    the first two attempts of each delivery id, everything else 200."""
+    the first two attempts of each delivery id, ``/gate`` 503 until ``gate_open``, everything
+    else 200."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.gate_open = False
         self.hits: list[Hit] = []
         self.tries: dict[str, int] = {}
         receiver = self
@@ -71,6 +76,8 @@ class Receiver:
                         did = headers.get(notify.DELIVERY_HEADER, "")
                         receiver.tries[did] = receiver.tries.get(did, 0) + 1
                         status = 500 if receiver.tries[did] <= 2 else 200
+                    elif self.path == "/gate" and not receiver.gate_open:
+                        status = 503
                     receiver.hits.append(Hit(self.path, headers, body, status))
                 self.send_response(status)
                 self.send_header("Content-Length", "2")
@@ -115,6 +122,9 @@ def stuck_port() -> Iterator[int]:
 def hooked(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver, stuck_port: int) -> Iterator[Stack]:
     base = f"http://127.0.0.1:{receiver.port}"
     config = f"""
+[limits]
+tool_calls = 5
+
 [notify]
 max_attempts = {MAX_ATTEMPTS}
 backoff_s = 0.2
@@ -132,6 +142,18 @@ name = "turns"
 url = "{base}/ok"
 events = ["turn.end"]
 secret_env = "TEST_HOOK_SECRET"
+
+[[notify.webhooks]]
+name = "limits"
+url = "{base}/limits"
+events = ["limit.warning"]
+secret = "{OTHER_SECRET}"
+
+[[notify.webhooks]]
+name = "gate"
+url = "{base}/gate"
+events = ["turn.end"]
+secret = "{OTHER_SECRET}"
 
 [[notify.webhooks]]
 name = "stuck"
@@ -242,7 +264,8 @@ def test_turn_end_is_delivered_and_unsubscribed_events_are_not_sent(hooked: Stac
     assert receiver.of("/flaky", sid) == [], "approvals subscribes to approval.pending only"
     with receiver.lock:
         types = {(h.path, h.headers[notify.EVENT_HEADER]) for h in receiver.hits}
-    assert types <= {("/flaky", "approval.pending"), ("/ok", "turn.end")}
+    assert types <= {("/flaky", "approval.pending"), ("/ok", "turn.end"), ("/limits", "limit.warning"),
+                     ("/gate", "turn.end")}
     assert metric(hooked, "cox_webhook_delivered_total", webhook="turns", event="turn.end") >= 2
 
 
@@ -281,16 +304,70 @@ def test_secrets_and_urls_stay_out_of_logs_health_and_metrics(hooked: Stack, rec
     logged = {line["event"] for line in gateway}
     assert {"notify.consuming", "notify.retry", "notify.gave_up"} <= logged, "the deliveries were logged"
     assert "Traceback" not in hooked.log("gateway")
-    gave_up = next(line for line in gateway if line["event"] == "notify.gave_up")
-    assert gave_up["webhook"] == "stuck" and gave_up["attempt"] == MAX_ATTEMPTS and gave_up["last"] in ("TimeoutError", "ReadTimeout")
-    for secret in (APPROVALS_SECRET, TURNS_SECRET, STUCK_SECRET):
+    gave_up = next(line for line in gateway if line["event"] == "notify.gave_up" and line["webhook"] == "stuck")
+    assert gave_up["attempt"] == MAX_ATTEMPTS and gave_up["last"] in ("TimeoutError", "ReadTimeout")
+    for secret in (APPROVALS_SECRET, TURNS_SECRET, STUCK_SECRET, OTHER_SECRET):
         for where, text in (("health", health), ("metrics", metrics_text), ("logs", logs)):
             assert secret not in text, f"a webhook secret in {where}"
     for where, text in (("health", health), ("metrics", metrics_text), ("logs", logs)):
         assert f":{receiver.port}/flaky" not in text, f"a webhook URL in {where}"
     names = {w["name"]: w for w in json.loads(health)["notify"]["webhooks"]}
-    assert set(names) == {"approvals", "turns", "stuck"}
+    assert set(names) == {"approvals", "turns", "limits", "gate", "stuck"}
     assert names["stuck"]["events"] == ["approval.pending", "turn.end"]
+
+
+def test_a_limit_warning_is_delivered(hooked: Stack, receiver: Receiver, api: Api) -> None:
+    sid = api.create("hook-limits")["id"]
+    looks = [{"name": "find_files", "args": {"pattern": p}} for p in ("*", "*.txt", "*.md", "*.py")]
+    assert api.send(sid, script({"tools": looks}, {"text": "looked"})).status_code == 202
+    end, evs = finished(api, sid)
+    assert end["outcome"] == "completed", end
+    warning = of_type(evs, "limit.warning")
+    assert warning and warning[0]["limit"] == "tool_calls", "4 of 5 tool calls passes warn_at 0.8"
+    wait_until(lambda: receiver.of("/limits", sid), 30, "the warning delivered")
+    hits = receiver.of("/limits", sid)
+    assert [h.event for h in hits] == warning
+    assert signed(hits[0], OTHER_SECRET) and hits[0].headers[notify.EVENT_HEADER] == "limit.warning"
+
+
+def test_deliveries_outlive_the_gateway_that_was_making_them(hooked: Stack, receiver: Receiver, api: Api) -> None:
+    """The gateway dies while a delivery waits for its retry and while a turn ends: a new gateway
+    delivers both, from where the durable consumer was (the second was recorded while no
+    gateway ran)."""
+    sid = api.create("hook-restart")["id"]
+    assert api.send(sid, script({"text": "first"})).status_code == 202
+    sleeper = script({"tools": [{"name": "run_command", "args": {"command": "sleep 3"}}]}, {"text": "second"})
+    assert api.send(sid, sleeper, mode="queue").status_code == 202
+    wait_until(lambda: receiver.of("/gate", sid), 30, "the first turn's end refused at the gate")
+    killed = time.time()
+    hooked.kill("gateway")
+    store = hooked.redis_client()
+
+    def idle() -> bool:
+        return bool(store.hget(keys.session(sid), "busy") != "1")
+
+    wait_until(lambda: idle() and (time.sleep(0.5) or idle()), 30, "the second turn ended")
+    receiver.gate_open = True
+    restarted = time.time()
+    hooked.spawn("gateway", "cox_gateway")
+    hooked.wait_healthy(60)
+
+    wait_until(lambda: sum(h.status == 200 for h in receiver.of("/gate", sid)) >= 2, 60, "both turn ends delivered")
+    ends = of_type(api.all_events(sid), "turn.end")
+    assert len(ends) == 2
+    assert killed * 1000 < ends[1]["ts"] < restarted * 1000, "the second turn ended while no gateway ran"
+    by_seq: dict[int, list[Hit]] = {}
+    for h in receiver.of("/gate", sid):
+        by_seq.setdefault(h.event["seq"], []).append(h)
+    assert sorted(by_seq) == [e["seq"] for e in ends]
+    first, second = by_seq[ends[0]["seq"]], by_seq[ends[1]["seq"]]
+    assert [h.status for h in first][-1] == 200 and all(h.status == 503 for h in first[:-1]) and len(first) >= 2
+    assert len({h.delivery for h in first}) == 1, "the retry after the restart kept its delivery id"
+    assert [h.status for h in second] == [200]
+    for h in first + second:
+        assert signed(h, OTHER_SECRET)
+    time.sleep(1.5)
+    assert sum(h.status == 200 for h in receiver.of("/gate", sid)) == 2, "each delivered once"
 
 
 def test_a_gateway_without_its_webhook_secret_refuses_to_start(tmp_path: Path) -> None:
