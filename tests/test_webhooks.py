@@ -349,6 +349,8 @@ def test_deliveries_outlive_the_gateway_that_was_making_them(hooked: Stack, rece
     wait_until(lambda: idle() and (time.sleep(0.5) or idle()), 30, "the second turn ended")
     receiver.gate_open = True
     restarted = time.time()
+    # ... with another time-out: each existing consumer is updated (its ack wait), keeping its place
+    hooked.env["COX_NOTIFY__TIMEOUT_S"] = str(TIMEOUT_S + 0.5)
     hooked.spawn("gateway", "cox_gateway")
     hooked.wait_healthy(60)
 
@@ -368,6 +370,10 @@ def test_deliveries_outlive_the_gateway_that_was_making_them(hooked: Stack, rece
         assert signed(h, OTHER_SECRET)
     time.sleep(1.5)
     assert sum(h.status == 200 for h in receiver.of("/gate", sid)) == 2, "each delivered once"
+    updated = [json.loads(line) for line in hooked.log("gateway").splitlines()
+               if line.startswith("{") and '"notify.consumer_updated"' in line]
+    assert {u["webhook"] for u in updated} == {"approvals", "turns", "limits", "gate", "stuck"}
+    assert all(u["changed"] == ["ack_wait"] for u in updated)
 
 
 def test_a_gateway_without_its_webhook_secret_refuses_to_start(tmp_path: Path) -> None:

@@ -89,6 +89,9 @@ class Webhook:
                     self.state = "retrying"
                     (self._log.debug if seen == self.error else self._log.warning)(
                         "notify.consumer_failed", error=repr(exc))
+                except Exception as exc:  # noqa: BLE001 - a bug: seen, and the webhook carries on
+                    self.state, self.error = "retrying", type(exc).__name__
+                    self._log.error("notify.consumer_failed", error=repr(exc), exc_info=exc)
                 finally:
                     if sub is not None:
                         with contextlib.suppress(Exception):
@@ -122,8 +125,10 @@ class Webhook:
             # Only what may change of a durable consumer; its start (deliver policy) stays.
             editable = {"ack_wait": want.ack_wait, "max_ack_pending": want.max_ack_pending,
                         "max_deliver": want.max_deliver, "description": want.description}
-            if any(getattr(have, k) != v for k, v in editable.items()):
+            changed = {k: v for k, v in editable.items() if getattr(have, k) != v}
+            if changed:
                 await self._js.add_consumer(stream, have.evolve(**editable))
+                self._log.info("notify.consumer_updated", consumer=self.consumer, changed=sorted(changed))
         return await self._js.pull_subscribe_bind(durable=self.consumer, stream=stream)
 
     async def _consume(self, sub: Any) -> None:
