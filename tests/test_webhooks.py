@@ -336,7 +336,7 @@ def test_deliveries_outlive_the_gateway_that_was_making_them(hooked: Stack, rece
     gateway ran)."""
     sid = api.create("hook-restart")["id"]
     assert api.send(sid, script({"text": "first"})).status_code == 202
-    sleeper = script({"tools": [{"name": "run_command", "args": {"command": "sleep 3"}}]}, {"text": "second"})
+    sleeper = script({"tools": [{"name": "run_command", "args": {"command": "sleep 5"}}]}, {"text": "second"})
     assert api.send(sid, sleeper, mode="queue").status_code == 202
     wait_until(lambda: receiver.of("/gate", sid), 30, "the first turn's end refused at the gate")
     killed = time.time()
