@@ -190,7 +190,11 @@ def webhooks_health(stack: Stack) -> dict[str, dict[str, Any]]:
 
 def metric(stack: Stack, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels`` (0 when there is none)."""
-    text = httpx.get(stack.url + "/metrics", timeout=5).text
+    return metric_at(stack.url, name, **labels)
+
+
+def metric_at(url: str, name: str, **labels: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -328,6 +332,47 @@ def test_a_limit_warning_is_delivered(hooked: Stack, receiver: Receiver, api: Ap
     hits = receiver.of("/limits", sid)
     assert [h.event for h in hits] == warning
     assert signed(hits[0], OTHER_SECRET) and hits[0].headers[notify.EVENT_HEADER] == "limit.warning"
+
+
+def test_two_gateways_share_each_webhook_and_deliver_every_event_once(hooked: Stack, receiver: Receiver,
+                                                                     api: Api) -> None:
+    from cox.servers import free_port
+
+    port = free_port()
+    env = dict(hooked.env)
+    hooked.env["COX_PORT"] = str(port)
+    try:
+        hooked.spawn("gateway-2", "cox_gateway")
+    finally:
+        hooked.env = env
+    second = f"http://127.0.0.1:{port}"
+
+    def both() -> list[str]:
+        return [hooked.url, second]
+
+    def ready() -> bool:
+        try:
+            body = httpx.get(second + "/healthz", timeout=3).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return all(w["state"] == "running" for w in body["notify"]["webhooks"])
+
+    try:
+        wait_until(ready, 60, "a second gateway running its webhooks")
+        before = sum(metric_at(u, "cox_webhook_delivered_total", webhook="turns") for u in both())
+        sid = api.create("hook-two-gateways")["id"]
+        for i in range(6):
+            assert api.send(sid, script({"text": f"shared {i}"}), mode="queue").status_code == 202
+        wait_until(lambda: len(of_type(api.all_events(sid), "turn.end")) == 6, 60, "six turns ended")
+        wait_until(lambda: len(receiver.of("/ok", sid)) >= 6, 30, "six turn ends delivered")
+        time.sleep(1.0)
+        seqs = sorted(h.event["seq"] for h in receiver.of("/ok", sid))
+        assert seqs == [e["seq"] for e in of_type(api.all_events(sid), "turn.end")], "each once, by one gateway"
+        after = sum(metric_at(u, "cox_webhook_delivered_total", webhook="turns") for u in both())
+        assert after - before == 6, "the gateways' counters add up to the deliveries"
+    finally:
+        hooked.kill("gateway-2")
+        del hooked.procs["gateway-2"]  # gone on purpose: the stack's health checks must not count it
 
 
 def test_deliveries_outlive_the_gateway_that_was_making_them(hooked: Stack, receiver: Receiver, api: Api) -> None:
