@@ -74,6 +74,13 @@ READ_EVENTS: Final = (
 LAST_EVENT: Final = f"{_JS}.DIRECT.GET.{_STREAM}.{subjects.EVENTS_WILDCARD}"
 """``eventlog.last_in_stream``: a session's last event (a direct get by subject), which each
 conditional publish is checked against."""
+NOTIFY: Final = (
+    f"{_JS}.CONSUMER.INFO.{_STREAM}.*",
+    f"$JS.ACK.{_STREAM}.>",
+)
+"""The gateway's webhook consumers (``cox_gateway.notifier``): one durable consumer per webhook
+(created like a reader's, with ``READ_EVENTS``), its state, and the acks, naks and terms of what
+it was delivered."""
 OWN_STREAM: Final = tuple(f"{_JS}.STREAM.{op}.{_STREAM}" for op in ("INFO", "CREATE", "UPDATE"))
 """``eventlog.ensure_stream``: never DELETE, PURGE or MSG.DELETE."""
 _ARCHIVE = "KV_COX_ARCHIVE"  # coxswain.archive.STREAM (not imported: archive imports the models)
@@ -84,7 +91,7 @@ OWN_ARCHIVE: Final = (f"{_JS}.STREAM.CREATE.{_ARCHIVE}", "$KV.COX_ARCHIVE.*")
 
 NATS: Final[Mapping[str, NatsPermissions]] = {
     GATEWAY: NatsPermissions(
-        publish=(*requests_of(GATEWAY), *READ_EVENTS, *READ_ARCHIVE),
+        publish=(*requests_of(GATEWAY), *READ_EVENTS, *READ_ARCHIVE, *NOTIFY),
         subscribe=(*_serves(GATEWAY), *_calls(GATEWAY), subjects.EVENTS_WILDCARD, subjects.USAGE_METRICS),
     ),
     RUNNER: NatsPermissions(

@@ -21,6 +21,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .notify import NAME_RE as NOTIFY_NAME_RE
+from .notify import NotifyEvent
+from .notify import default_name as notify_default_name
+
 CONFIG_ENV = "COX_CONFIG"
 
 
@@ -275,6 +279,66 @@ class AuthConfig(_Section):
     """Bearer token -> principal name, for more than the one local principal."""
 
 
+class WebhookConfig(_Section):
+    """One ``[[notify.webhooks]]`` entry: where chosen events are posted, signed with its secret.
+
+    The secret is given here or, better, named by ``secret_env`` (an environment variable of the
+    gateway); it signs each delivery (:func:`coxswain.notify.sign`) and is never logged or shown.
+    """
+
+    url: str = Field(pattern=r"^https?://")
+    events: list[NotifyEvent] = Field(min_length=1)
+    secret: SecretStr | None = None
+    secret_env: str | None = None
+    name: str | None = Field(None, pattern=NOTIFY_NAME_RE.pattern)
+    """Names its deliveries (``X-Cox-Delivery``), metrics and JetStream consumer; unset: derived
+    from the URL (``wh-`` and 12 hex digits of its SHA-256)."""
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> WebhookConfig:
+        if (self.secret is None) == (self.secret_env is None):
+            raise ValueError("a [[notify.webhooks]] entry needs exactly one of secret and secret_env")
+        if self.name is None:
+            self.name = notify_default_name(self.url)
+        return self
+
+    @property
+    def label(self) -> str:
+        """The webhook's name (given or derived)."""
+        return self.name or notify_default_name(self.url)
+
+    def key(self) -> str | None:
+        """The signing secret: given here, else read from the variable ``secret_env`` names."""
+        if self.secret is not None:
+            return self.secret.get_secret_value()
+        return os.environ.get(self.secret_env) if self.secret_env else None
+
+
+class NotifyConfig(_Section):
+    """``[notify]``: webhooks, and how their deliveries are retried (the gateway delivers them)."""
+
+    webhooks: list[WebhookConfig] = Field(default_factory=list)
+    max_attempts: int = Field(8, ge=1, le=100)
+    """Attempts of one event to one webhook before it is given up (counted and logged)."""
+    max_age_s: float = Field(86_400.0, gt=0)
+    """An event older than this (from when it was recorded) is given up rather than tried again."""
+    backoff_s: float = Field(1.0, gt=0)
+    """The wait after the first failed attempt; it doubles after each one, up to ``backoff_max_s``."""
+    backoff_max_s: float = Field(300.0, gt=0)
+    timeout_s: float = Field(10.0, gt=0, le=300)
+    """One attempt's HTTP time-out (connect, send and answer)."""
+    concurrency: int = Field(8, ge=1, le=256)
+    """Deliveries one gateway has in flight per webhook at once."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> NotifyConfig:
+        names = [w.label for w in self.webhooks]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"[[notify.webhooks]] names must differ: {twice}")
+        return self
+
+
 class Settings(BaseSettings):
     """Everything a coxswain process reads at start."""
 
@@ -317,6 +381,7 @@ class Settings(BaseSettings):
     redis: RedisConfig = Field(default_factory=RedisConfig)
     nats: NatsConfig = Field(default_factory=NatsConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
+    notify: NotifyConfig = Field(default_factory=NotifyConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

@@ -249,7 +249,8 @@ def create_app(gw: Gateway) -> FastAPI:
         body = {"ok": ok, "services": services,
                 "sandbox": {"mode": sandbox.mode, "network": sandbox.network,
                             **({"warning": "commands run WITHOUT a sandbox ([sandbox] mode = \"none\")"}
-                               if sandbox.mode == "none" else {})}}
+                               if sandbox.mode == "none" else {})},
+                "notify": await gw.notifier.health()}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")

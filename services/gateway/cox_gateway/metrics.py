@@ -33,6 +33,16 @@ MODEL_COST = Counter("cox_model_cost_usd", "model cost in USD (0 where prices ar
 SUBSCRIPTIONS = Gauge("cox_event_subscriptions", "sessions with a live NATS subscription in this gateway",
                       registry=REGISTRY)
 
+WEBHOOK_ATTEMPTS = Counter("cox_webhook_attempts", "webhook delivery attempts, by webhook, event type and outcome "
+                           "(ok, refused: a non-2xx answer, error: no answer)", ["webhook", "event", "outcome"],
+                           registry=REGISTRY)
+WEBHOOK_DELIVERED = Counter("cox_webhook_delivered", "events delivered to a webhook (answered 2xx)",
+                            ["webhook", "event"], registry=REGISTRY)
+WEBHOOK_FAILED = Counter("cox_webhook_failed", "events given up after [notify] max_attempts or max_age_s",
+                         ["webhook", "event"], registry=REGISTRY)
+WEBHOOK_SECONDS = Histogram("cox_webhook_attempt_seconds", "webhook delivery attempt latency", ["webhook"],
+                            registry=REGISTRY, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
 
 class Middleware:
     """Counts and times every HTTP request by route template, as plain ASGI.

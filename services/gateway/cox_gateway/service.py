@@ -26,6 +26,7 @@ from coxswain.service import Service
 from . import metrics
 from .app import create_app
 from .auth import Auth
+from .notifier import Notifier, SecretMissing
 from .streams import HttpProtocol, Slots
 
 
@@ -57,6 +58,14 @@ class Gateway(Service):
         self._usage_sub = await self.nc.subscribe(subjects.USAGE_METRICS, queue=subjects.USAGE_METRICS_GROUP,
                                                   cb=self._on_usage)
         self.app = create_app(self)
+        # Webhooks: each a durable consumer of the event log that every gateway replica shares.
+        try:
+            self.notifier = Notifier(self.settings.notify, self.js, self.log)
+        except SecretMissing as exc:
+            self.log.error("notify.secret_missing", error=str(exc))
+            raise
+        for hook in self.notifier.webhooks:
+            self.spawn(hook.run(), f"notify:{hook.name}")
 
     async def _on_usage(self, msg: Msg) -> None:
         try:
@@ -89,6 +98,11 @@ class Gateway(Service):
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
         return {"port": self.settings.port}
+
+    async def on_stop(self) -> None:
+        notifier = getattr(self, "notifier", None)
+        if notifier is not None:
+            await notifier.close()
 
     async def serve(self, stop: asyncio.Event) -> None:
         config = uvicorn.Config(
