@@ -328,8 +328,10 @@ class Versions(Service):
         copied = 0
 
         def ignore(folder: str, names: list[str]) -> list[str]:
+            # the store folder; and the copy itself, when the workspace is the root it lies in
             rel = os.path.relpath(folder, ws)
-            return [n for n in names if os.path.normpath(os.path.join(rel, n)) == store_dir]
+            return [n for n in names if os.path.normpath(os.path.join(rel, n)) == store_dir
+                    or os.path.join(folder, n) == str(dst)]
 
         def copy(src: str, to: str) -> None:
             nonlocal copied
