@@ -259,3 +259,37 @@ async def test_chat_keys_need_a_second_press_status_line_queue_list_and_discarde
     async with app2.run_test(size=(160, 44)) as pilot:
         await until(pilot, lambda: app2.stream_status == "live", "the stream is live")
         assert "Stop discarded 2 queued: “gamma”, “beta”" in shown(app2, "#transcript Static")
+
+
+async def test_fork_and_rewind_from_the_terminal(up: CoxUp) -> None:
+    """/rewind N [scope] and /fork N (docs/api.md, Fork and rewind): the rewind is shown in the
+    transcript, and a fork opens in place of the source, its copied turns and the fork note shown."""
+    app = ChatApp(ChatApi(up.url, up.token), None, workspace="tui-fork")
+    async with app.run_test(size=(140, 48)) as pilot:
+        await until(pilot, lambda: app.stream_status == "live", "the stream is live")
+        assert app.m is not None
+        sid = app.m.sid
+        for n, text in enumerate(["first", "second"], start=1):
+            await paste(pilot, said(text, {"tools": [tool("write_file", path="f.txt", content=text)]}, {"text": "ok"}))
+            await pilot.press("enter")
+            await until(pilot, lambda n=n: f"Turn ended: completed · turn {n}" in shown(app, "#transcript Static"),
+                        f"turn {n} ends, numbered")
+            await until(pilot, lambda: "idle" in shown(app, "#head"), "idle again")
+
+        await paste(pilot, "/rewind 9")
+        await pilot.press("enter")
+        await until(pilot, lambda: "there is no turn 9" in shown(app, "#note"), "a bad turn refused")
+        await paste(pilot, "/rewind 1 files")
+        await pilot.press("enter")
+        await until(pilot, lambda: "Rewound the files to the end of turn 1 (put back: f.txt)" in
+                    shown(app, "#transcript Static"), "the rewind in the transcript")
+        assert "Rewound (files) to the end of turn 1" in shown(app, "#note")
+
+        await paste(pilot, "/fork 1")
+        await pilot.press("enter")
+        await until(pilot, lambda: app.m is not None and app.m.sid != sid, "the fork opens")
+        await until(pilot, lambda: f"Forked from {sid} at its turn 1" in shown(app, "#transcript Static"),
+                    "the fork note")
+        text = shown(app, "#transcript Static")
+        assert "first" in text and "second" not in text and f"a fork of {sid} at its turn 1" in text
+        save(app, "fork")

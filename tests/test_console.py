@@ -353,3 +353,39 @@ def test_the_stream_resumes_after_the_gateway_dies_with_no_duplicate_or_missing_
     assert texts == [f"step {i}" for i in range(1, 7)] + ["all steps done"]
     assert page.locator(".item.tool").count() == 6
     shot(page, "reconnected")
+
+
+def test_fork_and_rewind_from_a_turn_of_the_transcript(page: Page, up: CoxUp) -> None:
+    """Every ended turn offers Fork and Rewind: a rewind asks the scope and shows as a divider;
+    a fork opens the new session, its copied turns and the fork note shown."""
+    login(page, up)
+    sid = new_session(page, "web-fork")
+    for n, text in enumerate(["first", "second"], start=1):
+        page.fill("#draft", said(text, {"tools": [tool("write_file", path="f.txt", content=text)]}, {"text": "ok"}))
+        page.press("#draft", "Enter")
+        expect(page.locator(".item.note.turn-end")).to_have_count(n)
+        expect(page.locator("#state")).to_have_text("idle")
+    ends = page.locator(".item.note.turn-end")
+    expect(ends.nth(0).locator("[data-turn-act=fork]")).to_have_text("Fork at turn 1")
+    expect(ends.nth(1).locator("[data-turn-act=fork]")).to_have_text("Fork at turn 2")
+
+    # Rewind the files to turn 1: the prompt asks the scope
+    page.once("dialog", lambda d: d.accept("files"))
+    ends.nth(0).locator("[data-turn-act=rewind]").click()
+    rewound = page.locator(".item.note.rewound")
+    expect(rewound).to_contain_text("Rewound the files to the end of turn 1 (put back: f.txt)")
+    expect(page.locator("#composer-note")).to_contain_text("Rewound (files) to the end of turn 1")
+    # a bad scope is refused with the server's reason, nothing recorded
+    page.once("dialog", lambda d: d.accept("everything"))
+    ends.nth(0).locator("[data-turn-act=rewind]").click()
+    expect(page.locator("#composer-note")).to_contain_text("Rewind refused")
+    expect(rewound).to_have_count(1)
+
+    # Fork at turn 1: the new session opens with turn 1 only
+    ends.nth(0).locator("[data-turn-act=fork]").click()
+    expect(page).not_to_have_url(re.compile(f"#/s/{sid}$"))
+    expect(page.locator(".item.note.forked")).to_contain_text(f"Forked from {sid} at its turn 1")
+    expect(page.locator(".item.note.turn-end")).to_have_count(1)
+    assert [t.splitlines()[0] for t in user_texts(page)] == ["first"]
+    expect(page.locator("#title")).to_contain_text("(fork)")
+    shot(page, "fork")

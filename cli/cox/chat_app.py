@@ -25,7 +25,7 @@ REFUSALS = {
 }
 HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop · Ctrl+Y/Ctrl+N allow/deny (press twice) · "
         "/allow [msg] /deny [msg] /always [msg] · /drop N · /move N M · /undo · /versions PATH · /diff VID · /restore VID · "
-        "/title NEW · /model NAME · /dontask on|off · /clear · /quit")
+        "/title NEW · /model NAME · /dontask on|off · /fork N · /rewind N [conversation|files|both] · /clear · /quit")
 STATUS = {"proposed": "proposed", "running": "running", "waiting": "waiting for you", "ok": "done",
           "fail": "failed", "denied": "denied by you", "refused": "refused", "skipped": "skipped", "closed": "closed"}
 VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval"}
@@ -432,6 +432,45 @@ class ChatApp(App[int]):
             self.say(f"Moved #{nums[0]} to #{nums[1]}.")
         self.draft.value = ""
 
+    async def turn_command(self, name: str, rest: str) -> None:
+        """/fork N opens a new session from the end of turn N (its conversation, its files then);
+        /rewind N [conversation|files|both] goes back to it between turns (default both)."""
+        m = self.m
+        assert m is not None
+        words = rest.split()
+        usage = "/fork N" if name == "fork" else "/rewind N [conversation|files|both]"
+        if not words or not words[0].isdigit() or len(words) > (1 if name == "fork" else 2):
+            raise ApiError(0, "usage", usage)
+        n = int(words[0])
+        if name == "fork":
+            s = await self.api.fork(m.sid, n)
+            self.draft.value = ""
+            await self.open_session(str(s["id"]))
+            self.tell(f"This is a fork of {m.sid} at its turn {n}, in {s.get('workspace')} "
+                      f"(back to the source: cox chat {m.sid}).")
+            return
+        scope = words[1] if len(words) > 1 else "both"
+        r = await self.api.rewind(m.sid, n, scope)
+        files = f"; put back: {', '.join(r['restored_files'])}" if r.get("restored_files") else ""
+        self.say(f"Rewound ({r['scope']}) to the end of turn {n}{files}.")
+        self.draft.value = ""
+
+    async def open_session(self, sid: str) -> None:
+        """Show another session in place of this one (its log, then its live stream)."""
+        m = ChatModel(sid)
+        async for ev in self.api.backlog(sid, 0):
+            m.apply(ev)
+        m.apply_session(await self.api.session(sid))
+        m.replaying = False
+        m.mark("head", "approvals", "outbox", "plan")
+        await self.query_one("#transcript", VerticalScroll).remove_children()
+        self.widgets.clear()
+        self.sid, self.m = sid, m
+        self.redraw()
+        # exclusive: the old session's stream worker is cancelled
+        self.run_worker(self.api.follow(sid, m.last_seq, self.on_api_event, self.on_stream_status), group="stream",
+                        exclusive=True, exit_on_error=False)
+
     # ------------------------------------------------------------------ slash commands
     async def command(self, line: str) -> None:
         m = self.m
@@ -447,6 +486,9 @@ class ChatApp(App[int]):
                 return
             if name in ("drop", "move"):
                 await self.queue_command(name, rest)
+                return
+            if name in ("fork", "rewind"):
+                await self.turn_command(name, rest)
                 return
             if name == "undo":
                 r = await self.api.undo(m.sid)

@@ -99,6 +99,12 @@ class ChatApi:
     async def undo(self, sid: str) -> dict[str, Any]:
         return dict(await self.call("POST", self.s(sid, "/undo")))
 
+    async def fork(self, sid: str, at_turn: int) -> dict[str, Any]:
+        return dict(await self.call("POST", self.s(sid, "/fork"), {"at_turn": at_turn}))
+
+    async def rewind(self, sid: str, to_turn: int, scope: str) -> dict[str, Any]:
+        return dict(await self.call("POST", self.s(sid, "/rewind"), {"to_turn": to_turn, "scope": scope}))
+
     async def backlog(self, sid: str, after: int) -> AsyncIterator[dict[str, Any]]:
         """Every recorded event after ``after``, in JSON pages."""
         while True:

@@ -278,7 +278,8 @@ def _turn_end(m: ChatModel, ev: Event) -> None:
     detail = f" — {ev['detail']}" if ev.get("detail") else ""
     if m.turn is not None and m.turn["turn_id"] == ev.get("turn_id"):
         m.turn["ended"] = ev.get("ts", 0)
-    m.note(ev, f"Turn ended: {ev.get('outcome')}{detail}", "bad" if bad_outcome(ev.get("outcome")) else "")
+    n = m.totals["turns"]  # turns are numbered as the API numbers them: /fork N, /rewind N
+    m.note(ev, f"Turn ended: {ev.get('outcome')}{detail} · turn {n}", "bad" if bad_outcome(ev.get("outcome")) else "")
     m.mark("head")
 
 
@@ -430,6 +431,20 @@ def _limit(m: ChatModel, ev: Event) -> None:
     m.note(ev, f"{kind} limit reached: {ev.get('limit')} = {ev.get('value')}", "bad")
 
 
+def _rewound(m: ChatModel, ev: Event) -> None:
+    what = {"conversation": "the conversation", "files": "the files",
+            "both": "the conversation and the files"}.get(str(ev.get("scope")), str(ev.get("scope")))
+    files = f" (put back: {', '.join(ev['restored_files'])})" if ev.get("restored_files") else ""
+    sees = ("the model still sees the whole conversation" if ev.get("scope") == "files"
+            else "the model sees the conversation up to there, then what follows")
+    m.note(ev, f"── Rewound {what} to the end of turn {ev.get('to_turn')}{files}: {sees} ──")
+
+
+def _forked(m: ChatModel, ev: Event) -> None:
+    m.note(ev, f"── Forked from {ev.get('from_sid')} at its turn {ev.get('at_turn')}: the conversation above, and a "
+               f"copy of {ev.get('workspace')} as it was then ──")
+
+
 HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "session.created": _created, "title.set": _title, "session.updated": _updated, "user.msg": _user,
     "queue.added": _queue_added, "queue.discarded": _discarded, "queue.removed": _queue_removed,
@@ -440,4 +455,5 @@ HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "lead.saved": _lead_saved, "lead.applied": _lead_applied, "lead.unapplied": _lead_unapplied,
     "agent.message": _agent, "observed": _observed, "plan.write": _plan_write, "plan.step": _plan_step,
     "plan.carried": _plan_carried, "limit.soft": _limit, "limit.hard": _limit,
+    "session.rewound": _rewound, "session.forked": _forked,
 }

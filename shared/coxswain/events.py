@@ -222,7 +222,7 @@ class FileWritten(_Event):
     path: str
     added: int
     removed: int
-    via: Literal["tool", "restore", "undo", "command"] = "tool"
+    via: Literal["tool", "restore", "undo", "command", "rewind"] = "tool"
     deleted: bool = False
 
 
@@ -297,6 +297,38 @@ class ContextCompacted(_Event):
     dropped: int = 0
 
 
+RewindScope = Literal["conversation", "files", "both"]
+
+
+class SessionRewound(_Event):
+    """A person rewound the session between turns to the end of turn ``to_turn`` (turns numbered
+    from 1 in the order of their ``turn.start``). ``scope`` ``conversation`` or ``both``: for the
+    model, the transcript starts over from the one it had at ``through_seq`` (the ``turn.end`` of
+    that turn); what follows this event is added to it. ``files`` or ``both``: the session's own
+    writes after that turn were put back (``restored_files``; each also a ``version.kept`` and a
+    ``file.written`` with ``via: "rewind"``, undoable as one). The log itself keeps everything."""
+
+    type: Literal["session.rewound"] = "session.rewound"
+    to_turn: int
+    scope: RewindScope
+    through_seq: int
+    restored_files: list[str] = []
+
+
+class SessionForked(_Event):
+    """This session was forked from ``from_sid`` at its turn ``at_turn`` (the events before this
+    one are the transcript the model had at the end of that turn, copied; their seqs are this
+    session's). ``through_seq``: that turn's ``turn.end`` in the source's log; ``workspace``: the
+    folder the source's files were copied from (as they were after that turn)."""
+
+    type: Literal["session.forked"] = "session.forked"
+    from_sid: str
+    at_turn: int
+    through_seq: int
+    workspace: str
+    restored_files: list[str] = []
+
+
 class EventOmitted(_Event):
     """Stands in the log for an event too large for the stream (over :data:`MAX_EVENT_BYTES`):
     same seq, what it was and how large. Only a last resort: what a person sends is refused
@@ -368,7 +400,7 @@ Event = Annotated[
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
     | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
-    | SessionArchived | SessionRestored,
+    | SessionArchived | SessionRestored | SessionRewound | SessionForked,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

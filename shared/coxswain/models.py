@@ -527,7 +527,7 @@ class ChangeEntry(_Out):
     preview: dict[str, Any] | None = None
     note: str | None = None
     """``"preview unavailable"`` for a record without detail; nothing is invented in its place."""
-    via: Literal["tool", "command", "restore", "undo"] = "tool"
+    via: Literal["tool", "command", "restore", "undo", "rewind"] = "tool"
     """``tool``: an approved ``write_file`` (its preview). Otherwise a write recorded by
     ``file.written`` (a command, a restore, an undo): no preview exists, ``version_id`` names the
     content kept before it, and its diff is that version → the file now (``/versions/{vid}/diff``)."""
@@ -590,3 +590,70 @@ class Health(_Out):
 
 
 __all__ = [name for name in dir() if not name.startswith("_")] + ["Actor", "Verdict"]
+
+
+# ---------------------------------------------------------------- fork and rewind
+
+
+class ForkBody(_Body):
+    at_turn: Annotated[int, Field(ge=1)]
+    """The turn (from 1, in the order turns started) whose end the fork starts from."""
+
+
+class RewindBody(_Body):
+    to_turn: Annotated[int, Field(ge=1)]
+    scope: Literal["conversation", "files", "both"]
+
+
+class ForkCmd(SessionRef, ForkBody):
+    pass
+
+
+class RewindCmd(SessionRef, RewindBody):
+    pass
+
+
+class RewindResult(_Out):
+    """What a rewind did: the ``session.rewound`` event's fields and the files put back."""
+
+    to_turn: int
+    scope: str
+    through_seq: int
+    restored_files: list[str] = Field(default_factory=list)
+    files: list[FileOutcome] = Field(default_factory=list)
+
+
+class ForkFilesRequest(_Body):
+    """Copy ``workspace`` into the new folder ``target`` as it was when the session's writes
+    ``known`` (every version kept by a write the log recorded up to the fork point) were the
+    latest: the session's later writes are put back from their kept versions."""
+
+    sid: Id
+    workspace: str
+    target: str
+    known: list[str] = Field(default_factory=list)
+    later: list[str] = Field(default_factory=list)
+    """The versions the log recorded after the fork point (each must still be kept)."""
+
+
+class ForkFilesResult(_Out):
+    copied: int
+    """Files copied (the store folder left out)."""
+    restored_files: list[str] = Field(default_factory=list)
+    """Files put back to their content at the fork point (deleted when they did not exist then)."""
+
+
+class RewindFilesRequest(_Body):
+    """Put the session's files back to what they were when the writes ``known`` were the
+    latest; each put back is kept first (reason ``rewind``, ``call_id`` = ``rewind_id``)."""
+
+    sid: Id
+    workspace: str
+    token: int | None = None
+    known: list[str] = Field(default_factory=list)
+    later: list[str] = Field(default_factory=list)
+    rewind_id: Id
+
+
+class RewindFilesResult(_Out):
+    files: list[FileOutcome] = Field(default_factory=list)

@@ -39,6 +39,9 @@ from .models import (
     CreateCmd,
     DiffRequest,
     DiffResult,
+    ForkCmd,
+    ForkFilesRequest,
+    ForkFilesResult,
     GuardRequest,
     GuardResult,
     Health,
@@ -57,6 +60,10 @@ from .models import (
     QueueResult,
     RestoreCmd,
     RestoreRequest,
+    RewindCmd,
+    RewindFilesRequest,
+    RewindFilesResult,
+    RewindResult,
     SendCmd,
     SendResult,
     Session,
@@ -137,6 +144,10 @@ RUNNER_QUEUE_REMOVE: Final = Op(RUNNER, "queue_remove", QueueRemoveCmd, QueueRes
 RUNNER_QUEUE_ORDER: Final = Op(RUNNER, "queue_order", QueueOrderCmd, QueueResult, 30.0, (GATEWAY,))
 RUNNER_WORKSPACES: Final = Op(RUNNER, "workspaces", WorkspacesCmd, WorkspacesResult, 30.0, (GATEWAY,))
 
+# fork and rewind (docs/api.md): a fork copies a workspace, which may take a while
+RUNNER_FORK: Final = Op(RUNNER, "fork", ForkCmd, Session, 330.0, (GATEWAY,))
+RUNNER_REWIND: Final = Op(RUNNER, "rewind", RewindCmd, RewindResult, 60.0, (GATEWAY,))
+
 # ---------------------------------------------------------------- turn-runner -> guard, judge
 GUARD_CHECK: Final = Op(GUARD, "check", GuardRequest, GuardResult, 10.0, (RUNNER,))
 JUDGE_DECIDE: Final = Op(JUDGE, "decide", JudgeRequest, JudgeResult, _judge_timeout, (RUNNER,))
@@ -155,6 +166,8 @@ VERSIONS_UNDO_TARGET: Final = Op(VERSIONS, "undo_target", UndoRequest, UndoTarge
 VERSIONS_COLLECT: Final = Op(VERSIONS, "collect", CollectRequest, CollectResult, 600.0, ())
 """Retention on demand. No service sends it (so no service user may): an operator does, as the
 NATS ``admin`` user (docs/operations.md#retention)."""
+VERSIONS_FORK: Final = Op(VERSIONS, "fork", ForkFilesRequest, ForkFilesResult, 300.0, (RUNNER,))
+VERSIONS_REWIND: Final = Op(VERSIONS, "rewind", RewindFilesRequest, RewindFilesResult, 30.0, (RUNNER,))
 
 # ---------------------------------------------------------------- health, on every service
 HEALTH_CALLERS: Final = {
@@ -178,6 +191,7 @@ OPS: Final[tuple[Op[Any, Any], ...]] = (
     GUARD_CHECK, JUDGE_DECIDE,
     VERSIONS_KEEP, VERSIONS_RESTORE, VERSIONS_UNDO, VERSIONS_SNAPSHOT, VERSIONS_AFTER, VERSIONS_DIFF,
     VERSIONS_LIST, VERSIONS_CHANGES, VERSIONS_UNDO_TARGET, VERSIONS_COLLECT,
+    RUNNER_FORK, RUNNER_REWIND, VERSIONS_FORK, VERSIONS_REWIND,
     *HEALTH.values(),
 )
 """Every operation, health included."""

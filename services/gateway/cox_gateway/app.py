@@ -27,6 +27,8 @@ from coxswain.models import (
     CreateSession,
     DiffRequest,
     DiffResult,
+    ForkBody,
+    ForkCmd,
     LeadCmd,
     LeadMessage,
     LeadResult,
@@ -41,6 +43,9 @@ from coxswain.models import (
     QueueRemoveCmd,
     QueueResult,
     RestoreCmd,
+    RewindBody,
+    RewindCmd,
+    RewindResult,
     SendCmd,
     SendMessage,
     SendResult,
@@ -209,6 +214,17 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/sessions/{sid}/undo")
     async def undo(sid: Sid, who: Principal) -> WriteOutcome:
         return await call(rpc.RUNNER_UNDO, UndoCmd(principal=who, sid=sid))
+
+    # ------------------------------------------------------------------ fork and rewind
+    @app.post("/v1/sessions/{sid}/fork", status_code=201)
+    async def fork(sid: Sid, body: ForkBody, who: Principal) -> Session:
+        """A new session: the transcript up to the end of turn ``at_turn``, the files as they were then."""
+        return await call(rpc.RUNNER_FORK, ForkCmd(principal=who, sid=sid, **body.model_dump()))
+
+    @app.post("/v1/sessions/{sid}/rewind")
+    async def rewind(sid: Sid, body: RewindBody, who: Principal) -> RewindResult:
+        """Between turns: back to the end of turn ``to_turn`` (``session.rewound``); 409 ``busy`` during a turn."""
+        return await call(rpc.RUNNER_REWIND, RewindCmd(principal=who, sid=sid, **body.model_dump()))
 
     # ------------------------------------------------------------------ events
     @app.get("/v1/sessions/{sid}/events", response_model=None)

@@ -12,6 +12,8 @@ from coxswain.models import (
     CommandChangesResult,
     DiffRequest,
     DiffResult,
+    ForkFilesRequest,
+    ForkFilesResult,
     GuardRequest,
     GuardResult,
     JudgeRequest,
@@ -19,6 +21,8 @@ from coxswain.models import (
     KeepRequest,
     KeepResult,
     RestoreRequest,
+    RewindFilesRequest,
+    RewindFilesResult,
     SnapshotRequest,
     SnapshotResult,
     UndoRequest,
@@ -54,3 +58,9 @@ class Clients:
 
     async def after_command(self, req: CommandChangesRequest) -> CommandChangesResult:
         return await rpc.call(self.nc, rpc.VERSIONS_AFTER, req)
+
+    async def fork_files(self, req: ForkFilesRequest) -> ForkFilesResult:
+        return await rpc.call(self.nc, rpc.VERSIONS_FORK, req)
+
+    async def rewind_files(self, req: RewindFilesRequest) -> RewindFilesResult:
+        return await rpc.call(self.nc, rpc.VERSIONS_REWIND, req)

@@ -306,3 +306,12 @@ class Fns:
         """Load the keys back unless Redis holds the session (then ``restored`` is false)."""
         res = await self.store.call("cox_archive_load", sid, [sid, snapshot, str(seq), owner, body])
         return cast(ArchiveLoaded, res)
+    # ------------------------------------------------------------------ fork
+    @lua("cox_fork")
+    async def fork(self, *, sid: str, principal: str, workspace: str, model: str, title: str, owner: str,
+                   body: str, events: Sequence[str]) -> Created:
+        """A new session as :meth:`create` makes one (the principal's index entry first), its log
+        beginning with ``events`` (the copied transcript, then ``session.forked``), in one call."""
+        await self.store.redis.zadd(keys.principal(principal), {sid: int(time.time() * 1000)}, nx=True)
+        res = await self.store.call("cox_fork", sid, [sid, principal, workspace, model, title, owner, body, *events])
+        return cast(Created, res)

@@ -936,3 +936,22 @@ redis.register_function('cox_idle', cox_idle)
 redis.register_function('cox_archive_take', once(cox_archive_take))
 redis.register_function('cox_archive_drop', cox_archive_drop)
 redis.register_function('cox_archive_load', cox_archive_load)
+-- ------------------------------------------------------------------ fork
+
+-- A fork: a new session, made as cox_create makes one, whose log begins with the transcript it
+-- was forked with, all in this one call (no send can slip in before the copied history).
+-- ARGV: sid, principal, workspace, model, title, owner, created_body, then the bodies of the
+-- copied events and of the session.forked event, in order. The caller wrote the principal
+-- index entry before (another slot).
+local function cox_fork(keys, args)
+  local base = keys[1]
+  local sid, principal, workspace, model, title, owner, body = args[1], args[2], args[3], args[4], args[5],
+    args[6], args[7]
+  local res = cox_create(keys, { sid, principal, workspace, model, title, body, '' })
+  if cjson.decode(res[1]).error ~= nil then return res end
+  local now = now_ms()
+  for j = 8, #args do emit(base, sid, args[j], now) end
+  return with_pub(base, owner, res[1])
+end
+
+redis.register_function('cox_fork', once(cox_fork))

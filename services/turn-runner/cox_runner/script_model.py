@@ -66,6 +66,10 @@ class ScriptStep(BaseModel):
     delay_ms: int = Field(0, ge=0, le=600_000)
     tokens: int | None = Field(None, ge=0)
     malformed: bool = False
+    history: bool = False
+    """Answer with the user messages of the request (the transcript the model was given): the
+    text ``history: `` and a JSON list of the first line of each turn's message (sends, queued
+    and steered messages), oldest first."""
 
 
 class ScriptError(ValueError):
@@ -150,6 +154,14 @@ def plan_for(messages: list[ModelMessage]) -> Plan:
     return Plan(ScriptStep(text=DONE_TEXT), "done")
 
 
+def history_for(messages: list[ModelMessage]) -> str:
+    """``history: [...]``: the first line of every turn-starting user message the request holds."""
+    firsts = [(SCRIPT_RE.sub(" ", text).strip().splitlines() or [""])[0]
+              for m in messages if isinstance(m, ModelRequest) for text, via in _user_texts(m)
+              if via in TURN_STARTS]
+    return "history: " + json.dumps(firsts, ensure_ascii=False)
+
+
 def title_for(messages: list[ModelMessage]) -> str:
     """First five words of the first user message in the title request."""
     for msg in messages:
@@ -215,6 +227,8 @@ class ScriptModel(Model):
         if isinstance(last, ModelRequest) and (last.metadata or {}).get("cox_purpose") == "compact":
             return Plan(ScriptStep(text=summary_for(messages)), "title"), []
         plan = plan_for(messages)
+        if plan.step.history:
+            plan = Plan(plan.step.model_copy(update={"text": history_for(messages)}), plan.call_prefix)
         if plan.call_prefix == "err":
             # A broken script is the request failing, not an answer: the turn ends ``error`` with
             # the reason, rather than "completed" with the error text as if the model said it.

@@ -37,6 +37,7 @@ from .clients import Clients
 from .deps import Deps
 from .errors import StopRequested
 from .faults import DropReplies
+from .forks import Forks
 from .leases import Drive, Leases
 from .providers import Models
 from .queue_ops import QueueOps
@@ -115,6 +116,9 @@ class Runner(Service):
         await self.endpoint(rpc.RUNNER_QUEUE_REMOVE, on(q.remove))
         await self.endpoint(rpc.RUNNER_QUEUE_ORDER, on(q.order))
         await self.endpoint(rpc.RUNNER_WORKSPACES, q.workspaces)
+        forks = Forks(a)
+        await self.endpoint(rpc.RUNNER_FORK, forks.fork)
+        await self.endpoint(rpc.RUNNER_REWIND, forks.rewind)
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)

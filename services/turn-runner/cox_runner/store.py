@@ -48,7 +48,7 @@ HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_lea
 # Functions registered through ``once`` in the library: their last argument is the transition id.
 TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
                     "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
-                    "cox_queue_remove", "cox_queue_order", "cox_archive_take"})
+                    "cox_queue_remove", "cox_queue_order", "cox_archive_take", "cox_fork"})
 SWEEP_SHARE = 4
 """In a cluster, the sweeper's passes (one a second) look at every bucket within this many."""
 PUB_LOCK_MS = 5000

@@ -16,6 +16,8 @@ Two invariants every request keeps, whatever the log holds:
 
 A ``context.compacted`` event rewrites what came before it the way the live loop did
 (:mod:`cox_runner.compaction`), so a rebuilt transcript is the compacted one plus what follows.
+A conversation rewind (``session.rewound``) starts the transcript over from the one it had at
+the rewind's ``through_seq`` (:func:`coxswain.turns.rewound`); what follows the rewind is added.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+
+from coxswain.turns import rewound
 
 from .compaction import apply_event
 
@@ -140,7 +144,7 @@ class Builder:
 
 def build(events: list[dict[str, Any]]) -> Builder:
     b = Builder()
-    for ev in events:
+    for ev in rewound(events):
         t = ev.get("type")
         b.seq = max(b.seq, int(ev.get("seq") or 0))
         if t == "context.compacted":
@@ -153,4 +157,6 @@ def build(events: list[dict[str, Any]]) -> Builder:
             b.tool_return(ev["call_id"], ev.get("output", "") + fold(ev.get("observed")))
         elif t == "tool.skipped":
             b.tool_return(ev["call_id"], skip_text(ev.get("reason", "")))
+    if events:  # a rewind leaves its own and later seqs out of the transcript, not out of the log
+        b.seq = max(b.seq, max(int(e.get("seq") or 0) for e in events))
     return b

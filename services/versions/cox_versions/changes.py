@@ -23,7 +23,7 @@ from typing import Any
 
 from coxswain.models import PREVIEW_UNAVAILABLE, WRITTEN_LABEL, ChangeEntry, ChangesResult
 
-NOT_TOOL = ("command", "restore", "undo")
+NOT_TOOL = ("command", "restore", "undo", "rewind")
 WRITE_TOOLS = ("write_file", "edit_file")
 """Tools whose allowed decision carries the preview of a write (guard computes it for both)."""
 
@@ -48,7 +48,7 @@ def build(events: list[dict[str, Any]]) -> ChangesResult:
             latest.pop(path, None)
             latest[path] = ChangeEntry(
                 path=path, call_id="", turn_id=e.get("turn_id"), seq=int(e.get("seq", 0)), ts=int(e.get("ts", 0)),
-                actor="person" if e.get("via") in ("restore", "undo") else "command", label=WRITTEN_LABEL,
+                actor="person" if e.get("via") in ("restore", "undo", "rewind") else "command", label=WRITTEN_LABEL,
                 available=False, via=e["via"], version_id=kept.get(path), added=e.get("added"),
                 removed=e.get("removed"), deleted=bool(e.get("deleted")),
             )

@@ -9,8 +9,11 @@ denylist; every record read back is checked (see :mod:`cox_versions.store`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from redis.backoff import ExponentialBackoff
 
 from coxswain import archive, eventlog, keys, rpc, safefs, subjects, textdiff
 from coxswain.config import Settings
-from coxswain.errors import CoxError, Fenced, Invalid, NotFound
+from coxswain.errors import Collected, Conflict, CoxError, Fenced, Invalid, NotFound
 from coxswain.ids import new_id
 from coxswain.models import (
     ChangesRequest,
@@ -34,11 +37,15 @@ from coxswain.models import (
     DiffResult,
     FileChange,
     FileOutcome,
+    ForkFilesRequest,
+    ForkFilesResult,
     KeepRequest,
     KeepResult,
     ListVersionsRequest,
     ListVersionsResult,
     RestoreRequest,
+    RewindFilesRequest,
+    RewindFilesResult,
     SnapshotRequest,
     SnapshotResult,
     UndoFile,
@@ -89,6 +96,8 @@ class Versions(Service):
         await self.endpoint(rpc.VERSIONS_SNAPSHOT, self.snapshot)
         await self.endpoint(rpc.VERSIONS_AFTER, self.after)
         await self.endpoint(rpc.VERSIONS_COLLECT, self.collect)
+        await self.endpoint(rpc.VERSIONS_FORK, self.fork)
+        await self.endpoint(rpc.VERSIONS_REWIND, self.rewind)
         self.spawn(self._collect_every(self.settings.versions.gc_interval_s), "collector")
 
     async def health(self) -> dict[str, Any]:
@@ -153,13 +162,13 @@ class Versions(Service):
             out = await asyncio.to_thread(self._restore, ws, req.sid, req.version_id, "restore")
         return WriteOutcome(**out.model_dump(), files=[out])
 
-    def _restore(self, ws: Path, sid: str, version_id: str, reason: str) -> FileOutcome:
+    def _restore(self, ws: Path, sid: str, version_id: str, reason: str, call_id: str | None = None) -> FileOutcome:
         st = self.store(ws)
         rec = st.find(version_id)
         target = st.content(rec)
         rel = check_path(ws, rec.path, self.settings.store_dir)
         current = safefs.read(ws, rel, max_bytes=MAX_OBJECT + 1)
-        kept = st.keep(sid, rel, current, reason, None, None, new_id("v"))
+        kept = st.keep(sid, rel, current, reason, None, call_id, new_id("v"))
         if target is None:
             safefs.delete(ws, rel)
         else:
@@ -190,8 +199,8 @@ class Versions(Service):
             raise NotFound("this session has no write left to undo")
         last = mine[-1]
         group = [last]
-        if last.reason == "command" and last.call_id:
-            group = [r for r in mine if r.reason == "command" and r.call_id == last.call_id]
+        if last.reason in ("command", "rewind") and last.call_id:  # every file it changed, together
+            group = [r for r in mine if r.reason == last.reason and r.call_id == last.call_id]
         return group
 
     async def undo_target(self, req: UndoRequest) -> UndoTarget:
@@ -273,6 +282,96 @@ class Versions(Service):
             out.append(FileChange(path=rel, version_id=rec.version_id, store=rec.store, added=added,
                                   removed=removed, created=old is None, deleted=cur is None))
         return CommandChangesResult(changes=out, skipped=skipped)
+
+    # ------------------------------------------------------------------ fork and rewind
+    def _since(self, ws: Path, sid: str, known: list[str], later: list[str]) -> dict[str, Record]:
+        """Per file the session changed after its writes ``known``: the version kept by its first
+        such write, i.e. its content at that point (``absent``: it did not exist).
+
+        The index is in the order versions were kept (each before its write), so the session's
+        records after the last one in ``known`` are its later writes, those the log has not
+        recorded yet (a running turn's) included. ``later``: the versions the log recorded after
+        that point; one missing from the index was collected, and the point cannot be rebuilt."""
+        idx = self.store(ws).read_index()
+        mine = [r for r in idx.records if r.sid == sid]
+        have = {r.version_id for r in mine}
+        gone = [v for v in later if v not in have]
+        if gone:
+            raise Collected(f"{len(gone)} version(s) kept after that turn are no longer kept (retention: "
+                            "[versions] keep_days, keep_per_file), so its files cannot be rebuilt")
+        known_set = set(known)
+        cut = max((i for i, r in enumerate(mine) if r.version_id in known_set), default=-1)
+        first: dict[str, Record] = {}
+        for r in mine[cut + 1:]:
+            first.setdefault(r.path, r)
+        return first
+
+    async def fork(self, req: ForkFilesRequest) -> ForkFilesResult:
+        """Copy a workspace (its store folder left out) into a new folder, with the session's
+        writes after the fork point put back. Reads the source only: no fencing token."""
+        ws = self.workspace(req.workspace)
+        target = safefs.real_under(self.settings.root, Path(req.target).parent)
+        if target is None:
+            raise Invalid("the fork's folder must be under the configured root")
+        dst = target / Path(req.target).name
+        try:
+            await asyncio.to_thread(dst.mkdir)
+        except FileExistsError as exc:
+            raise Conflict(f"{dst.name} exists already") from exc
+        try:
+            async with self._lock(ws):
+                return await asyncio.to_thread(self._fork, ws, dst, req)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, dst, True)  # a failed fork leaves nothing behind
+            raise
+
+    def _fork(self, ws: Path, dst: Path, req: ForkFilesRequest) -> ForkFilesResult:
+        store_dir = self.settings.store_dir
+        copied = 0
+
+        def ignore(folder: str, names: list[str]) -> list[str]:
+            # the store folder; and the copy itself, when the workspace is the root it lies in
+            rel = os.path.relpath(folder, ws)
+            return [n for n in names if os.path.normpath(os.path.join(rel, n)) == store_dir
+                    or os.path.join(folder, n) == str(dst)]
+
+        def copy(src: str, to: str) -> None:
+            nonlocal copied
+            if stat.S_ISREG(os.lstat(src).st_mode):  # a fifo or socket is not copied (nor read)
+                shutil.copy2(src, to)
+                copied += 1
+
+        # Copy first, then read the index: a write racing the copy has kept its version by then.
+        shutil.copytree(ws, dst, symlinks=True, ignore=ignore, copy_function=copy, dirs_exist_ok=True)
+        st = self.store(ws)
+        since = self._since(ws, req.sid, req.known, req.later)
+        contents = {rel: st.content(rec) for rel, rec in since.items()}  # all checked before any write
+        for rel, data in sorted(contents.items()):
+            rel = check_path(dst, rel, store_dir)
+            if data is None:
+                with contextlib.suppress(Invalid):
+                    safefs.delete(dst, rel)
+            else:
+                safefs.write(dst, rel, data)
+        return ForkFilesResult(copied=copied, restored_files=sorted(contents))
+
+    async def rewind(self, req: RewindFilesRequest) -> RewindFilesResult:
+        """Put back every file the session changed after the rewind point, each kept first
+        (reason ``rewind``, one ``call_id``: undo puts them all back together)."""
+        await self.check_token(req.sid, req.token)
+        ws = self.workspace(req.workspace)
+        async with self._lock(ws):
+            return await asyncio.to_thread(self._rewind, ws, req)
+
+    def _rewind(self, ws: Path, req: RewindFilesRequest) -> RewindFilesResult:
+        st = self.store(ws)
+        since = self._since(ws, req.sid, req.known, req.later)
+        todo = []
+        for rel, rec in sorted(since.items()):
+            target = st.content(rec)  # every version checked before anything is written
+            if target != safefs.read(ws, check_path(ws, rel, self.settings.store_dir), max_bytes=MAX_OBJECT + 1):
+                todo.append(rec.version_id)
+        return RewindFilesResult(files=[self._restore(ws, req.sid, v, "rewind", req.rewind_id) for v in todo])
 
     # ------------------------------------------------------------------ retention
     def policy(self) -> Policy:

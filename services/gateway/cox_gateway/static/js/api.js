@@ -63,4 +63,6 @@ export class Api {
     return this.call("GET", this.s(sid, `/events?format=json&after=${after}&limit=${limit}`));
   }
   eventsUrl(sid) { return this.s(sid, "/events"); }
+  fork(sid, at_turn) { return this.call("POST", this.s(sid, "/fork"), { at_turn }); }
+  rewind(sid, to_turn, scope) { return this.call("POST", this.s(sid, "/rewind"), { to_turn, scope }); }
 }

@@ -181,6 +181,7 @@ function flush() {
   app.view.draw(model, {
     answer: (aid, body) => app.api.answer(model.sid, aid, body),
     queue: (op, id, pos) => queueOp(model, op, id, pos),
+    turn: (op, n) => turnOp(model, op, n),
   });
   checkNote(model);
   if (changed.has("plan")) app.inspector.drawPlan(model.plan);
@@ -233,6 +234,26 @@ async function queueOp(model, op, id, pos) {
     }
   } catch (err) {
     note(err.status === 409 ? `Too late: ${err.detail || "that message has already started"}.` : `Queue not changed: ${err.detail || err.message}`, true);
+  }
+}
+
+/** Fork at, or rewind to, the end of turn ``n`` (docs/api.md, Fork and rewind). */
+async function turnOp(model, op, n) {
+  try {
+    if (op === "fork") {
+      const s = await app.api.fork(model.sid, n);
+      note(`Forked at turn ${n} into “${s.title || s.id}” (${s.workspace}).`);
+      location.hash = `#/s/${s.id}`;
+      loadSessions();
+      return;
+    }
+    const scope = window.prompt(`Rewind to the end of turn ${n}: “conversation”, “files” or “both”?`, "both");
+    if (scope === null) return;
+    const out = await app.api.rewind(model.sid, n, scope.trim());
+    const files = out.restored_files.length ? `; files put back: ${out.restored_files.join(", ")}` : "";
+    note(`Rewound (${out.scope}) to the end of turn ${n}${files}.`);
+  } catch (err) {
+    note(err.code === "busy" ? `Not now: ${err.detail || "a turn is running"}.` : `${op === "fork" ? "Fork" : "Rewind"} refused: ${err.detail || err.message}`, true, { untilIdle: err.code === "busy" });
   }
 }
 

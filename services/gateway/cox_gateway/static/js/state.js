@@ -26,6 +26,7 @@ export class SessionModel {
     // calls, the usage of its model responses, and what it waits for now.
     this.turn = null;           // {turn_id, started, tools, input, output, cost, waiting}
     this.totals = { turns: 0, tools: 0, input: 0, output: 0, cost: 0 };
+    this.turnNumbers = new Map();  // turn_id -> its number (from 1, in the order turns started)
   }
 
   /** What the running turn waits for: "model", "tool", "approval" or "Lead boundary". */
@@ -187,6 +188,7 @@ const HANDLERS = {
     m.plan = null;
     m.turn = { turn_id: ev.turn_id, started: ev.ts, tools: 0, input: 0, output: 0, cost: 0 };
     m.totals.turns += 1;
+    m.turnNumbers.set(ev.turn_id, m.turnNumbers.size + 1);  // numbered as the API numbers turns
     m.note(ev, `Turn started (${ev.model})`, "turn-start");
     m.mark("head", "plan");
   },
@@ -202,7 +204,8 @@ const HANDLERS = {
     m.info.turn_id = m.info.busy ? m.info.turn_id : null;
     const bad = isBadOutcome(ev.outcome);
     if (m.turn && m.turn.turn_id === ev.turn_id) { m.turn.ended = ev.ts; m.turn.outcome = ev.outcome; }
-    m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? ` bad outcome-${ev.outcome}` : ""));
+    const end = m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? ` bad outcome-${ev.outcome}` : ""));
+    end.turnNo = m.turnNumbers.get(ev.turn_id);  // the turn's number: what Fork and Rewind name
     m.mark("head", "sessions", "changes");
   },
   "assistant.delta"(m, ev) {
@@ -295,6 +298,16 @@ const HANDLERS = {
   "lead.unapplied"(m, ev) {
     const texts = (ev.lead_ids || []).map((id) => m.settle(id, "unapplied")?.text || id);
     m.add({ kind: "fate", key: `f${ev.seq}`, text: `Saved but not applied (the turn stopped): ${texts.map((t) => `“${t}”`).join(", ")}` });
+  },
+  "session.rewound"(m, ev) {
+    const what = { conversation: "the conversation", files: "the files", both: "the conversation and the files" }[ev.scope] || ev.scope;
+    const files = ev.restored_files?.length ? ` (put back: ${ev.restored_files.join(", ")})` : "";
+    m.note(ev, `Rewound ${what} to the end of turn ${ev.to_turn}${files}. ` +
+      (ev.scope === "files" ? "The model still sees the whole conversation." : "The model sees the conversation up to there, then what follows."), "rewound");
+    m.mark("changes");
+  },
+  "session.forked"(m, ev) {
+    m.note(ev, `Forked from ${ev.from_sid} at its turn ${ev.at_turn}: the conversation above, and a copy of ${ev.workspace} as it was then.`, "forked");
   },
   "agent.message"(m, ev) { m.endStreaming(); m.add({ kind: "agent", key: `g${ev.seq}`, text: ev.text }); },
   "observed"(m, ev) { m.add({ kind: "tool", key: `o${ev.seq}`, name: "!" + ev.command, status: "ok", output: ev.output, observed: true }); },

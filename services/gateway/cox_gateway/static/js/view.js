@@ -47,6 +47,7 @@ function renderItem(it) {
     case "fate":
       return h("div", attrs, it.text);
     case "note":
+      if (it.turnNo) return turnEnd(it, attrs);
       return h("div", { ...attrs, class: `item note ${it.cls || ""}` }, it.text);
     case "tool": {
       const status = STATUS[it.status] || it.status;
@@ -66,17 +67,34 @@ function renderItem(it) {
   }
 }
 
+/** A turn's end, with its Fork and Rewind actions (the View hands a click to ``handlers.turn``). */
+function turnEnd(it, attrs) {
+  const n = it.turnNo;
+  return h("div", { ...attrs, class: `item note ${it.cls || ""}` }, it.text,
+    h("span", { class: "turn-acts" },
+      h("button", { type: "button", class: "link small", "data-turn-act": "fork", "data-turn": String(n),
+        title: `A new session from the end of turn ${n}: its conversation, and a copy of the files as they were then` }, `Fork at turn ${n}`),
+      h("button", { type: "button", class: "link small", "data-turn-act": "rewind", "data-turn": String(n),
+        title: `Go back to the end of turn ${n}: the conversation, the files, or both (between turns)` }, "Rewind here")));
+}
+
 export class View {
   constructor(root) {
     this.root = root;
     this.transcript = $("#transcript", root);
     this.elements = new Map();
+    this.handlers = null;
+    this.transcript.addEventListener("click", (e) => {
+      const b = e.target.closest?.("[data-turn-act]");
+      if (b && this.handlers?.turn) this.handlers.turn(b.dataset.turnAct, Number(b.dataset.turn));
+    });
   }
 
   reset() { clear(this.transcript); this.elements.clear(); }
 
   /** Redraw what the model marked changed; keep the view pinned to the bottom if it was. */
   draw(model, handlers) {
+    this.handlers = handlers;
     const atBottom = this.transcript.scrollHeight - this.transcript.scrollTop - this.transcript.clientHeight < 40;
     for (const c of model.changed) {
       if (!c.startsWith("item:")) continue;
