@@ -117,8 +117,8 @@ class Runner(Service):
         await self.endpoint(rpc.RUNNER_QUEUE_ORDER, on(q.order))
         await self.endpoint(rpc.RUNNER_WORKSPACES, q.workspaces)
         forks = Forks(a)
-        await self.endpoint(rpc.RUNNER_FORK, forks.fork)
-        await self.endpoint(rpc.RUNNER_REWIND, forks.rewind)
+        await self.endpoint(rpc.RUNNER_FORK, on(forks.fork))
+        await self.endpoint(rpc.RUNNER_REWIND, on(forks.rewind))
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
