@@ -44,7 +44,7 @@ SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", 
 instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``/``unavailable``: the
 turn ended so."""
 Verdict = Literal["allow", "ask", "refuse"]
-Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox"]
+Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox", "hook"]
 
 
 class _Event(BaseModel):
@@ -342,13 +342,34 @@ class ModelRetry(_Event):
     error: str
 
 
+class HookDecision(_Event):
+    """What one hook (docs/api.md, "Hooks") answered: a ``PreToolUse`` hook's allow/deny/ask, a
+    ``block`` of the other events, ``none`` (no decision), ``error`` (it failed where failing
+    does not block). ``failed``: the hook timed out, crashed, exited non-zero (not 2) or printed
+    no valid answer; a failed ``PreToolUse`` hook is a ``deny``, a failed ``UserPromptSubmit``
+    hook a ``block`` (fail closed)."""
+
+    type: Literal["hook.decision"] = "hook.decision"
+    hook_event: Literal["PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop", "PreCompact"]
+    matcher: str
+    command: str
+    decision: Literal["allow", "deny", "ask", "block", "none", "error"]
+    reason: str = ""
+    duration_ms: int
+    failed: bool = False
+    source: Literal["config", "workspace"]
+    tool_call_id: str | None = None
+    tool: str | None = None
+
+
 Event = Annotated[
     SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
-    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted,
+    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
+    | HookDecision,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
