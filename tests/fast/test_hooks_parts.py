@@ -149,3 +149,44 @@ def test_guard_refuses_the_hooks_file_to_writes_and_redirections(tmp_path: Path)
         assert call.verdict == "refuse" and "hooks" in call.reason, call
     other = guard("write_file", path=".coxswain/notes.txt", content="x")
     assert other.verdict == "ask" and other.security, "the rest of the store folder stays a security confirm"
+
+
+def test_cox_chat_shows_a_hook_decision_as_a_line_and_on_its_call() -> None:
+    from cox.chat_state import ChatModel
+
+    m = ChatModel("s_1")
+    m.apply({"type": "tool.call", "seq": 1, "sid": "s_1", "turn_id": "t", "call_id": "c1", "name": "run_command",
+             "args": {"command": "rm -rf x"}})
+    m.apply({"type": "hook.decision", "seq": 2, "sid": "s_1", "turn_id": "t", "hook_event": "PreToolUse",
+             "matcher": "run_command", "command": "python3 .coxswain/pre.py", "decision": "deny",
+             "reason": "no rm", "duration_ms": 12, "failed": False, "source": "workspace",
+             "tool_call_id": "c1", "tool": "run_command"})
+    line = m.items[-1]
+    assert line.kind == "note" and line.cls == "bad"
+    assert line.text == ("Hook PreToolUse on run_command: deny — no rm "
+                         "(workspace hook `python3 .coxswain/pre.py`, 12 ms)")
+    assert m.tools["c1"].policy == ["deny by a hook: no rm"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_console_shows_a_hook_decision(tmp_path: Path) -> None:
+    """The console's state module (plain ES module, no DOM) turns the event into a transcript line."""
+    import subprocess
+
+    js = Path(__file__).resolve().parents[2] / "services/gateway/cox_gateway/static/js/state.js"
+    probe = tmp_path / "probe.mjs"
+    probe.write_text(f"""
+import * as st from {json.dumps(js.as_uri())};
+const Model = st.SessionModel;
+const m = new Model("s_1");
+m.apply({{type: "hook.decision", seq: 1, sid: "s_1", turn_id: "t", hook_event: "Stop", matcher: "",
+         command: "stop.sh", decision: "block", reason: "run the tests", duration_ms: 5, failed: false,
+         source: "config"}});
+const it = m.items[m.items.length - 1];
+console.log(JSON.stringify({{kind: it.kind, text: it.text, cls: it.cls}}));
+""")
+    run = subprocess.run(["node", str(probe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {
+        "kind": "note", "cls": "hook bad",
+        "text": "Hook Stop: block — run the tests (config hook `stop.sh`, 5 ms)"}
