@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from coxswain.hookspec import HooksSpec
+from coxswain.hookspec import HookEventName, HookMatcher
 
 CONFIG_ENV = "COX_CONFIG"
 
@@ -262,7 +262,7 @@ class HooksConfig(_Section):
     """A ``hooks.json`` on the runner's host whose hooks run for every session (before the
     workspace's). Its commands still run in the sandbox: a script they call must be inside the
     workspace or under ``[sandbox] extra_ro``."""
-    inline: HooksSpec = Field(default_factory=HooksSpec)
+    inline: dict[HookEventName, list[HookMatcher]] = Field(default_factory=dict)
     """Hooks written in the config itself: ``[[hooks.inline.PreToolUse]]`` tables with ``matcher``
     and ``hooks = [{type = "command", command = "...", timeout = 30}]``."""
     timeout_s: float = Field(30.0, gt=0, le=3600)

@@ -64,7 +64,7 @@ def test_config_hooks_inline_and_defaults() -> None:
     cfg = HooksConfig.model_validate({"inline": {"PreToolUse": [
         {"matcher": "run_command", "hooks": [{"type": "command", "command": "true"}]}]}})
     assert cfg.enabled and cfg.workspace and cfg.timeout_s == 30 and cfg.max_stop_continues == 3
-    assert cfg.inline.of("PreToolUse")[0].hooks[0].command == "true"
+    assert cfg.inline["PreToolUse"][0].hooks[0].command == "true"
     with pytest.raises(ValueError):
         HooksConfig.model_validate({"inline": {"Nope": []}})
 

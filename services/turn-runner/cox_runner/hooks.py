@@ -250,7 +250,7 @@ class Hooks:
         self.sources = []
         if not cfg.enabled:
             return
-        config = cfg.inline
+        config = HooksSpec(**cfg.inline)
         if cfg.file is not None:
             try:
                 raw = cfg.file.read_bytes()
