@@ -16,6 +16,9 @@ from .checks import finished, of_type, one
 from .stack import Api, Stack, check_event, script, stack_fixture
 
 CONFIG = """
+[model.script]
+context_window = 4000
+
 [[hooks.inline.PostToolUse]]
 matcher = "list_dir"
 hooks = [{ type = "command", command = "echo '{\\"hookSpecificOutput\\": {\\"additionalContext\\": \\"config hook saw list_dir\\"}}'" }]
@@ -275,3 +278,29 @@ def test_the_model_cannot_write_the_hooks_file(stack: Stack) -> None:
         assert r["ok"] is False and "holds the workspace's hooks" in r["output"], r
     assert not of_type(evs, "approval.pending"), "refused outright: no person is asked to allow it"
     assert results[3]["ok"] is False and "Read-only file system" in results[3]["output"], results[3]
+
+
+PRE_COMPACT = r'''
+import json, sys
+p = json.load(sys.stdin)
+with open("compact.json", "w") as f:
+    json.dump(p, f)
+'''
+
+
+def test_a_pre_compact_hook_is_told_before_a_compaction(stack: Stack) -> None:
+    """The stack's script model has a 4000-token window: reading a 14000-character file fills it."""
+    ws = hooked(stack, "hooks-compact", {"PreCompact": [{"hooks": [cmd("python3 .coxswain/compact.py")]}]},
+                **{"compact.py": PRE_COMPACT})
+    (ws / "big.txt").write_text("word " * 2800)
+    with stack.client() as api:
+        sid = api.create("hooks-compact")["id"]
+        api.send(sid, script({"tools": [{"name": "read_file", "args": {"path": "big.txt"}}]}, {"text": "Read it."}))
+        end, evs = finished(api, sid)
+    checked(evs)
+    assert end["outcome"] == "completed"
+    hook = one(evs, "hook.decision", hook_event="PreCompact")
+    assert hook["decision"] == "none" and hook["failed"] is False
+    assert hook["seq"] < one(evs, "context.compacted")["seq"]
+    told = json.loads((ws / "compact.json").read_text())
+    assert (told["hook_event_name"], told["trigger"], told["session_id"]) == ("PreCompact", "auto", sid)
