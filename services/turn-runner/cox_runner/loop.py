@@ -464,7 +464,7 @@ class TurnLoop:
         """Load the turn's hooks; on a turn that starts on a message, its UserPromptSubmit hooks."""
         t = self.turn
         try:
-            self.hooks.load()
+            await asyncio.to_thread(self.hooks.load)
         except hookspec.BadHooks as exc:
             raise EndTurn(Ending("error", detail=f"hooks: {exc}")) from exc
         if t.via not in ("send", "queue", "steer") or not self.hooks.has("UserPromptSubmit"):
