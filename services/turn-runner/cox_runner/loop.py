@@ -487,6 +487,8 @@ class TurnLoop:
         """The model would end the turn: a Stop hook that blocks saves its reason as a Lead (the
         person's Lead mechanism), which :meth:`_continue_for_leads` then applies."""
         t = self.turn
+        if not self.hooks.has("Stop"):
+            return
         reason = await self.guarded(self.hooks.stop(text))
         if reason is None:
             return
