@@ -9,6 +9,7 @@ person is asked: a hook's ``allow`` is seen by the call running with no approval
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +305,45 @@ def test_a_pre_compact_hook_is_told_before_a_compaction(stack: Stack) -> None:
     assert hook["seq"] < one(evs, "context.compacted")["seq"]
     told = json.loads((ws / "compact.json").read_text())
     assert (told["hook_event_name"], told["trigger"], told["session_id"]) == ("PreCompact", "auto", sid)
+
+
+def test_stop_while_a_hook_runs_kills_it_and_closes_the_call(stack: Stack) -> None:
+    ws = hooked(stack, "hooks-stop-during", {"PreToolUse": [{"matcher": "run_command", "hooks": [
+        cmd("echo started > hook-started.txt; sleep 60", timeout=120)]}]})
+    with stack.client() as api:
+        sid = api.create("hooks-stop-during")["id"]
+        api.send(sid, script({"tools": [touch("never.txt")]}, {"text": "not reached"}))
+        call = api.wait_type(sid, "tool.call")
+        deadline = time.monotonic() + 20
+        while not (ws / "hook-started.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        assert api.http.post(f"/v1/sessions/{sid}/stop").status_code == 200
+        end, evs = finished(api, sid)
+        assert time.monotonic() - t0 < 10, "Stop does not wait for the hook"
+    checked(evs)
+    assert end["outcome"] == "stopped"
+    assert not (ws / "never.txt").exists()
+    result = one(evs, "tool.result", call_id=call["call_id"])
+    assert result["ok"] is False and result["output"].startswith("Cancelled:")
+    assert not of_type(evs, "hook.decision"), "a hook killed by Stop decided nothing"
+
+
+def test_a_hooks_allow_does_not_answer_a_security_confirm(stack: Stack) -> None:
+    ws = hooked(stack, "hooks-security", {"PreToolUse": [{"matcher": "write_file", "hooks": [
+        cmd("""echo '{"hookSpecificOutput": {"permissionDecision": "allow"}}'""")]}]})
+    with stack.client() as api:
+        sid = api.create("hooks-security")["id"]
+        api.send(sid, script({"tools": [{"name": "write_file", "args": {"path": "Makefile", "content": "all:\n"}},
+                                        {"name": "write_file", "args": {"path": "notes.txt", "content": "n"}}]},
+                             {"text": "Done."}))
+        pending = api.wait_type(sid, "approval.pending")
+        assert pending["security"] is True and pending["args"]["path"] == "Makefile"
+        assert answer(api, sid, pending["approval_id"], "deny").status_code == 200
+        end, evs = finished(api, sid)
+    checked(evs)
+    assert end["outcome"] == "completed"
+    assert not (ws / "Makefile").exists(), "the person denied the protected write the hook allowed"
+    assert (ws / "notes.txt").read_text() == "n"
+    assert [d["decision"] for d in of_type(evs, "hook.decision")] == ["allow", "allow"]
+    assert len(of_type(evs, "approval.pending")) == 1

@@ -190,3 +190,34 @@ console.log(JSON.stringify({{kind: it.kind, text: it.text, cls: it.cls}}));
     assert json.loads(run.stdout.strip().splitlines()[-1]) == {
         "kind": "note", "cls": "hook bad",
         "text": "Hook Stop: block — run the tests (config hook `stop.sh`, 5 ms)"}
+
+
+def test_hooks_come_from_the_config_file_inline_and_the_workspace_in_that_order(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / ".coxswain").mkdir(parents=True)
+
+    def one(command: str) -> dict[str, Any]:
+        return {"hooks": {"PreToolUse": [{"matcher": "run_command", "hooks": [{"type": "command", "command": command}]}]}}
+
+    (tmp_path / "hooks.json").write_text(json.dumps(one("from-file")))
+    (ws / ".coxswain" / "hooks.json").write_text(json.dumps(one("from-workspace")))
+    settings = Settings(hooks=HooksConfig(file=tmp_path / "hooks.json", inline=one("inline")["hooks"]))
+
+    def loaded(s: Settings) -> list[tuple[str, str]]:
+        h = hooks.Hooks(SimpleNamespace(settings=s), SimpleNamespace(workspace=ws), None, None)  # type: ignore[arg-type]
+        h.load()
+        return [(f.source, f.hook.command) for f in h._found("PreToolUse", "run_command")]
+
+    assert loaded(settings) == [("config", "inline"), ("config", "from-file"), ("workspace", "from-workspace")]
+    assert loaded(Settings(hooks=HooksConfig(workspace=False))) == []
+    assert loaded(Settings(hooks=HooksConfig(enabled=False, file=tmp_path / "hooks.json"))) == []
+
+    (ws / ".coxswain" / "hooks.json").write_text('{"hooks": {"PreToolUse": [{"matcher": "run_command", "hooks": 1}]}}')
+    with pytest.raises(hookspec.BadHooks, match=r"the workspace's \.coxswain/hooks\.json is not a valid hooks file"):
+        loaded(Settings())
+    (ws / ".coxswain" / "hooks.json").unlink()
+    (ws / ".coxswain" / "hooks.json").symlink_to(tmp_path / "hooks.json")
+    with pytest.raises(hookspec.BadHooks, match=r"cannot be read.*link"):
+        loaded(Settings())
+    with pytest.raises(hookspec.BadHooks, match="cannot be read"):
+        loaded(Settings(hooks=HooksConfig(workspace=False, file=tmp_path / "missing.json")))
