@@ -443,6 +443,19 @@ def _rewound(m: ChatModel, ev: Event) -> None:
 def _forked(m: ChatModel, ev: Event) -> None:
     m.note(ev, f"── Forked from {ev.get('from_sid')} at its turn {ev.get('at_turn')}: the conversation above, and a "
                f"copy of {ev.get('workspace')} as it was then ──")
+def _hook(m: ChatModel, ev: Event) -> None:
+    """A hook's answer (docs/api.md, "Hooks"): a line, and on the call it was about."""
+    bad = bool(ev.get("failed")) or ev.get("decision") in ("deny", "block", "error")
+    on = f" on {ev.get('tool')}" if ev.get("tool") else ""
+    failed = " (the hook failed)" if ev.get("failed") else ""
+    why = f" — {ev.get('reason')}" if ev.get("reason") else ""
+    m.note(ev, f"Hook {ev.get('hook_event')}{on}: {ev.get('decision')}{failed}{why} "
+               f"({ev.get('source')} hook `{ev.get('command')}`, {ev.get('duration_ms')} ms)", "bad" if bad else "")
+    if ev.get("tool_call_id") and ev.get("hook_event") == "PreToolUse":
+        t = m.tool(str(ev["tool_call_id"]))
+        t.policy.append(f"{ev.get('decision')} by a hook{' (failed)' if ev.get('failed') else ''}: "
+                        f"{ev.get('reason') or 'no reason given'}")
+        m.touch(t)
 
 
 HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
@@ -456,4 +469,5 @@ HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "agent.message": _agent, "observed": _observed, "plan.write": _plan_write, "plan.step": _plan_step,
     "plan.carried": _plan_carried, "limit.soft": _limit, "limit.hard": _limit,
     "session.rewound": _rewound, "session.forked": _forked,
+    "hook.decision": _hook,
 }

@@ -24,6 +24,7 @@ from pydantic_settings import (
 from .notify import NAME_RE as NOTIFY_NAME_RE
 from .notify import NotifyEvent
 from .notify import default_name as notify_default_name
+from coxswain.hookspec import HookEventName, HookMatcher
 
 CONFIG_ENV = "COX_CONFIG"
 
@@ -251,6 +252,29 @@ class RedisConfig(_Section):
     """How long a transition waits for its replicas."""
 
 
+class HooksConfig(_Section):
+    """Hooks in the Claude Code ``hooks.json`` shape (docs/api.md, "Hooks"): commands run at
+    ``PreToolUse``, ``PostToolUse``, ``UserPromptSubmit``, ``Stop`` and ``PreCompact``, inside the
+    command sandbox, fail-closed."""
+
+    enabled: bool = True
+    """Off: no hook runs (neither config's nor the workspace's)."""
+    workspace: bool = True
+    """Read the workspace's ``<store_dir>/hooks.json`` (protected: the model cannot write it)."""
+    file: Path | None = None
+    """A ``hooks.json`` on the runner's host whose hooks run for every session (before the
+    workspace's). Its commands still run in the sandbox: a script they call must be inside the
+    workspace or under ``[sandbox] extra_ro``."""
+    inline: dict[HookEventName, list[HookMatcher]] = Field(default_factory=dict)
+    """Hooks written in the config itself: ``[[hooks.inline.PreToolUse]]`` tables with ``matcher``
+    and ``hooks = [{type = "command", command = "...", timeout = 30}]``."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A hook's time limit when it sets no ``timeout`` of its own; past it the hook is killed and
+    fails closed."""
+    max_stop_continues: int = Field(3, ge=0, le=100)
+    """How many times ``Stop`` hooks may continue one turn (each through a Lead); then the turn ends."""
+
+
 class NatsConfig(_Section):
     """How coxswain uses NATS (the URL and credentials are top-level: ``COX_NATS_URL`` ...)."""
 
@@ -382,6 +406,7 @@ class Settings(BaseSettings):
     nats: NatsConfig = Field(default_factory=NatsConfig)
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
+    hooks: HooksConfig = Field(default_factory=HooksConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

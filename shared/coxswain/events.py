@@ -44,7 +44,7 @@ SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", 
 instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``/``unavailable``: the
 turn ended so."""
 Verdict = Literal["allow", "ask", "refuse"]
-Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox"]
+Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox", "hook"]
 
 
 class _Event(BaseModel):
@@ -391,6 +391,24 @@ class SessionRestored(_Event):
     type: Literal["session.restored"] = "session.restored"
     archived_seq: int
     """The seq of the ``session.archived`` event whose snapshot was loaded."""
+class HookDecision(_Event):
+    """What one hook (docs/api.md, "Hooks") answered: a ``PreToolUse`` hook's allow/deny/ask, a
+    ``block`` of the other events, ``none`` (no decision), ``error`` (it failed where failing
+    does not block). ``failed``: the hook timed out, crashed, exited non-zero (not 2) or printed
+    no valid answer; a failed ``PreToolUse`` hook is a ``deny``, a failed ``UserPromptSubmit``
+    hook a ``block`` (fail closed)."""
+
+    type: Literal["hook.decision"] = "hook.decision"
+    hook_event: Literal["PreToolUse", "PostToolUse", "UserPromptSubmit", "Stop", "PreCompact"]
+    matcher: str
+    command: str
+    decision: Literal["allow", "deny", "ask", "block", "none", "error"]
+    reason: str = ""
+    duration_ms: int
+    failed: bool = False
+    source: Literal["config", "workspace"]
+    tool_call_id: str | None = None
+    tool: str | None = None
 
 
 Event = Annotated[
@@ -400,7 +418,8 @@ Event = Annotated[
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
     | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
-    | SessionArchived | SessionRestored | SessionRewound | SessionForked,
+    | SessionArchived | SessionRestored | SessionRewound | SessionForked
+    | HookDecision,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

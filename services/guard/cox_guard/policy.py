@@ -5,7 +5,8 @@ Order, first match wins:
 1. Refused outright (no setting, standing approval or person changes it): a path outside the
    workspace pin after resolving every link, the credential denylist (for a command: a word that
    names a denylisted path), a write to a read-only mount, an ``edit_file`` whose ``old`` text
-   does not apply to the file as it is (nothing would be written; the reason says why).
+   does not apply to the file as it is (nothing would be written; the reason says why), a write
+   (or a command's redirection) to the workspace's hooks file ``<store_dir>/hooks.json``.
 2. Security confirms, always the person's (``security=True``; the don't-ask switch and standing
    approvals do not answer them): a protected path (``.git/`` at any depth, the store folder, CI
    definitions, ``scripts/``, ``Makefile`` ...) written by ``write_file``/``edit_file`` or by a command's
@@ -48,6 +49,15 @@ PROTECTED_ANYWHERE: tuple[str, ...] = (".git", ".git-hooks", ".husky")
 NO_WORKSPACE = frozenset({"respond", "plan_write", "plan_step"})
 PATH_CALLS = frozenset({"read_file", "list_dir", "find_files", "search_text", "write_file", "edit_file"})
 WRITES = frozenset({"write_file", "edit_file"})
+
+
+HOOKS_REFUSED = ("{rel} holds the workspace's hooks, which run without asking anyone: only a person "
+                 "edits it, outside a turn")
+
+
+def hooks_file(store_dir: str) -> str:
+    """The workspace's hooks file (cox_runner.hooks): refused to every tool call, not a confirm."""
+    return f"{store_dir}/hooks.json"
 
 
 def protected(rel: str, store_dir: str) -> str | None:
@@ -107,6 +117,8 @@ def _path_call(settings: Settings, req: GuardRequest, root: Path, name: str, arg
         return GuardResult(verdict="allow", actor="setting", reason="reading inside the workspace", path=rel)
     if not rel:
         return GuardResult(verdict="refuse", actor="policy", reason="cannot write the workspace folder itself")
+    if rel == hooks_file(settings.store_dir):
+        return GuardResult(verdict="refuse", actor="policy", path=rel, reason=HOOKS_REFUSED.format(rel=rel))
     if read_only(root, rel):
         return GuardResult(verdict="refuse", actor="policy", reason=f"{rel} is on a read-only mount", path=rel)
     try:
@@ -174,6 +186,8 @@ def _command(settings: Settings, req: GuardRequest, root: Path, command: str) ->
             rel = safefs.resolve(root, target)
         except CoxError:
             continue
+        if rel == hooks_file(settings.store_dir):
+            return GuardResult(verdict="refuse", actor="policy", path=rel, reason=HOOKS_REFUSED.format(rel=rel))
         prot = protected(rel, settings.store_dir)
         if prot:
             return GuardResult(verdict="ask", actor="policy", security=True, route="person",

@@ -382,6 +382,8 @@ class Compactor:
     guarded: Callable[[Any], Any]
     _mark: tuple[int, int] | None = field(default=None, init=False)
     """(budget tokens, transcript length) when the last request went out."""
+    pre_compact: Callable[[str], Any] | None = None
+    """The turn's PreCompact hooks (``cox_runner.hooks``), told before a compaction."""
 
     def window(self) -> int | None:
         window: int | None = self.deps.models.window(self.turn.model)
@@ -423,6 +425,8 @@ class Compactor:
         self._mark = None
 
     async def _compact(self, expected: int, window: int) -> None:
+        if self.pre_compact is not None:
+            await self.guarded(self.pre_compact("auto"))
         target = int(self.deps.settings.limits.compact_at * window)
         instructions = self.instructions()
         name = self.deps.settings.model.compactor or self.turn.model

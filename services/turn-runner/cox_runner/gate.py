@@ -22,7 +22,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,8 @@ class Gate:
         self.taint = taint
         self.plan = plan
         self.open_approval: str | None = None
+        self.pre_tool: Callable[[Gate, CallSpec, GuardResult], Awaitable[GateOutcome | None]] | None = None
+        """The turn's PreToolUse hooks, asked after guard and before the judge (set by the loop)."""
 
     def person_words(self) -> list[str]:
         """What the person wrote in this session (newest first, bounded), ``script`` blocks
@@ -149,6 +151,8 @@ class Gate:
                                               name=call.name, path=g.path, preview=g.preview))
         if g.verdict == "refuse":
             return GateOutcome(False, g.reason, g.actor, g.path, guard=g)
+        if self.pre_tool is not None and (hooked := await self.pre_tool(self, call, g)) is not None:
+            return hooked  # a PreToolUse hook decided (cox_runner.hooks.gate_pre_tool)
         if g.verdict == "allow":
             return GateOutcome(True, g.reason, g.actor, g.path, guard=g)
 

@@ -52,11 +52,12 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import ModelRequestParameters
 
 from coxswain import events as ev
-from coxswain import keys
+from coxswain import hookspec, keys
 from coxswain.errors import CoxError, Fenced
+from coxswain.ids import new_id
 from coxswain.models import CallSpec, Plan
 
-from . import handlers, instructions, retry, tools, transcript, usage
+from . import handlers, hooks, instructions, retry, tools, transcript, usage
 from .budget import Budget
 from .compaction import Compactor
 from .deps import Deps
@@ -108,6 +109,9 @@ class TurnLoop:
         """The workspace's ``AGENTS.md``, read at turn start (given after the system prompt)."""
         self._usage_ops: list[tuple[str, str, str, str]] = []
         self.compactor = Compactor(deps, turn, self.rec, self.budget, self.log, self.instructions, self.guarded)
+        self.hooks = hooks.Hooks(deps, turn, self.rec, self.log)
+        self.gate.pre_tool = lambda gate, call, g: hooks.gate_pre_tool(self.hooks, gate, call, g)
+        self.compactor.pre_compact = self.hooks.pre_compact
 
     def elapsed(self) -> float:
         """Seconds of work so far: wall time minus time spent waiting for the person."""
@@ -123,6 +127,7 @@ class TurnLoop:
         self.log.info("turn.begin", model=self.turn.model)
         try:
             await self._load()
+            await self._hooks_start()
             ending = await self._loop()
         except EndTurn as end:
             ending = end.ending
@@ -219,6 +224,8 @@ class TurnLoop:
                 await self._title()
 
             if not calls:
+                if not await self._leads_due():
+                    await self._stop_hooks(text)
                 if await self._continue_for_leads():
                     continue
                 if not text.strip():
@@ -445,11 +452,52 @@ class TurnLoop:
             await rec.result(call, False, text)
         else:
             await handlers.execute(self.tools, call, args, outcome)
+            await self._post_tool_hooks(call, args)
         if outcome.message:
             # An approval's message: a real user message, right after the tool result (a model
             # heeds a user turn more reliably than a note inside a tool result).
             await rec.user_message(outcome.message, f"{call.tool_call_id}-msg", "approval")
         return False
+
+    # ------------------------------------------------------------------ hooks (cox_runner.hooks)
+    async def _hooks_start(self) -> None:
+        """Load the turn's hooks; on a turn that starts on a message, its UserPromptSubmit hooks."""
+        t = self.turn
+        try:
+            await asyncio.to_thread(self.hooks.load)
+        except hookspec.BadHooks as exc:
+            raise EndTurn(Ending("error", detail=f"hooks: {exc}")) from exc
+        if t.via not in ("send", "queue", "steer") or not self.hooks.has("UserPromptSubmit"):
+            return
+        blocked, context = await self.guarded(self.hooks.prompt_submit(t.text))
+        if blocked is not None:
+            raise EndTurn(Ending("canceled", detail=f"a UserPromptSubmit hook blocked the message: {blocked}"))
+        if context:
+            await self.rec.user_message(context, f"hook-prompt-{t.turn_id}", "lead", note=True)
+
+    async def _post_tool_hooks(self, call: ToolCallPart, args: dict[str, Any]) -> None:
+        if call.tool_call_id in self.rec.open or not self.hooks.has("PostToolUse", call.tool_name):
+            return
+        note = await self.guarded(self.hooks.post_tool(call.tool_call_id, call.tool_name, args,
+                                                       self.rec.last_output, self.rec.last_ok))
+        if note:
+            await self.rec.user_message(note, f"hook-post-{call.tool_call_id}", "lead", note=True)
+
+    async def _stop_hooks(self, text: str) -> None:
+        """The model would end the turn: a Stop hook that blocks saves its reason as a Lead (the
+        person's Lead mechanism), which :meth:`_continue_for_leads` then applies."""
+        t = self.turn
+        if not self.hooks.has("Stop"):
+            return
+        reason = await self.guarded(self.hooks.stop(text))
+        if reason is None:
+            return
+        try:
+            await self.deps.store.fns.lead(sid=t.sid, principal="", lead_id=new_id("l"), text=reason, client_id="",
+                                           max_pending=self.settings.lead.max_pending, owner=self.deps.owner,
+                                           want_turn=t.turn_id)
+        except CoxError as exc:  # Leads closed (Stop) or too many waiting: the turn ends as it would
+            self.log.warning("hook.stop_lead_refused", error=exc.detail)
 
     # ------------------------------------------------------------------ boundaries
     def _leads_waiting(self) -> bool:

@@ -43,6 +43,7 @@ class Recorder:
         """System notes recorded as user messages (a budget warning): sent with the next model
         request, without skipping any call."""
         self.last_output = ""
+        self.last_ok = True
         self.leads_hint = 0
         self.observed_hint = 0
         """What the last ``emit`` saw waiting: Leads and operator observations."""
@@ -103,6 +104,7 @@ class Recorder:
         self.open.pop(call.tool_call_id, None)
         self.history.tool_return(call.tool_call_id, output + transcript.fold(observed), call.tool_name)
         self.last_output = output
+        self.last_ok = ok
 
     async def skip(self, calls: list[ToolCallPart], reason: str) -> None:
         """Close calls that never started: each gets a ``tool.skipped`` (and a result in the transcript)."""

@@ -323,4 +323,17 @@ const HANDLERS = {
   },
   "limit.soft"(m, ev) { m.note(ev, `Soft limit reached: ${ev.limit} = ${ev.value}`, "bad"); },
   "limit.hard"(m, ev) { m.note(ev, `Hard limit reached: ${ev.limit} = ${ev.value}`, "bad"); },
+  "hook.decision"(m, ev) {
+    // A hook's answer (docs/api.md, "Hooks"): a line in the transcript, and on the call it was about.
+    const bad = ev.failed || ["deny", "block", "error"].includes(ev.decision);
+    const why = ev.reason ? ` — ${ev.reason}` : "";
+    m.note(ev, `Hook ${ev.hook_event}${ev.tool ? ` on ${ev.tool}` : ""}: ${ev.decision}${ev.failed ? " (the hook failed)" : ""}` +
+      `${why} (${ev.source} hook \`${ev.command}\`, ${ev.duration_ms} ms)`, bad ? "hook bad" : "hook small");
+    if (ev.tool_call_id && ev.hook_event === "PreToolUse") {
+      const t = m.tool(ev.tool_call_id);
+      t.policy = t.policy || [];
+      t.policy.push(`${ev.decision} by a hook${ev.failed ? " (failed)" : ""}: ${ev.reason || "no reason given"}`);
+      m.touch(t);
+    }
+  },
 };
