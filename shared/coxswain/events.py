@@ -342,13 +342,30 @@ class ModelRetry(_Event):
     error: str
 
 
+McpState = Literal["ready", "failed", "exited"]
+
+
+class McpServer(_Event):
+    """An MCP tool server of the session changed state: ``ready`` (started, ``tools`` listed:
+    the model sees them from its next request), ``failed`` (it did not start; ``error`` says
+    why) or ``exited`` (it died or stopped answering: its tools are withdrawn)."""
+
+    type: Literal["mcp.server"] = "mcp.server"
+    name: str
+    state: McpState
+    tools: list[str] = Field(default_factory=list)
+    """The model-facing names of its tools (``<server>__<tool>``) while ready."""
+    error: str | None = None
+
+
 Event = Annotated[
     SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
-    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted,
+    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
+    | McpServer,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

@@ -95,7 +95,7 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.get("/v1/sessions")
     async def list_sessions(who: Principal, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[Session]:
         sids = await gw.redis.zrevrange(keys.principal(who), 0, limit - 1)
-        views = await asyncio.gather(*(session_view.load(gw.redis, s, who, gw.settings.sandbox) for s in sids))
+        views = await asyncio.gather(*(session_view.load(gw.redis, s, who, gw.settings.sandbox, gw.settings.mcp) for s in sids))
         return [v for v in views if v is not None]
 
     @app.get("/v1/models")
@@ -109,7 +109,7 @@ def create_app(gw: Gateway) -> FastAPI:
 
     @app.get("/v1/sessions/{sid}")
     async def get_session(sid: Sid, who: Principal) -> Session:
-        view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox)
+        view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox, gw.settings.mcp)
         if view is None:
             raise NotFound("no such session")
         return view
