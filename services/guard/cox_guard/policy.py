@@ -18,9 +18,9 @@ Order, first match wins:
 4. The settings: ``writes = allow|ask``; ``commands = allow|ask|judge`` (judge kind ``none``
    sends the call to the person).
 
-An MCP server's tool (``<server>__<tool>``, ``[[mcp.servers]]``) configured read-only is allowed;
-any other is an action decided like a command: taint in its arguments is a security confirm,
-then a standing ``mcp:<server>__<tool>``, then ``commands``. A tool not enabled is refused.
+An MCP server's tool (``<server>__<tool>``, ``[[mcp.servers]]``): a tool not enabled is refused;
+taint in its arguments is a security confirm; a tool configured read-only is then allowed; any
+other is an action decided like a command: a standing ``mcp:<server>__<tool>``, then ``commands``.
 
 A write's decision carries a preview of what it would change, computed here from the current
 file (for ``edit_file``: with the same edit function the runner writes with), so the approval and
@@ -101,20 +101,22 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
 
 
 def _mcp(settings: Settings, req: GuardRequest, root: Path, server: McpServerConfig, tool: str) -> GuardResult:
-    """An MCP server's tool (``<server>__<tool>``): read-only tools go ahead; any other call is an
-    action and is decided like a command: taint (an argument built from tool output) is a
-    security confirm, then a standing "always" for the tool, then ``[approval] commands``."""
+    """An MCP server's tool (``<server>__<tool>``): taint (an argument built from tool output) is a
+    security confirm; then read-only tools go ahead; any other call is an action decided like a
+    command: a standing "always" for the tool, then ``[approval] commands``."""
     name = req.call.name
     if not server.offers(tool):
         return GuardResult(verdict="refuse", actor="policy",
                            reason=f"{tool!r} is not among the tools enabled for the MCP server {server.name!r}")
-    if server.is_read_only(tool):
-        return GuardResult(verdict="allow", actor="setting", reason=f"{name} is configured read-only")
+    # Taint first, read-only or not (as for a read-only command): what a server is sent can
+    # leave the machine, so an argument built from tool output is a person's call.
     tainted = taint.find_in_args(req.call.args, req.tainted, req.trusted, root)
     if tainted:
         return GuardResult(verdict="ask", actor="policy", security=True, route="person",
                            reason=f"the MCP call's arguments contain text read from tool output ({tainted[:80]!r}): "
                                   "a security confirm")
+    if server.is_read_only(tool):
+        return GuardResult(verdict="allow", actor="setting", reason=f"{name} is configured read-only")
     if f"mcp:{name}" in req.standing:
         return GuardResult(verdict="allow", actor="standing", reason="allowed for this session")
     mode = settings.approval.commands

@@ -54,6 +54,18 @@ export class Inspector {
         marks.has(i + 1) ? h("span", { class: "tick", title: "marked done" }, "✓ ") : null, s)))));
   }
 
+  /** The session's MCP tool servers and their state (the session object's mcp_servers). */
+  drawMcp(servers) {
+    const box = $("#mcp-servers");
+    if (!box) return;
+    box.hidden = !servers?.length;
+    if (!servers?.length) { clear(box); return; }
+    clear(box, h("h2", {}, "Tool servers (MCP)"), h("ul", {}, servers.map((s) => h("li", { dataset: { server: s.name } },
+      h("strong", {}, s.name), " ", h("span", { class: `state state-${s.state}` }, s.state),
+      s.tools?.length ? h("span", { class: "tools muted" }, s.tools.join(", ")) : null,
+      s.error ? h("span", { class: "error" }, s.error) : null))));
+  }
+
   async loadChanges() {
     const sid = this.getSid(); const gen = this.generation; const n = ++this.seqChanges;
     const box = $("#tab-changes");

@@ -184,6 +184,7 @@ function flush() {
   });
   checkNote(model);
   if (changed.has("plan")) app.inspector.drawPlan(model.plan);
+  if (changed.has("mcp")) app.inspector.drawMcp(model.info.mcp_servers);
   app.inspector.refresh(changed);
   if (changed.has("sessions")) loadSessions();
   if (changed.has("need-session")) refreshSession();
