@@ -359,3 +359,37 @@ def test_the_model_sees_the_tools_with_their_schemas_until_they_are_withdrawn(
     assert not any(n.startswith("tiny__") for n in last), "the dead server's tools are withdrawn"
     assert set(WEB_TOOLS) <= last
     assert fake.refused == [], "every call the model saw got its result"
+
+
+def test_the_console_shows_the_servers_and_their_state(stack: Stack, api: Api) -> None:
+    from .test_console import CHROMIUM, CHROMIUM_ARGS, sync_playwright
+
+    if sync_playwright is None or CHROMIUM is None:
+        pytest.skip("the console test needs playwright and chromium (see tests/test_console.py)")
+    from playwright.sync_api import expect
+
+    from .stack import TOKEN
+
+    s = api.create("mcp-console")
+    sid = s["id"]
+    turn_events(api, sid, script({"tools": [tool("tiny__die")]}, {"text": "done"}))
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1360, "height": 860})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{stack.url}/#/s/{sid}")
+            if page.locator("#login").is_visible():
+                page.fill("#login-token", TOKEN)
+                page.click("#login-form button")
+            box = page.locator("#mcp-servers")
+            expect(box).to_be_visible(timeout=30_000)
+            expect(box.locator("li[data-server='tiny'] .state")).to_have_text("exited")
+            expect(box.locator("li[data-server='web'] .state")).to_have_text("ready")
+            expect(box.locator("li[data-server='web'] .tools")).to_contain_text("web__echo")
+            expect(box.locator("li[data-server='broken'] .error")).to_contain_text("nonexistent")
+            expect(page.locator(".item").filter(has_text="MCP server tiny exited")).to_have_count(1)
+            assert errors == [], f"the page threw: {errors}"
+        finally:
+            browser.close()

@@ -187,7 +187,7 @@ class TurnLoop:
         if t.mcp is not None:
             # The drive's first turn starts the session's MCP servers (each bounded by its
             # start_timeout_s); one that fails is an event, never the turn's end.
-            await t.mcp.start(t.workspace, tools.command_env(t.workspace))
+            await self.guarded(t.mcp.start(t.workspace, tools.command_env(t.workspace)))
             await handlers.mcp_changes(self.rec, t.mcp)
 
     def instructions(self) -> str:

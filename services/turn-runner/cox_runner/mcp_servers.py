@@ -173,7 +173,15 @@ class McpServers:
         if self.started:
             return
         self.started = True
-        await asyncio.gather(*(self._start(s, workspace, env) for s in self.servers.values()))
+        try:
+            await asyncio.gather(*(self._start(s, workspace, env) for s in self.servers.values()))
+        except asyncio.CancelledError:
+            # Stop during the start: nothing half-started stays behind; the next turn starts again.
+            await self.aclose()
+            self.servers = {c.name: _Server(c) for c in self.settings.mcp.enabled()}
+            self._changes = []
+            self.started = False
+            raise
 
     async def _start(self, s: _Server, workspace: Path, env: dict[str, str]) -> None:
         loop = asyncio.get_running_loop()
