@@ -123,6 +123,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, judge: CannedJudge, web: str
 [approval]
 commands = "judge"
 
+[limits]
+actions = 2
+
 [judge]
 kind = "model"
 model = "judge-canned"
@@ -197,9 +200,23 @@ def test_servers_start_with_the_first_turn_and_the_session_lists_them(stack: Sta
     assert changes["web"]["state"] == "ready" and changes["web"]["tools"] == WEB_TOOLS
     assert changes["broken"]["state"] == "failed" and "nonexistent" in (changes["broken"]["error"] or "")
     shown = servers_of(api, sid)
-    assert shown["tiny"] == {"name": "tiny", "state": "ready", "tools": TINY_TOOLS, "error": None}
-    assert shown["web"]["state"] == "ready" and shown["broken"]["state"] == "failed" and shown["broken"]["error"]
+    assert shown["tiny"] == {"name": "tiny", "state": "idle", "tools": TINY_TOOLS, "error": None}, \
+        "the session is idle: its servers stopped with the drive (the tools they listed are kept)"
+    assert shown["web"]["state"] == "idle" and shown["broken"]["state"] == "failed" and shown["broken"]["error"]
     assert "off" not in shown
+
+
+def test_the_session_object_shows_the_servers_ready_while_a_turn_runs(stack: Stack, api: Api) -> None:
+    s = api.create("mcp-busy")
+    sid = s["id"]
+    after = int(api.session(sid)["last_seq"])
+    api.send(sid, script({"tools": [tool("tiny__slow", seconds=60)]}, {"text": "not reached"}))
+    api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    shown = servers_of(api, sid)
+    assert shown["tiny"]["state"] == "ready" and shown["tiny"]["tools"] == TINY_TOOLS
+    assert shown["broken"]["state"] == "failed"
+    assert api.http.post(f"/v1/sessions/{sid}/stop").status_code == 200
+    api.wait_idle(sid)
 
 
 def test_a_read_only_tool_goes_ahead_and_an_action_is_the_judges(stack: Stack, api: Api) -> None:
@@ -221,6 +238,25 @@ def test_a_read_only_tool_goes_ahead_and_an_action_is_the_judges(stack: Stack, a
     written = [e for e in evs if e["type"] == "file.written" and e["path"] == "mcp.txt"]
     assert written and written[0]["via"] == "command", "what an MCP action wrote is versioned like a command's"
     assert next(e for e in evs if e["type"] == "turn.end")["outcome"] == "completed"
+
+
+def test_mcp_calls_count_against_the_limits_read_only_ones_not_as_actions(stack: Stack, api: Api) -> None:
+    s = api.create("mcp-limits")
+    sid = s["id"]
+    evs = turn_events(api, sid, script(
+        {"tools": [tool("tiny__echo", text="a"), tool("tiny__echo", text="b"), tool("tiny__echo", text="c"),
+                   tool("tiny__write", path="one.txt", content="1"), tool("tiny__write", path="two.txt", content="2"),
+                   tool("tiny__write", path="three.txt", content="3")]},
+        {"text": "not reached"},
+    ))
+    end = next(e for e in evs if e["type"] == "turn.end")
+    assert end["outcome"] == "hard_budget" and "actions" in (end["detail"] or "")
+    hard = next(e for e in evs if e["type"] == "limit.hard")
+    assert (hard["limit"], hard["value"]) == ("actions", 2), "three read-only calls and two actions ran first"
+    assert [result(evs, c)["ok"] for c in call_ids(evs, "tiny__echo")] == [True, True, True]
+    writes = [e for e in evs if e["type"] == "tool.call" and e["name"] == "tiny__write"]
+    assert len(writes) == 2, "the third action never started"
+    assert (Path(s["workspace"]) / "two.txt").exists() and not (Path(s["workspace"]) / "three.txt").exists()
 
 
 def test_a_denial_with_a_message_redirects_the_model(stack: Stack, api: Api) -> None:
@@ -329,7 +365,7 @@ def test_a_server_killed_mid_turn_is_an_event_and_its_tools_are_withdrawn(stack:
     assert later["ok"] is False and "withdrawn" in later["output"]
     assert [e for e in evs if e["type"] == "assistant.msg"][-1]["text"] == "carried on"
     shown = servers_of(api, sid)
-    assert shown["tiny"]["state"] == "exited" and shown["tiny"]["tools"] == [] and shown["web"]["state"] == "ready"
+    assert shown["tiny"]["state"] == "exited" and shown["tiny"]["tools"] == [] and shown["web"]["state"] == "idle"
 
 
 def test_the_model_sees_the_tools_with_their_schemas_until_they_are_withdrawn(
@@ -386,7 +422,7 @@ def test_the_console_shows_the_servers_and_their_state(stack: Stack, api: Api) -
             box = page.locator("#mcp-servers")
             expect(box).to_be_visible(timeout=30_000)
             expect(box.locator("li[data-server='tiny'] .state")).to_have_text("exited")
-            expect(box.locator("li[data-server='web'] .state")).to_have_text("ready")
+            expect(box.locator("li[data-server='web'] .state")).to_have_text("idle")
             expect(box.locator("li[data-server='web'] .tools")).to_contain_text("web__echo")
             expect(box.locator("li[data-server='broken'] .error")).to_contain_text("nonexistent")
             expect(page.locator(".item").filter(has_text="MCP server tiny exited")).to_have_count(1)

@@ -219,7 +219,7 @@ class ChatApp(App[int]):
         t.append(f" · {Path(str(i.get('workspace') or '')).name}", style="dim")
         servers = i.get("mcp_servers") or []
         if servers:  # MCP tool servers: how many are ready; a failed or exited one is named
-            ready = sum(1 for s in servers if s.get("state") == "ready")
+            ready = sum(1 for s in servers if s.get("state") == "ready") if i.get("busy") else 0
             down = [str(s.get("name")) for s in servers if s.get("state") in ("failed", "exited")]
             t.append(f" · MCP {ready}/{len(servers)} ready")
             if down:

@@ -134,8 +134,8 @@ class SandboxInfo(_Out):
 
 class McpServerInfo(_Out):
     """One MCP tool server of the session (``[[mcp.servers]]``) and its state as the session's
-    runner last saw it: ``idle`` (not started: servers start with the session's first turn on a
-    runner and stop when it lets the session go), ``ready``, ``failed`` or ``exited``."""
+    runner last saw it: ``idle`` (not running: servers start with the session's first turn on a
+    runner and stop when the session goes idle), ``ready``, ``failed`` or ``exited``."""
 
     name: str
     state: Literal["idle", "ready", "failed", "exited"]

@@ -100,6 +100,10 @@ def test_the_session_object_lists_recorded_states_then_servers_not_started() -> 
     shown = session_view.mcp_servers(raw, cfg)
     assert [(s.name, s.state, s.error) for s in shown] == [("tiny", "exited", "gone"), ("docs", "idle", None)]
     assert session_view.mcp_servers("not json", None) == []
+    ready = '[{"name": "tiny", "state": "ready", "tools": ["tiny__echo"]}]'
+    assert session_view.mcp_servers(ready, None)[0].state == "ready"
+    idle = session_view.mcp_servers(ready, None, busy=False)[0]
+    assert (idle.state, idle.tools) == ("idle", ["tiny__echo"]), "an idle session's servers are stopped"
 
 
 def test_cox_chat_follows_the_servers_and_says_a_failure() -> None:

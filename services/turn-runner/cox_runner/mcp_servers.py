@@ -32,6 +32,7 @@ from typing import Any
 from pydantic_ai.tools import ToolDefinition
 
 from coxswain.config import McpServerConfig, Settings
+from coxswain.logs import redact_url
 
 from .sandbox import Sandbox
 
@@ -146,6 +147,19 @@ async def _list_all(session: Any) -> list[Any]:
     return out
 
 
+def _scrub(cfg: McpServerConfig, text: str | None) -> str | None:
+    """An error as events and logs may show it: the server's ``env`` values and the URL's
+    credentials (``user:pass@``) replaced (a server's stderr may print them)."""
+    if text is None:
+        return None
+    for value in cfg.env.values():
+        if len(value) >= 4:
+            text = text.replace(value, "***")
+    if cfg.url is not None:
+        text = text.replace(cfg.url, redact_url(cfg.url))
+    return text
+
+
 def describe(exc: BaseException) -> str:
     """A short reason for a failure (an exception group's first leaf)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -205,7 +219,7 @@ class McpServers:
         self.log.info("mcp.ready", server=s.cfg.name, tools=sorted(s.tools))
 
     def _set(self, s: _Server, state: str, error: str | None) -> None:
-        s.state, s.error = state, error
+        s.state, s.error = state, _scrub(s.cfg, error)
         if state != "ready":
             s.tools = {}
             self.log.warning("mcp.server", server=s.cfg.name, state=state, error=error)
