@@ -325,6 +325,26 @@ def test_stop_during_a_slow_call_ends_the_turn_promptly(stack: Stack, api: Api) 
     assert result(evs, call_ids(evs, "tiny__echo")[0])["output"] == "echo: still here"
 
 
+def test_a_lead_saved_during_a_slow_call_applies_after_it(stack: Stack, api: Api) -> None:
+    s = api.create("mcp-lead-slow")
+    sid = s["id"]
+    after = int(api.session(sid)["last_seq"])
+    api.send(sid, script({"tools": [tool("tiny__slow", seconds=2), tool("tiny__echo", text="skipped")]},
+                         {"text": "not reached"}))
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
+    r = api.http.post(f"/v1/sessions/{sid}/lead", json={"text": script({"text": "Lead after the call."})})
+    assert r.status_code == 202, r.text
+    api.wait_type(sid, "turn.end", after=after, timeout=30)
+    evs = [e for e in api.all_events(sid) if e["seq"] > after]
+    res = result(evs, call["call_id"])
+    assert res["ok"] is True and res["output"] == "slept 2s", "the call in flight finished: a Lead does not cut it"
+    skipped = next(e for e in evs if e["type"] == "tool.skipped")
+    applied = next(e for e in evs if e["type"] == "lead.applied")
+    assert skipped["reason"] == "lead" and res["seq"] < skipped["seq"] < applied["seq"]
+    assert [e for e in evs if e["type"] == "assistant.msg"][-1]["text"] == "Lead after the call."
+
+
 def _servers_in(workspace: Path) -> list[psutil.Process]:
     """The stdio server processes running in ``workspace`` (their folder, as the sandbox set it)."""
     found = []
@@ -429,3 +449,29 @@ def test_the_console_shows_the_servers_and_their_state(stack: Stack, api: Api) -
             assert errors == [], f"the page threw: {errors}"
         finally:
             browser.close()
+
+
+def test_a_runner_that_dies_mid_call_takes_its_server_along_and_the_call_is_closed(stack: Stack, api: Api) -> None:
+    """Last in the module: it kills the stack's runner and starts another."""
+    s = api.create("mcp-crash")
+    sid, ws = s["id"], Path(s["workspace"]).resolve()
+    after = int(api.session(sid)["last_seq"])
+    api.send(sid, script({"tools": [tool("tiny__slow", seconds=60)]}, {"text": "not reached"}))
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
+    procs = _servers_in(ws)
+    assert procs
+    old = stack.runner_names()[0]
+    stack.kill(old)
+    _gone, alive = psutil.wait_procs(procs, timeout=10)
+    assert not alive, "a sandboxed stdio server dies with its runner"
+    stack.spawn("turn-runner-2", "cox_runner")
+    end = api.wait_type(sid, "turn.end", after=after, timeout=60)
+    assert end["outcome"] == "crashed"
+    evs = [e for e in api.all_events(sid) if e["seq"] > after]
+    res = result(evs, call["call_id"])
+    assert res["ok"] is False and "stopped before the call finished" in res["output"]
+    # The new runner starts the session's servers again for its next turn.
+    evs = turn_events(api, sid, script({"tools": [tool("tiny__echo", text="on the new runner")]}, {"text": "ok"}))
+    assert result(evs, call_ids(evs, "tiny__echo")[0])["output"] == "echo: on the new runner"
+    assert any(e["type"] == "mcp.server" and e["name"] == "tiny" and e["state"] == "ready" for e in evs)
