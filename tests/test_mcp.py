@@ -475,3 +475,56 @@ def test_a_runner_that_dies_mid_call_takes_its_server_along_and_the_call_is_clos
     evs = turn_events(api, sid, script({"tools": [tool("tiny__echo", text="on the new runner")]}, {"text": "ok"}))
     assert result(evs, call_ids(evs, "tiny__echo")[0])["output"] == "echo: on the new runner"
     assert any(e["type"] == "mcp.server" and e["name"] == "tiny" and e["state"] == "ready" for e in evs)
+
+
+# ---------------------------------------------------------------------- the servers' start, without a stack
+
+
+def _servers(tmp_path: Path, delay: float, start_timeout: float) -> Any:
+    import structlog
+
+    from cox_runner.mcp_servers import McpServers
+    from cox_runner.sandbox import Sandbox
+    from coxswain.config import Settings
+
+    settings = Settings(root=tmp_path, sandbox={"extra_ro": sorted({sys.prefix, sys.base_prefix, str(TINY.parent)})},
+                        mcp={"servers": [{"name": "sleepy", "command": [sys.executable, str(TINY)],
+                                          "env": {"TINY_START_DELAY": str(delay)},
+                                          "start_timeout_s": start_timeout}]})  # type: ignore[arg-type]
+    return McpServers(settings, Sandbox(settings.sandbox, settings.store_dir), structlog.get_logger())
+
+
+def _tiny_running(tmp_path: Path) -> list[psutil.Process]:
+    return _servers_in(tmp_path.resolve())
+
+
+async def test_a_server_slower_than_its_start_timeout_fails_and_is_stopped(tmp_path: Path) -> None:
+    from cox_runner.tools import command_env
+
+    m = _servers(tmp_path, delay=30, start_timeout=1.5)
+    await m.start(tmp_path, command_env(tmp_path))
+    changes = m.take_changes()
+    assert [(c.name, c.state) for c in changes] == [("sleepy", "failed")]
+    assert "did not start within 1.5s" in (changes[0].error or "")
+    assert m.tool_defs() == [] and _tiny_running(tmp_path) == [], "the slow server was stopped"
+    await m.aclose()
+
+
+async def test_stop_during_the_start_leaves_nothing_behind_and_the_next_start_works(tmp_path: Path) -> None:
+    import asyncio
+
+    from cox_runner.tools import command_env
+
+    m = _servers(tmp_path, delay=2, start_timeout=30)
+    task = asyncio.ensure_future(m.start(tmp_path, command_env(tmp_path)))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not m.started and m.take_changes() == []
+    assert _tiny_running(tmp_path) == [], "the server being started was stopped"
+    await m.start(tmp_path, command_env(tmp_path))
+    assert [(c.name, c.state) for c in m.take_changes()] == [("sleepy", "ready")]
+    assert await m.call("sleepy__echo", {"text": "again"}, 10) == (True, "echo: again")
+    await m.aclose()
+    assert _tiny_running(tmp_path) == []

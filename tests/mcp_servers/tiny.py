@@ -3,7 +3,7 @@
 ``python tiny.py`` serves stdio; ``python tiny.py http PORT`` serves streamable HTTP on
 127.0.0.1:PORT (path ``/mcp``). Tools: ``echo`` (answers its text), ``slow`` (sleeps, then
 answers), ``write`` (writes a file in its working folder, the workspace), ``die`` (the server
-exits at once, as a crash would).
+exits at once, as a crash would). ``TINY_START_DELAY`` (seconds) delays its start.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
@@ -45,6 +46,8 @@ def die() -> str:
 
 
 if __name__ == "__main__":
+    # A slow start (seconds), for the tests of a start that takes too long or is stopped.
+    time.sleep(float(os.environ.get("TINY_START_DELAY") or 0))
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -297,6 +297,8 @@ class McpServers:
         s.closing.set()
         task = s.task
         if task is not None and not task.done():
+            if s.session is None:  # still starting: nothing to wind down politely
+                task.cancel()
             try:
                 await asyncio.wait_for(asyncio.shield(task), CLOSE_TIMEOUT_S)
             except (TimeoutError, asyncio.CancelledError):

@@ -189,9 +189,10 @@ class Sandbox:
 
     def wrap(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
         """The argv that runs the program ``argv`` (a stdio MCP server) confined like a command,
-        in ``workspace``; raises when it cannot be confined (never runs it bare)."""
+        in ``workspace``; raises when it cannot be confined (never runs it bare). Unconfined
+        (``mode = "none"``) it still dies with the runner when ``setpriv`` is there."""
         if self.cfg.mode == "none":
-            return list(argv)
+            return [self._setpriv, "--pdeathsig", "KILL", "--", *argv] if self._setpriv else list(argv)
         program = self._program()
         if program is None:
             raise SandboxUnavailable(self._missing().reason)
