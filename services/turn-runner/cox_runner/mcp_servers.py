@@ -207,6 +207,7 @@ class McpServers:
         try:
             await asyncio.wait_for(asyncio.shield(ready), s.cfg.start_timeout_s)
         except TimeoutError:
+            ready.cancel()  # a failure the server task reports later has no reader
             await self._stop(s)
             self._set(s, "failed", f"it did not start within {s.cfg.start_timeout_s:g}s")
             return
