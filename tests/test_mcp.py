@@ -482,6 +482,9 @@ def test_the_console_shows_the_servers_and_their_state(stack: Stack, api: Api) -
             expect(box.locator("li[data-server='web'] .tools")).to_contain_text("web__echo")
             expect(box.locator("li[data-server='broken'] .error")).to_contain_text("nonexistent")
             expect(page.locator(".item").filter(has_text="MCP server tiny exited")).to_have_count(1)
+            from .test_console_trust import axe
+
+            assert axe(page) == [], "no serious or critical accessibility problem"
             artifacts = HERE / "artifacts"
             artifacts.mkdir(exist_ok=True)
             page.screenshot(path=str(artifacts / "console-mcp.png"))
