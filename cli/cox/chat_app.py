@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input, Static
 
 from .chat_client import ApiError, ChatApi
-from .chat_state import ChatModel, Item, Waiting
+from .chat_state import ChatModel, Item, Waiting, mcp_lines
 
 HINT_BUSY = "A turn is running: Enter is refused. Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead (join this turn)"
 REFUSALS = {
@@ -25,7 +25,7 @@ REFUSALS = {
 }
 HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop · Ctrl+Y/Ctrl+N allow/deny (press twice) · "
         "/allow [msg] /deny [msg] /always [msg] · /drop N · /move N M · /undo · /versions PATH · /diff VID · /restore VID · "
-        "/title NEW · /model NAME · /dontask on|off · /fork N · /rewind N [conversation|files|both] · /clear · /quit")
+        "/title NEW · /model NAME · /dontask on|off · /fork N · /rewind N [conversation|files|both] · /mcp · /clear · /quit")
 STATUS = {"proposed": "proposed", "running": "running", "waiting": "waiting for you", "ok": "done",
           "fail": "failed", "denied": "denied by you", "refused": "refused", "skipped": "skipped", "closed": "closed"}
 VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval"}
@@ -217,6 +217,13 @@ class ChatApp(App[int]):
         t.append("working" if i.get("busy") else "idle", style="bold yellow" if i.get("busy") else "green")
         t.append(f" · stream {self.stream_status} · don't ask {'on' if i.get('dont_ask') else 'off'}")
         t.append(f" · {Path(str(i.get('workspace') or '')).name}", style="dim")
+        servers = i.get("mcp_servers") or []
+        if servers:  # MCP tool servers: how many are ready; a failed or exited one is named
+            ready = sum(1 for s in servers if s.get("state") == "ready") if i.get("busy") else 0
+            down = [str(s.get("name")) for s in servers if s.get("state") in ("failed", "exited")]
+            t.append(f" · MCP {ready}/{len(servers)} ready")
+            if down:
+                t.append(f" ({', '.join(down)} down: /mcp)", style="bold red")
         t.append_text(self.status_text())
         return t
 
@@ -521,6 +528,9 @@ class ChatApp(App[int]):
                 m.apply_session(await self.api.patch(m.sid, title=rest))
             elif name == "model":
                 m.apply_session(await self.api.patch(m.sid, model=rest))
+            elif name == "mcp":
+                m.apply_session(await self.api.session(m.sid))
+                self.tell("\n".join(mcp_lines(m.info.get("mcp_servers") or [])))
             elif name == "dontask":
                 m.apply_session(await self.api.patch(m.sid, dont_ask=rest.lower() in ("on", "1", "true", "yes")))
             elif name == "stop":

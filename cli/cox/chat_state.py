@@ -456,6 +456,36 @@ def _hook(m: ChatModel, ev: Event) -> None:
         t.policy.append(f"{ev.get('decision')} by a hook{' (failed)' if ev.get('failed') else ''}: "
                         f"{ev.get('reason') or 'no reason given'}")
         m.touch(t)
+MCP_SAID = {"ready": "is ready", "failed": "failed to start", "exited": "exited; its tools are withdrawn",
+            "idle": "starts with the next turn"}
+
+
+def _mcp_server(m: ChatModel, ev: Event) -> None:
+    """An MCP server changed state: the session's list follows; a failure is said in the transcript."""
+    entry = {"name": ev.get("name"), "state": ev.get("state"), "tools": list(ev.get("tools") or []),
+             "error": ev.get("error")}
+    servers = [s for s in m.info.get("mcp_servers") or [] if s.get("name") != entry["name"]]
+    m.info["mcp_servers"] = [*servers, entry]
+    if entry["state"] != "ready" or not m.replaying:
+        err = f": {entry['error']}" if entry["error"] else ""
+        m.note(ev, f"MCP server {entry['name']} {MCP_SAID.get(str(entry['state']), entry['state'])}{err}",
+               "" if entry["state"] == "ready" else "bad")
+    m.mark("head")
+
+
+def mcp_lines(servers: list[dict[str, Any]]) -> list[str]:
+    """What ``/mcp`` says: each MCP server of the session, its state, its tools or its error."""
+    if not servers:
+        return ["No MCP tool servers are configured ([[mcp.servers]])."]
+    out = ["MCP tool servers:"]
+    for s in servers:
+        line = f"  {s.get('name')}  {s.get('state')}"
+        if s.get("tools"):
+            line += "  " + ", ".join(s["tools"])
+        if s.get("error"):
+            line += f"  ({s['error']})"
+        out.append(line)
+    return out
 
 
 HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
@@ -470,4 +500,5 @@ HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "plan.carried": _plan_carried, "limit.soft": _limit, "limit.hard": _limit,
     "session.rewound": _rewound, "session.forked": _forked,
     "hook.decision": _hook,
+    "mcp.server": _mcp_server,
 }

@@ -28,7 +28,7 @@ from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
 
 from . import keys
-from .config import SandboxConfig
+from .config import McpConfig, SandboxConfig
 from .models import STANDING_NETWORK, SandboxInfo, Session
 
 BUCKET: Final = "COX_ARCHIVE"
@@ -99,7 +99,8 @@ def hash_of(entry: Entry) -> dict[str, str]:
     return dict(zip(vals[0::2], vals[1::2], strict=True)) if kind == "hash" else {}
 
 
-def view(entry: Entry, principal: str | None, sandbox: SandboxConfig | None = None) -> Session | None:
+def view(entry: Entry, principal: str | None, sandbox: SandboxConfig | None = None,
+         mcp: McpConfig | None = None) -> Session | None:
     """The API's session object of an archived session (what :func:`coxswain.session_view.load`
     answers for one in Redis), or None when it belongs to another principal."""
     from . import session_view
@@ -123,4 +124,5 @@ def view(entry: Entry, principal: str | None, sandbox: SandboxConfig | None = No
     if sandbox is not None:
         network = "on" if sandbox.network else "session" if STANDING_NETWORK in standing else "off"
         out.sandbox = SandboxInfo(mode=sandbox.mode, network=network)
+    out.mcp_servers = session_view.mcp_servers(h.get("mcp"), mcp, busy=False)
     return out

@@ -10,6 +10,7 @@ between levels (``COX_LIMITS__TOOL_CALLS=50``); ``NATS_URL`` and ``REDIS_URL`` a
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -210,6 +211,87 @@ class SandboxConfig(_Section):
     the kernel refuses such a container a fresh ``/proc``."""
 
 
+MCP_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*$"
+"""A server's name: letters, digits, ``-`` and single ``_`` (``__`` joins it to a tool's name)."""
+
+
+class McpServerConfig(_Section):
+    """One MCP tool server (``[[mcp.servers]]``): a stdio ``command`` run in the command sandbox
+    with the workspace as its folder, or a streamable HTTP ``url``. Its tools reach the model
+    as ``<name>__<tool>``; every call goes through the same gate as ``run_command``."""
+
+    name: str = Field(pattern=MCP_NAME_RE, max_length=40)
+    command: list[str] | str | None = None
+    """The program and its arguments (a list, or one string split like a shell would)."""
+    args: list[str] = Field(default_factory=list)
+    """More arguments after ``command``."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment for the server beyond the scrubbed one commands get."""
+    url: str | None = None
+    """A streamable HTTP endpoint (``http(s)://host:port/mcp``); runs outside the sandbox."""
+    tools: list[str] | None = None
+    """The tools offered to the model (their names on the server); absent: all it lists."""
+    read_only: bool = False
+    """Every tool of this server only reads: its calls are not actions (allowed without asking,
+    not counted against ``[limits] actions``)."""
+    read_only_tools: list[str] = Field(default_factory=list)
+    """Tools of this server that only read (the others are actions)."""
+    enabled: bool = True
+    network: bool = False
+    """A stdio server's sandbox has the network (else none, like a command's)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """The longest one call may take (the turn's time left bounds it too)."""
+    start_timeout_s: float = Field(30.0, gt=0)
+    """How long the server may take to start and list its tools before it counts as failed."""
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"MCP server {self.name!r}: give exactly one of command (stdio) or url (HTTP)")
+        if self.command is not None and not self.argv():
+            raise ValueError(f"MCP server {self.name!r}: command is empty")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"MCP server {self.name!r}: url must be http:// or https://")
+        return self
+
+    def argv(self) -> list[str]:
+        """The stdio server's program and arguments."""
+        cmd = self.command
+        words = shlex.split(cmd) if isinstance(cmd, str) else list(cmd or [])
+        return [*words, *self.args]
+
+    def is_read_only(self, tool: str) -> bool:
+        return self.read_only or tool in self.read_only_tools
+
+    def offers(self, tool: str) -> bool:
+        return self.tools is None or tool in self.tools
+
+
+class McpConfig(_Section):
+    servers: list[McpServerConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> McpConfig:
+        names = [s.name for s in self.servers]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"MCP server names must be unique: {', '.join(dup)}")
+        return self
+
+    def enabled(self) -> list[McpServerConfig]:
+        return [s for s in self.servers if s.enabled]
+
+    def server_of(self, name: str) -> tuple[McpServerConfig, str] | None:
+        """The enabled server and tool a model-facing name ``<server>__<tool>`` stands for."""
+        server, sep, tool = name.partition("__")
+        if not sep or not tool:
+            return None
+        for s in self.servers:
+            if s.enabled and s.name == server:
+                return s, tool
+        return None
+
+
 class GatewayConfig(_Section):
     max_streams_per_principal: int = Field(100, ge=1)
     """Event streams (SSE, and JSON reads that wait) one principal may hold open at once; the
@@ -407,6 +489,7 @@ class Settings(BaseSettings):
     sessions: SessionsConfig = Field(default_factory=SessionsConfig)
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
     hooks: HooksConfig = Field(default_factory=HooksConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

@@ -409,6 +409,20 @@ class HookDecision(_Event):
     source: Literal["config", "workspace"]
     tool_call_id: str | None = None
     tool: str | None = None
+McpState = Literal["ready", "failed", "exited"]
+
+
+class McpServer(_Event):
+    """An MCP tool server of the session changed state: ``ready`` (started, ``tools`` listed:
+    the model sees them from its next request), ``failed`` (it did not start; ``error`` says
+    why) or ``exited`` (it died or stopped answering: its tools are withdrawn)."""
+
+    type: Literal["mcp.server"] = "mcp.server"
+    name: str
+    state: McpState
+    tools: list[str] = Field(default_factory=list)
+    """The model-facing names of its tools (``<server>__<tool>``) while ready."""
+    error: str | None = None
 
 
 Event = Annotated[
@@ -419,7 +433,7 @@ Event = Annotated[
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
     | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
     | SessionArchived | SessionRestored | SessionRewound | SessionForked
-    | HookDecision,
+    | HookDecision | McpServer,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

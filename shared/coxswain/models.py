@@ -132,6 +132,17 @@ class SandboxInfo(_Out):
     network: Literal["off", "session", "on"]
 
 
+class McpServerInfo(_Out):
+    """One MCP tool server of the session (``[[mcp.servers]]``) and its state as the session's
+    runner last saw it: ``idle`` (not running: servers start with the session's first turn on a
+    runner and stop when the session goes idle), ``ready``, ``failed`` or ``exited``."""
+
+    name: str
+    state: Literal["idle", "ready", "failed", "exited"]
+    tools: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
 class UsageTotals(_Out):
     """A session's running totals of its recorded ``usage`` events (tokens, USD)."""
 
@@ -160,6 +171,8 @@ class Session(_Out):
     standing: list[str] = Field(default_factory=list)
     """Standing approvals ("always this session"): command prefixes, ``write:<path>``, ``network``."""
     sandbox: SandboxInfo | None = None
+    mcp_servers: list[McpServerInfo] = Field(default_factory=list)
+    """The session's MCP tool servers and their state (``[[mcp.servers]]``)."""
     usage: UsageTotals = Field(default_factory=UsageTotals)
     """Running totals of the session's model requests (the sum of its ``usage`` events)."""
     created: int = 0

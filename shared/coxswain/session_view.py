@@ -6,11 +6,12 @@ import json
 from typing import Any
 
 from . import keys
-from .config import SandboxConfig
+from .config import McpConfig, SandboxConfig
 from .models import (
     STANDING_NETWORK,
     ApprovalInfo,
     LeadInfo,
+    McpServerInfo,
     Plan,
     QueueItem,
     SandboxInfo,
@@ -20,7 +21,7 @@ from .models import (
 
 
 async def load(redis: Any, sid: str, principal: str | None,
-               sandbox: SandboxConfig | None = None) -> Session | None:
+               sandbox: SandboxConfig | None = None, mcp: McpConfig | None = None) -> Session | None:
     """The session, or None when it does not exist or belongs to another principal. With
     ``sandbox`` (the process's settings) the view says where the session's commands run."""
     base = keys.session(sid)
@@ -41,7 +42,26 @@ async def load(redis: Any, sid: str, principal: str | None,
     if sandbox is not None:
         network = "on" if sandbox.network else "session" if STANDING_NETWORK in standing else "off"
         view.sandbox = SandboxInfo(mode=sandbox.mode, network=network)
+    view.mcp_servers = mcp_servers(h.get("mcp"), mcp, busy=h.get("busy") == "1")
     return view
+
+
+def mcp_servers(raw: str | None, mcp: McpConfig | None, busy: bool = True) -> list[McpServerInfo]:
+    """The servers' states as the runner recorded them (the session hash's ``mcp``), and the
+    configured servers it has not started yet as ``idle``. Servers run only while a runner
+    drives the session: an idle session's ``ready`` servers are stopped, so they show ``idle``
+    (with the tools they listed); a failure stays shown until the next start."""
+    seen: list[McpServerInfo] = []
+    if raw:
+        try:
+            seen = [McpServerInfo(**x) for x in json.loads(raw)]
+        except (ValueError, TypeError):
+            seen = []
+    if not busy:
+        seen = [s.model_copy(update={"state": "idle"}) if s.state == "ready" else s for s in seen]
+    names = {s.name for s in seen}
+    idle = [McpServerInfo(name=c.name, state="idle") for c in (mcp.enabled() if mcp else []) if c.name not in names]
+    return [*seen, *idle]
 
 
 def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads: dict[str, str],

@@ -109,13 +109,13 @@ def create_app(gw: Gateway) -> FastAPI:
 
     async def view_of(sid: str, who: str) -> Session | None:
         """The session as Redis has it, or as the archive has it when it was archived."""
-        view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox)
+        view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox, gw.settings.mcp)
         if view is None:
             entry = await gw.archived(sid)
             if entry is not None:
-                view = archive.view(entry, who, gw.settings.sandbox)
+                view = archive.view(entry, who, gw.settings.sandbox, gw.settings.mcp)
             else:  # it may have been loaded back (and its entry deleted) meanwhile: look again
-                view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox)
+                view = await session_view.load(gw.redis, sid, who, gw.settings.sandbox, gw.settings.mcp)
         return view
 
     @app.get("/v1/models")

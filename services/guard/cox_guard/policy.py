@@ -19,6 +19,10 @@ Order, first match wins:
 4. The settings: ``writes = allow|ask``; ``commands = allow|ask|judge`` (judge kind ``none``
    sends the call to the person).
 
+An MCP server's tool (``<server>__<tool>``, ``[[mcp.servers]]``): a tool not enabled is refused;
+taint in its arguments is a security confirm; a tool configured read-only is then allowed; any
+other is an action decided like a command: a standing ``mcp:<server>__<tool>``, then ``commands``.
+
 A write's decision carries a preview of what it would change, computed here from the current
 file (for ``edit_file``: with the same edit function the runner writes with), so the approval and
 the Changes view can show it. ``find_files`` and ``search_text`` read like ``read_file``: their
@@ -31,7 +35,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from coxswain import safefs, shell, textdiff, textedit
-from coxswain.config import Settings
+from coxswain.config import McpServerConfig, Settings
 from coxswain.errors import CoxError
 from coxswain.models import STANDING_NETWORK, GuardRequest, GuardResult
 
@@ -100,7 +104,39 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
         return _path_call(settings, req, root, name, args)
     if name == "run_command":
         return _command(settings, req, root, str(args.get("command", "")))
+    mcp = settings.mcp.server_of(name)
+    if mcp is not None:
+        return _mcp(settings, req, root, mcp[0], mcp[1])
     return GuardResult(verdict="refuse", actor="policy", reason=f"unknown tool {name!r}")
+
+
+def _mcp(settings: Settings, req: GuardRequest, root: Path, server: McpServerConfig, tool: str) -> GuardResult:
+    """An MCP server's tool (``<server>__<tool>``): taint (an argument built from tool output) is a
+    security confirm; then read-only tools go ahead; any other call is an action decided like a
+    command: a standing "always" for the tool, then ``[approval] commands``."""
+    name = req.call.name
+    if not server.offers(tool):
+        return GuardResult(verdict="refuse", actor="policy",
+                           reason=f"{tool!r} is not among the tools enabled for the MCP server {server.name!r}")
+    # Taint first, read-only or not (as for a read-only command): what a server is sent can
+    # leave the machine, so an argument built from tool output is a person's call.
+    tainted = taint.find_in_args(req.call.args, req.tainted, req.trusted, root)
+    if tainted:
+        return GuardResult(verdict="ask", actor="policy", security=True, route="person",
+                           reason=f"the MCP call's arguments contain text read from tool output ({tainted[:80]!r}): "
+                                  "a security confirm")
+    if server.is_read_only(tool):
+        return GuardResult(verdict="allow", actor="setting", reason=f"{name} is configured read-only")
+    if f"mcp:{name}" in req.standing:
+        return GuardResult(verdict="allow", actor="standing", reason="allowed for this session")
+    mode = settings.approval.commands
+    if mode == "allow":
+        return GuardResult(verdict="allow", actor="setting", reason="commands = allow (MCP calls are actions)")
+    if mode == "ask":
+        return GuardResult(verdict="ask", actor="setting", route="person", reason="commands = ask (an MCP action)")
+    if settings.judge.kind == "none":
+        return GuardResult(verdict="ask", actor="setting", route="person", reason="no judge is configured")
+    return GuardResult(verdict="ask", actor="setting", route="judge", reason="MCP actions go to the judge first")
 
 
 def _path_call(settings: Settings, req: GuardRequest, root: Path, name: str, args: dict[str, object]) -> GuardResult:
@@ -196,7 +232,7 @@ def _command(settings: Settings, req: GuardRequest, root: Path, command: str) ->
         return GuardResult(verdict="ask", actor="policy", security=True, route="judge",
                            reason="the command asks for the network (its sandbox has none): a security confirm")
     standing = [p for p in (*settings.approval.allow_commands, *req.standing)
-                if p and not p.startswith("write:") and p != STANDING_NETWORK]
+                if p and not p.startswith(("write:", "mcp:")) and p != STANDING_NETWORK]
     prefix = shell.covered(parsed, standing)
     if prefix is not None:
         return GuardResult(verdict="allow", actor="standing", reason=f"standing approval {prefix!r}")

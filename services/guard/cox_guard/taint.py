@@ -21,6 +21,9 @@ command nobody looked at):
    - it names something that exists in the workspace (``src/app.py``, ``./tests``): such a name
      is what ``list_dir`` would show anyway.
 
+An MCP call's arguments are checked the same way (:func:`find_in_args`): every string in them,
+split at whitespace, is looked at piece by piece.
+
 Known false positives, accepted because the person is asked rather than refused: a ref or
 version read from output and used again (``origin/main`` after ``git branch -a``), a file name
 a README mentions that does not exist yet.
@@ -65,6 +68,40 @@ def _exists(root: Path, piece: str) -> bool:
     except CoxError:
         return False
     return os.path.lexists(root / rel) if rel else True
+
+
+def find_in_args(args: object, fragments: list[str], trusted: list[str], root: Path) -> str | None:
+    """The first tainted piece of an MCP call's arguments (every string in them, at any depth,
+    split at whitespace like a command's words), or None."""
+    if not fragments:
+        return None
+    texts: list[str] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(args)
+    corpus = "\n".join(fragments)
+    person = "\n".join(trusted)
+    seen = 0
+    for text in texts:
+        for word in text.split():
+            for piece in SPLIT.split(word.strip("'\"`")):
+                if not significant(piece):
+                    continue
+                seen += 1
+                if seen > MAX_PIECES:
+                    return None
+                if piece in corpus and piece not in person and not _exists(root, piece):
+                    return piece
+    return None
 
 
 def find(command: str, fragments: list[str], trusted: list[str], root: Path) -> str | None:

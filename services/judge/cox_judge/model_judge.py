@@ -74,8 +74,13 @@ def prompt(req: JudgeRequest) -> str:
     where = ("in a sandbox that sees only the project folder (the system read-only)" if req.sandboxed
              else "WITHOUT a sandbox, as the runner's user (it can read and write anything that user can)")
     net = "with network access" if req.network else "without network access"
+    runs = f"The command would run {where}, {net}."
+    if req.call.name != "run_command":  # an MCP server's tool (<server>__<tool>)
+        if not req.sandboxed:
+            where = "outside the sandbox (it can reach whatever its host lets it)"
+        runs = f"The call goes to an MCP tool server running {where}, {net}."
     return (f"<task>\n{req.task}\n</task>\n<plan>\n{plan}\n</plan>\n<call>\n{call}\n</call>\n"
-            f"<runs>\nThe command would run {where}, {net}.\n</runs>")
+            f"<runs>\n{runs}\n</runs>")
 
 
 def _said(messages: list[Any]) -> str:

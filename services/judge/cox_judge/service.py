@@ -1,7 +1,7 @@
 """The judge service: decides ordinary command approvals (docs/design.md, "Policy").
 
 ``kind = "rules"`` (default) approves known read-only commands (a real shell parser, see
-:mod:`cox_judge.rules`); ``"model"`` asks a model for a structured verdict
+:mod:`cox_judge.rules`) and leaves MCP tool calls to the person; ``"model"`` asks a model for a structured verdict
 (:mod:`cox_judge.model_judge`); ``"none"`` answers that there is no judge, so the person decides.
 In every kind the decision is made in code against ``approve_threshold``.
 """
@@ -36,10 +36,15 @@ class Judge(Service):
 
     async def decide(self, req: JudgeRequest) -> JudgeResult:
         cfg = self.settings.judge
-        if req.call.name != "run_command":
+        mcp = self.settings.mcp.server_of(req.call.name) is not None
+        if req.call.name != "run_command" and not mcp:
             return JudgeResult(verdict="refuse", score=0.0, reason="the judge only decides commands", kind=cfg.kind)
         if cfg.kind == "none":
             return JudgeResult(verdict="error", reason="no judge is configured", kind="none")
+        if mcp and self.model_judge is None:
+            # The rules know programs, not what a server's tool does: a person decides.
+            return JudgeResult(verdict="refuse", score=0.0, kind="rules",
+                               reason="the rules judge decides commands only; an MCP tool call goes to the person")
         if self.model_judge is not None:
             result = await self.model_judge.decide(req)
             self.log.info("judge.decided", kind="model", verdict=result.verdict, score=result.score)
@@ -61,7 +66,9 @@ def confined_only(req: JudgeRequest, result: JudgeResult) -> JudgeResult:
     """
     if result.verdict != "allow":
         return result
-    if not req.sandboxed:
+    if not req.sandboxed and req.call.name != "run_command":
+        why = "the MCP server runs outside the sandbox: a person decides"
+    elif not req.sandboxed:
         why = "commands run without a sandbox here ([sandbox] mode = \"none\"): a person decides"
     elif req.network:
         why = "the command would run with the network: a person decides"

@@ -90,7 +90,7 @@ class Admission:
                                          source="manual" if cmd.title else None))
         await self.r.store.fns.create(sid=sid, principal=cmd.principal, workspace=str(ws), model=model,
                                       title=cmd.title or "", body=body, owner=self.r.owner)
-        view = await session_view.load(self.r.redis, sid, cmd.principal, self.r.settings.sandbox)
+        view = await session_view.load(self.r.redis, sid, cmd.principal, self.r.settings.sandbox, self.r.settings.mcp)
         assert view is not None
         return view
 
@@ -110,7 +110,7 @@ class Admission:
         if cmd.dont_ask is not None:
             # the holder re-reads its settings; turned on, it also answers a pending approval
             await self.r.ring(res.get("runner"), cmd.sid, "approval")
-        view = await session_view.load(self.r.redis, cmd.sid, cmd.principal, self.r.settings.sandbox)
+        view = await session_view.load(self.r.redis, cmd.sid, cmd.principal, self.r.settings.sandbox, self.r.settings.mcp)
         if view is None:
             raise NotFound("no such session")
         return view

@@ -37,6 +37,7 @@ from .deps import Deps
 from .errors import LeaseLost, StoreDown
 from .leases import Drive, cancel
 from .loop import TurnLoop
+from .mcp_servers import McpServers
 from .turn import Ending, Turn
 
 CRASH_TEXT = ("Cancelled: the runner running this turn stopped before the call finished "
@@ -83,6 +84,8 @@ async def run_drive(deps: Deps, d: Drive) -> None:
     finally:
         d.disarm()
         deps.leases.release(d)
+        if d.mcp is not None:  # the session's MCP servers stop with the drive
+            await d.mcp.aclose()
 
 
 async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, Plan | None]:
@@ -91,6 +94,9 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, 
         sid=d.sid, turn_id=msg["turn_id"], token=d.token, message_id=msg["message_id"], text=msg["text"],
         via=msg.get("mode") or "send", workspace=Path(info[0] or "."), model=info[1] or "script",
     )
+    if d.mcp is None and deps.settings.mcp.enabled():
+        d.mcp = McpServers(deps.settings, deps.sandbox, deps.log.bind(sid=d.sid))
+    turn.mcp = d.mcp
     d.turn = turn
     deps.log.info("turn.begin", sid=d.sid, turn_id=turn.turn_id, message_id=turn.message_id, token=d.token)
     if d.shutting_down:

@@ -82,6 +82,8 @@ def standing_key(name: str, args: dict[str, Any], path: str | None) -> str:
         return words[0]
     if name == "write_file" and path is not None:
         return f"write:{path}"
+    if "__" in name:  # an MCP server's tool: "always" allows that tool for the session
+        return f"mcp:{name}"
     return ""
 
 
@@ -140,7 +142,9 @@ class Gate:
         turn = self.turn
         stored, dont_ask = await self.policy_inputs()
         standing = set(stored) | turn.turn_standing
-        command = call.name == "run_command"  # taint is about commands; a write's content is enough to send
+        # Taint is about commands and MCP calls (arguments built from tool output); a write's
+        # content is enough to send.
+        command = call.name == "run_command" or self.deps.settings.mcp.server_of(call.name) is not None
         req = GuardRequest(
             sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
             tainted=self.taint.fragments() if command else [], trusted=self.person_words() if command else [],
@@ -196,10 +200,16 @@ class Gate:
         t = self.turn
         plan = self.plan()
         sandbox = self.deps.settings.sandbox
+        sandboxed = sandbox.mode != "none"
+        network = sandbox.network or call.args.get("network") is True
+        mcp = self.deps.settings.mcp.server_of(call.name)
+        if mcp is not None:  # an HTTP server runs outside the sandbox, with whatever it can reach
+            sandboxed = sandboxed and mcp[0].url is None
+            network = mcp[0].url is not None or mcp[0].network or sandbox.network
         req = JudgeRequest(
             sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
             plan=Plan(steps=plan.steps, marks=plan.marks) if plan else None,
-            sandboxed=sandbox.mode != "none", network=sandbox.network or call.args.get("network") is True,
+            sandboxed=sandboxed, network=network,
         )
         try:
             # Unreachable, the judge is waited for like guard (the turn ends ``unavailable`` past

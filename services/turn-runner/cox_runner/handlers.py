@@ -28,6 +28,7 @@ from .budget import Budget
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
 from .gate import GateOutcome, Taint
+from .mcp_servers import McpDown
 from .recorder import Recorder
 from .turn import EndTurn, Turn, stopped_by
 
@@ -66,7 +67,7 @@ Handler = Callable[[ToolContext, ToolCallPart, dict[str, Any], GateOutcome], Awa
 async def execute(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
     """Run an allowed call through its handler; what the tool failed on becomes its result."""
     try:
-        await HANDLERS[call.tool_name](ctx, call, args, outcome)
+        await HANDLERS.get(call.tool_name, mcp_call)(ctx, call, args, outcome)
     except (StopRequested, LeaseLost, asyncio.CancelledError, EndTurn):
         raise
     except CoxError as exc:
@@ -273,6 +274,53 @@ async def plan_step(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], 
     await ctx.rec.result(call, True, f"Step {step} marked done.")
 
 
+async def mcp_changes(rec: Recorder, servers: Any) -> None:
+    """Record the MCP servers' state changes (``mcp.server`` events; the session object's list)."""
+    if servers is None:
+        return
+    for c in servers.take_changes():
+        await rec.emit(ev.McpServer(**rec.e(), name=c.name, state=c.state, tools=c.tools, error=c.error),
+                       ops=[("hset", "", "mcp", servers.states())])
+
+
+async def mcp_call(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    """A call to an MCP server's tool, allowed by the gate like any action. Stop cancels it (the
+    result says so); a server that dies during it is recorded ``exited`` and the call gets an
+    error result. A stdio server's action is versioned like a command: what it changed in the
+    workspace is kept (``version.kept``, ``file.written`` via ``command``)."""
+    t, rec, deps = ctx.turn, ctx.rec, ctx.deps
+    servers = t.mcp
+    found = deps.settings.mcp.server_of(call.tool_name)
+    why = servers.available(call.tool_name) if servers is not None else "no MCP server is running"
+    if found is None or why is not None:
+        await rec.result(call, False, f"Error: {why or 'unknown tool'}.")
+        return
+    cfg, tool = found
+    action = not cfg.is_read_only(tool)
+    if action:
+        ctx.budget.actions += 1
+    timeout = min(cfg.timeout_s, max(1.0, ctx.budget.time_left(time.monotonic())))
+    versioned = action and cfg.url is None
+    snap = await cmdversions.before(deps, t, ctx.budget, ctx.log) if versioned else None
+
+    async def kept() -> list[ev._Event]:
+        return await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap) if versioned else []
+
+    try:
+        ok, text = await ctx.guarded(servers.call(call.tool_name, args, timeout))
+    except StopRequested:
+        await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn; the MCP call was "
+                                      "cancelled.", extra=await kept(), first=True)
+        raise
+    except McpDown as exc:
+        await mcp_changes(rec, servers)
+        await rec.result(call, False, f"Error: {exc}; its tools are withdrawn.", extra=await kept(), first=True)
+        return
+    text = tools.clip(text, deps.settings.runner.output_limit)
+    ctx.taint.add(text)
+    await rec.result(call, ok, text, extra=await kept(), first=True)
+
+
 HANDLERS: dict[str, Handler] = {
     "read_file": read_file,
     "list_dir": list_dir,
@@ -285,4 +333,5 @@ HANDLERS: dict[str, Handler] = {
     "plan_write": plan_write,
     "plan_step": plan_step,
 }
-"""One entry per tool in :data:`cox_runner.tools.TOOLS` (a no-server test checks they match)."""
+"""One entry per tool in :data:`cox_runner.tools.TOOLS` (a no-server test checks they match); an
+MCP server's tools (``<server>__<tool>``) all go to :func:`mcp_call`."""

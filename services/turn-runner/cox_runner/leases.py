@@ -39,6 +39,8 @@ class Drive:
     deadline: float = 0.0
     shutting_down: bool = False
     self_fence: bool = True
+    mcp: Any = None
+    """The session's MCP servers while this drive holds it (:mod:`cox_runner.mcp_servers`)."""
     _timer: asyncio.TimerHandle | None = None
     _on_expire: Any = None
 

@@ -189,6 +189,11 @@ class TurnLoop:
         if plan is not None and not self.plan.carried:
             self.plan.plan = plan
         self.titled = bool(info.get("title_source")) or info.get("auto_title") != "1"
+        if t.mcp is not None:
+            # The drive's first turn starts the session's MCP servers (each bounded by its
+            # start_timeout_s); one that fails is an event, never the turn's end.
+            await self.guarded(t.mcp.start(t.workspace, tools.command_env(t.workspace)))
+            await handlers.mcp_changes(self.rec, t.mcp)
 
     def instructions(self) -> str:
         text = SYSTEM.format(workspace=self.turn.workspace.name or ".")
@@ -253,13 +258,15 @@ class TurnLoop:
     async def _model_step_once(self, last_try: bool = False) -> ModelResponse:
         t = self.turn
         rec = self.rec
+        await handlers.mcp_changes(rec, t.mcp)  # a server that died since: its tools are withdrawn now
         rec.take_pending()
         await self.compactor.before_request()  # keeps the request inside the context window
         messages = rec.history.request_messages(self.instructions())
         if rec.history.synthesized:
             self.log.warning("transcript.unanswered_calls", count=rec.history.synthesized)
         model = self.deps.models.get(t.model)
-        params = ModelRequestParameters(function_tools=list(tools.TOOLS), allow_text_output=True)
+        offered = [*tools.TOOLS, *(t.mcp.tool_defs() if t.mcp is not None else [])]
+        params = ModelRequestParameters(function_tools=offered, allow_text_output=True)
         settings = self.deps.models.settings(t.model)
         remaining = self.limits.seconds - self.elapsed()
         try:
@@ -391,7 +398,7 @@ class TurnLoop:
         for i, call in enumerate(calls):
             if self.turn.stopping:
                 raise StopRequested(self.turn.stop_reason or "stop")
-            hit = b.call_limit(call.tool_name in tools.ACTIONS)
+            hit = b.call_limit(self._is_action(call.tool_name))
             if hit is not None:
                 await self._hard(*hit)
             await self._soft_checks()
@@ -416,19 +423,35 @@ class TurnLoop:
             await self._apply_leads()
         self._check_time()
 
+    def _is_action(self, name: str) -> bool:
+        """Whether a call counts against ``[limits] actions``: a writing tool, a command, or an
+        MCP tool not configured read-only."""
+        if name in tools.ACTIONS:
+            return True
+        found = self.settings.mcp.server_of(name)
+        return found is not None and not found[0].is_read_only(found[1])
+
     async def _one_call(self, call: ToolCallPart) -> bool:
         """Run one call to its result. True if the call was malformed."""
         t, rec = self.turn, self.rec
+        mcp = self.settings.mcp.server_of(call.tool_name) is not None
         try:
             args = call.args_as_dict(raise_if_invalid=True)
         except Exception as exc:  # noqa: BLE001 - any parse failure is a malformed call
             args = None
             problem: str | None = f"arguments are not valid JSON: {exc}"
         else:
-            problem = tools.check_args(call.tool_name, args)
+            problem = tools.check_args(call.tool_name, args) if not mcp else \
+                None if isinstance(args, dict) else "arguments must be a JSON object"
         rec.defer(ev.ToolCall(**rec.e(), call_id=call.tool_call_id, name=call.tool_name,
                               args=args if args is not None else _args_for_log(call)))
         self.budget.tool_calls += 1
+        gone = t.mcp.available(call.tool_name) if mcp and t.mcp is not None else None
+        if mcp and (t.mcp is None or gone is not None):
+            # withdrawn (its server failed or exited): an error result, not a malformed call
+            await handlers.mcp_changes(rec, t.mcp)
+            await rec.result(call, False, f"Error: {gone or 'no MCP server is running'}.")
+            return False
         if problem is not None:
             await rec.result(call, False, f"Error: malformed tool call: {problem}. Send the call again "
                                           "with valid arguments.")

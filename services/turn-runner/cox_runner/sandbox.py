@@ -187,6 +187,20 @@ class Sandbox:
         _ensure_store(workspace, self.store_dir)
         return [*self._bwrap(program, workspace, network), "--", *shell]
 
+    def wrap(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
+        """The argv that runs the program ``argv`` (a stdio MCP server) confined like a command,
+        in ``workspace``; raises when it cannot be confined (never runs it bare). Unconfined
+        (``mode = "none"``) it still dies with the runner when ``setpriv`` is there."""
+        if self.cfg.mode == "none":
+            return [self._setpriv, "--pdeathsig", "KILL", "--", *argv] if self._setpriv else list(argv)
+        program = self._program()
+        if program is None:
+            raise SandboxUnavailable(self._missing().reason)
+        if self._status is not None and not self._status.available:
+            raise SandboxUnavailable(self._status.reason)
+        _ensure_store(workspace, self.store_dir)
+        return [*self._bwrap(program, workspace, network), "--", *argv]
+
     async def probe(self) -> SandboxStatus:
         """Start ``true`` in the sandbox once (in a scratch folder): bwrap present and its
         namespaces allowed."""

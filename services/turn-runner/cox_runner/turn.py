@@ -68,6 +68,8 @@ class Turn:
     """Hint only: every tool result takes the waiting observations from Redis."""
     turn_standing: set[str] = field(default_factory=set)
     info: dict[str, Any] = field(default_factory=dict)
+    mcp: Any = None
+    """The drive's MCP servers (:class:`cox_runner.mcp_servers.McpServers`), or None."""
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None or reason == "stop":

@@ -54,6 +54,20 @@ export class Inspector {
         marks.has(i + 1) ? h("span", { class: "tick", title: "marked done" }, "✓ ") : null, s)))));
   }
 
+  /** The session's MCP tool servers and their state (the session object's mcp_servers). They
+   *  run only while the session is busy: a ready server of an idle session is stopped (idle). */
+  drawMcp(servers, busy) {
+    const box = $("#mcp-servers");
+    if (!box) return;
+    box.hidden = !servers?.length;
+    if (!servers?.length) { clear(box); return; }
+    const shown = (s) => (s.state === "ready" && !busy ? "idle" : s.state);
+    clear(box, h("h2", {}, "Tool servers (MCP)"), h("ul", {}, servers.map((s) => h("li", { dataset: { server: s.name } },
+      h("strong", {}, s.name), " ", h("span", { class: `state state-${shown(s)}` }, shown(s)),
+      s.tools?.length ? h("span", { class: "tools muted" }, s.tools.join(", ")) : null,
+      s.error ? h("span", { class: "error" }, s.error) : null))));
+  }
+
   async loadChanges() {
     const sid = this.getSid(); const gen = this.generation; const n = ++this.seqChanges;
     const box = $("#tab-changes");

@@ -185,6 +185,7 @@ function flush() {
   });
   checkNote(model);
   if (changed.has("plan")) app.inspector.drawPlan(model.plan);
+  if (changed.has("mcp") || changed.has("head")) app.inspector.drawMcp(model.info.mcp_servers, model.info.busy);
   app.inspector.refresh(changed);
   if (changed.has("sessions")) loadSessions();
   if (changed.has("need-session")) refreshSession();

@@ -70,7 +70,7 @@ export class SessionModel {
     for (const a of s.approvals || []) this.approvals.set(a.approval_id, { ...this.approvals.get(a.approval_id), ...a });
     for (const id of [...this.approvals.keys()]) if (!pending.has(id)) this.approvals.delete(id);
     if (s.plan && !this.plan) this.plan = { ...s.plan };
-    this.mark("head", "approvals", "outbox", "plan");
+    this.mark("head", "approvals", "outbox", "plan", "mcp");
   }
 
   /** What the person sent from here: shown as waiting until the server's events settle it. */
@@ -127,7 +127,21 @@ export class SessionModel {
   }
 }
 
+const MCP_SAID = { ready: "is ready", failed: "failed to start", exited: "exited; its tools are withdrawn" };
+
 const HANDLERS = {
+  "mcp.server"(m, ev) {
+    const list = [...(m.info.mcp_servers || [])];
+    const entry = { name: ev.name, state: ev.state, tools: ev.tools || [], error: ev.error ?? null };
+    const i = list.findIndex((s) => s.name === ev.name);
+    if (i >= 0) list[i] = entry; else list.push(entry);
+    m.info.mcp_servers = list;
+    if (ev.state !== "ready" || !m.replaying) {
+      m.note(ev, `MCP server ${ev.name} ${MCP_SAID[ev.state] || ev.state}${ev.error ? `: ${ev.error}` : ""}`,
+        ev.state === "ready" ? "small" : "bad");
+    }
+    m.mark("mcp");
+  },
   "session.created"(m, ev) {
     m.info = { ...m.info, workspace: ev.workspace, model: ev.model, title: ev.title ?? m.info.title };
     m.note(ev, `Session created in ${ev.workspace} (model ${ev.model ?? "none"})`);
