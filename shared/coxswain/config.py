@@ -22,10 +22,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from coxswain.hookspec import HookEventName, HookMatcher
+
 from .notify import NAME_RE as NOTIFY_NAME_RE
 from .notify import NotifyEvent
 from .notify import default_name as notify_default_name
-from coxswain.hookspec import HookEventName, HookMatcher
 
 CONFIG_ENV = "COX_CONFIG"
 
