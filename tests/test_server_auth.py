@@ -58,7 +58,8 @@ class Conn:
         async def on_error(exc: Exception) -> None:
             self.errors.append(str(exc))
 
-        self.nc = await nats.connect(url, user=user, password=password, inbox_prefix=inbox, error_cb=on_error,
+        # A cluster's URL lists every node (comma-separated): nats-py takes them as a list.
+        self.nc = await nats.connect(url.split(","), user=user, password=password, inbox_prefix=inbox, error_cb=on_error,
                                      allow_reconnect=False, connect_timeout=2)
         return self
 

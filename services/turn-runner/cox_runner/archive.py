@@ -166,11 +166,13 @@ class Archiver:
     async def reload(self, sid: str) -> bool:
         """Load an archived session back into Redis when it is not there; True when the session is
         in Redis now because of this call or a concurrent one (False: no such session)."""
-        if self.kv is None or await self.store.redis.exists(keys.session(sid)):
+        if self.kv is None:
             return False
+        if await self.store.redis.exists(keys.session(sid)):
+            return True  # loaded back by a concurrent request since the handler looked
         entry = await archive.read(self.kv, sid)
-        if entry is None:
-            return False
+        if entry is None:  # no such session, or a concurrent load finished and deleted the entry
+            return bool(await self.store.redis.exists(keys.session(sid)))
         body = ev.body(ev.SessionRestored(sid=sid, archived_seq=entry.seq))
         res = await self.store.fns.archive_load(sid=sid, snapshot=json.dumps(entry.record["keys"]), seq=entry.seq,
                                                 owner=self.owner, body=body)
