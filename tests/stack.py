@@ -93,7 +93,20 @@ class Stack:
         for i in range(1, self.runners + 1):
             self.spawn(f"turn-runner-{i}", "cox_runner")
         self.wait_healthy(timeout)
+        self.wait_runners_started(time.monotonic() + timeout)
         return self
+
+    def wait_runners_started(self, deadline: float) -> None:
+        """Every runner spawned at start is serving: /healthz is 200 with one, and a test that
+        counts on N runners (a takeover, a partition) must not run with fewer."""
+        for name in [n for n in self.procs if n.startswith("turn-runner")]:
+            while '"event": "service.started"' not in self.log(name):
+                p = self.procs[name]
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {p.returncode} at start:\n{self.log(name)[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start in time:\n{self.log(name)[-3000:]}")
+                time.sleep(0.1)
 
     def spawn(self, instance: str, module: str) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{instance}.log", "ab")

@@ -49,6 +49,8 @@ HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_lea
 TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
                     "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
                     "cox_queue_remove", "cox_queue_order", "cox_archive_take", "cox_fork"})
+LOAD_WAIT_S = 30.0
+"""How long a starting runner waits for Redis to take the library (transient errors only)."""
 SWEEP_SHARE = 4
 """In a cluster, the sweeper's passes (one a second) look at every bucket within this many."""
 PUB_LOCK_MS = 5000
@@ -105,7 +107,22 @@ class Store:
     async def load(self) -> None:
         """Load the library; in a cluster on every master (a replica gets it by replication, so a
         promoted one has it; a master added later gets it on the first "Function not found")."""
-        await self.redis.function_load(LIBRARY, replace=True)  # the cluster client sends it to every master
+        # A server that is slow or failing over at our start (a Redis Cluster node mid-failover, a
+        # loaded machine) is waited for, bounded, rather than ending the runner at its first try.
+        deadline = time.monotonic() + LOAD_WAIT_S
+        pause = 0.2
+        while True:
+            try:
+                await self.redis.function_load(LIBRARY, replace=True)  # the cluster client sends it to every master
+                return
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                    redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError) as e:
+                if time.monotonic() + pause > deadline:
+                    raise
+                if self.log is not None:
+                    self.log.warning("redis.load_retry", error=type(e).__name__, retry_in_s=pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     def node_of(self, key: str) -> str:
         """The name of the Redis master serving ``key`` ('' without a cluster)."""
