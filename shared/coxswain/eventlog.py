@@ -93,8 +93,10 @@ async def _ensure_stream(js: JetStreamContext, replicas: int) -> api.StreamInfo:
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code when ``Nats-Expected-Last-Subject-Sequence`` does not hold."""
 CURSORS_MAX = 10_000
-CONSUMER_RETRY_S = 5.0
-"""How long a reader retries creating its consumer while JetStream answers 503 (a leader election)."""
+CONSUMER_RETRY_S = 15.0
+"""How long a reader retries creating its consumer while JetStream answers 503 or times out (a
+leader election). When the node lost was the cluster's metadata leader, consumers can only be
+created once a new one is elected: 6 s was seen on a loaded 2-core machine (5 s was too short)."""
 
 
 class OutOfOrder(Exception):
