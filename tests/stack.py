@@ -300,6 +300,24 @@ CLUSTER_LEASE_MS = 4000
 """The lease of a cluster-kind stack built by :func:`stack_fixture` when the module names none."""
 
 
+def library_redis(folder: Path) -> Iterator[Any]:
+    """A bare Redis server in ``folder`` with the runner's function library loaded: a client
+    (admin, strings decoded) for tests of the library itself, no services around it."""
+    import redis
+
+    from cox_runner.store import LIBRARY
+
+    server = RedisServer(folder)
+    server.start()
+    client = redis.Redis.from_url(server.admin_url, decode_responses=True)
+    try:
+        client.function_load(LIBRARY, replace=True)
+        yield client
+    finally:
+        client.close()
+        server.close()
+
+
 def stack_fixture(name: str, *, also_cluster: bool = False, **kw: Any) -> Any:
     """A module-scoped pytest fixture yielding a running :class:`Stack` built with ``kw``.
 

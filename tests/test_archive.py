@@ -22,11 +22,9 @@ import nats
 import pytest
 import redis
 
-from cox.servers import RedisServer
-from cox_runner.store import LIBRARY
 from coxswain import archive, keys
 
-from .stack import Api, Stack, check_event, said, stack_fixture
+from .stack import Api, Stack, check_event, library_redis, said, stack_fixture
 
 SFX = list(keys.ARCHIVED)
 
@@ -36,15 +34,7 @@ SFX = list(keys.ARCHIVED)
 
 @pytest.fixture(scope="module")
 def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    server = RedisServer(tmp_path_factory.mktemp("archive-redis"))
-    server.start()
-    client = redis.Redis.from_url(server.admin_url, decode_responses=True)
-    try:
-        client.function_load(LIBRARY, replace=True)
-        yield client
-    finally:
-        client.close()
-        server.close()
+    yield from library_redis(tmp_path_factory.mktemp("archive-redis"))
 
 
 _n = 0

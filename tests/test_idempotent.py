@@ -18,13 +18,12 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from cox.servers import RedisServer
 from cox_runner.store import LIBRARY
 from coxswain import keys
 
 from .logcheck import log_of, replay
 from .runners import records
-from .stack import Api, Stack, script, stack_fixture
+from .stack import Api, Stack, library_redis, script, stack_fixture
 
 # ---------------------------------------------------------------------------------------------
 # The library, on a real Redis
@@ -32,15 +31,7 @@ from .stack import Api, Stack, script, stack_fixture
 
 @pytest.fixture(scope="module")
 def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    server = RedisServer(tmp_path_factory.mktemp("idem-redis"))
-    server.start()
-    client = redis.Redis.from_url(server.admin_url, decode_responses=True)
-    try:
-        client.function_load(LIBRARY, replace=True)
-        yield client
-    finally:
-        client.close()
-        server.close()
+    yield from library_redis(tmp_path_factory.mktemp("idem-redis"))
 
 
 def call(r: redis.Redis, fn: str, sid: str, *args: str, tx: str = "") -> list[str]:

@@ -664,9 +664,11 @@ local function cox_pub_done(keys, args)
   return { reply({ more = false }) }
 end
 
--- Sweeper: sessions whose outbox has waited longer than min_age_ms, in the buckets named.
--- KEYS: dirty indexes of buckets (one in a cluster; all on one server). ARGV: min_age_ms, limit
-local function cox_dirty(keys, args)
+-- The members scored longer ago than ARGV[1] ms of the zsets named (at most ARGV[2] in all).
+-- Sweeper (cox_dirty): sessions whose outbox has waited longer than min_age_ms, KEYS the dirty
+-- indexes of buckets. Archiver (cox_idle): sessions whose last event is older than idle_ms, KEYS
+-- the activity indexes. One bucket's index in a cluster; every bucket's on one server.
+local function older_than(keys, args)
   local cutoff, limit = now_ms() - tonumber(args[1]), tonumber(args[2])
   local out = {}
   for k = 1, #keys do
@@ -704,7 +706,7 @@ redis.register_function('cox_turn_end', once(cox_turn_end))
 redis.register_function('cox_op_begin', once(cox_op_begin))
 redis.register_function('cox_claim', cox_claim)
 redis.register_function('cox_pub_done', cox_pub_done)
-redis.register_function('cox_dirty', cox_dirty)
+redis.register_function('cox_dirty', older_than)
 redis.register_function('cox_pub_claim', cox_pub_claim)
 
 -- ------------------------------------------------------------------ queue management
@@ -838,19 +840,6 @@ local function unarchivable(base)
   return ''
 end
 
--- Archiver: sessions whose last event is older than idle_ms, in the buckets named.
--- KEYS: activity indexes of buckets (one in a cluster; all on one server). ARGV: idle_ms, limit
-local function cox_idle(keys, args)
-  local cutoff, limit = now_ms() - tonumber(args[1]), tonumber(args[2])
-  local out = {}
-  for k = 1, #keys do
-    if #out >= limit then break end
-    local got = redis.call('ZRANGEBYSCORE', keys[k], '-inf', cutoff, 'LIMIT', 0, limit - #out)
-    for i = 1, #got do out[#out + 1] = got[i] end
-  end
-  return out
-end
-
 -- Start archiving an idle session: record session.archived (body) and answer the snapshot of
 -- its keys after it, with its sha1 and seq. Refused not_idle (nothing recorded) while it is not
 -- idle for idle_ms or cannot be archived (then its activity is set to now: it is looked at
@@ -932,7 +921,7 @@ local function cox_archive_load(keys, args)
   return with_pub(base, owner, reply({ restored = true }))
 end
 
-redis.register_function('cox_idle', cox_idle)
+redis.register_function('cox_idle', older_than)
 redis.register_function('cox_archive_take', once(cox_archive_take))
 redis.register_function('cox_archive_drop', cox_archive_drop)
 redis.register_function('cox_archive_load', cox_archive_load)

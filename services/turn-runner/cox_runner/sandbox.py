@@ -179,13 +179,7 @@ class Sandbox:
         shell = ["/bin/bash", "-c", command]
         if self.cfg.mode == "none":
             return shell
-        program = self._program()
-        if program is None:
-            raise SandboxUnavailable(self._missing().reason)
-        if self._status is not None and not self._status.available:
-            raise SandboxUnavailable(self._status.reason)
-        _ensure_store(workspace, self.store_dir)
-        return [*self._bwrap(program, workspace, network), "--", *shell]
+        return self._confined(workspace, shell, network)
 
     def wrap(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
         """The argv that runs the program ``argv`` (a stdio MCP server) confined like a command,
@@ -193,6 +187,10 @@ class Sandbox:
         (``mode = "none"``) it still dies with the runner when ``setpriv`` is there."""
         if self.cfg.mode == "none":
             return [self._setpriv, "--pdeathsig", "KILL", "--", *argv] if self._setpriv else list(argv)
+        return self._confined(workspace, argv, network)
+
+    def _confined(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
+        """``argv`` under bubblewrap in ``workspace``; raises when it cannot be confined."""
         program = self._program()
         if program is None:
             raise SandboxUnavailable(self._missing().reason)
