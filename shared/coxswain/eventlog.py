@@ -14,7 +14,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -39,6 +39,8 @@ def stream_config(replicas: int = 1) -> api.StreamConfig:
         num_replicas=replicas,
     )
 
+T = TypeVar("T")
+
 
 class StreamMisconfigured(Exception):
     """The events stream cannot have the configured replica count (e.g. more replicas than the
@@ -54,11 +56,18 @@ async def ensure_stream(js: JetStreamContext, replicas: int = 1, patience_s: flo
     JetStream answers "unavailable" or not at all (a cluster electing its leaders, a loaded
     machine) it is asked again for up to ``patience_s``.
     """
+    return await patiently(lambda: _ensure_stream(js, replicas), patience_s)
+
+
+async def patiently(call: Callable[[], Awaitable[T]], patience_s: float = 30.0) -> T:
+    """``call()``, asked again every 0.5 s while JetStream answers "unavailable" or not at all
+    (a cluster electing its leaders, a loaded machine), for up to ``patience_s``: what a
+    service's start-up asks of JetStream (the events stream, the archive bucket)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + patience_s
     while True:
         try:
-            return await _ensure_stream(js, replicas)
+            return await call()
         except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
             if loop.time() > deadline:
                 raise

@@ -38,7 +38,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from coxswain import archive, keys
+from coxswain import archive, eventlog, keys
 from coxswain import events as ev
 from coxswain.config import Settings
 from coxswain.errors import CoxError, NotFound
@@ -87,7 +87,9 @@ class Archiver:
 
     async def start(self) -> None:
         """Make the bucket (reloads need it even when archiving is off now)."""
-        self.kv = await archive.bucket(self.js, create=True, replicas=self.settings.nats.stream_replicas)
+        # Like the events stream: JetStream may be electing its leaders while the cluster starts.
+        self.kv = await eventlog.patiently(
+            lambda: archive.bucket(self.js, create=True, replicas=self.settings.nats.stream_replicas))
 
     # ------------------------------------------------------------------ archiving
     async def run_pass(self) -> int:
