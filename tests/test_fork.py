@@ -348,3 +348,23 @@ def test_a_failed_fork_says_what_failed_without_host_paths(stack: Stack, api: Ap
     no_host_path(stack, r.text)
     assert "'/" not in r.json()["detail"]  # the entry relative to the workspace
     assert not [p for p in ws.parent.iterdir() if p.name.startswith("fork-deep-fork")]  # nothing left behind
+
+
+def test_a_fifo_made_by_a_command_hangs_neither_a_fork_nor_a_read_nor_a_write(stack: Stack, api: Api) -> None:
+    s = api.create("fork-fifo")
+    sid, ws = s["id"], Path(s["workspace"])
+    evs = run_turn(api, sid, said("fifo", {"tools": [cmd("mkfifo pipe AGENTS.md && echo ok > plain")]},
+                                  {"text": "done"}))
+    assert all(e["ok"] for e in evs if e["type"] == "tool.result"), evs
+    # nobody ever writes the FIFOs: an open that waited for a writer would never return
+    r = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 1}, timeout=30)
+    assert r.status_code == 201, r.text
+    fws = Path(r.json()["workspace"])
+    assert (fws / "plain").read_text() == "ok\n" and not (fws / "pipe").exists() and not (fws / "AGENTS.md").exists()
+    evs = run_turn(api, sid, said("read it", {"tools": [{"name": "read_file", "args": {"path": "pipe"}},
+                                                       write("pipe", "over a fifo")]}, {"text": "done"}), timeout=30)
+    ends = [e for e in evs if e["type"] == "turn.end"]
+    assert [e["outcome"] for e in ends] == ["completed"], evs
+    results = [e for e in evs if e["type"] == "tool.result"]
+    assert len(results) == 2 and not results[0]["ok"], results
+    assert str(ws) not in json.dumps(results), results

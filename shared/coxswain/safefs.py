@@ -129,7 +129,9 @@ def read(root: Path | str, rel: str, max_bytes: int | None = None) -> bytes | No
     try:
         with _dir_fd(root, dirs) as dfd:
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                # O_NONBLOCK: a FIFO (no writer) or device is refused below instead of hanging the open
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY,
+                             dir_fd=dfd)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise Refused(f"{rel!r} is a link") from exc

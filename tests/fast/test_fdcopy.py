@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from coxswain import fdcopy
-from coxswain.errors import CoxError, TooLarge, describe, scrub
+from coxswain import fdcopy, safefs
+from coxswain.errors import CoxError, Invalid, TooLarge, describe, scrub
 
 SECRET = b"NATS-ADMIN-PASSWORD-do-not-copy"
 SWAPPER = r"""
@@ -304,3 +304,25 @@ def test_an_unexpected_error_is_described_without_host_paths() -> None:
     assert scrub("a/b and ./c/d stay; /abs/p goes") == "a/b and ./c/d stay; <path> goes"
     assert CoxError(scrub("[Errno 2] '/tmp/x'")).detail == "[Errno 2] '<path>'"
 
+
+
+def test_a_read_of_a_fifo_is_refused_at_once_not_hung(tmp_path: Path) -> None:
+    """safefs.read (a write's keep, read_file, instructions, hooks.json) opened without
+    O_NONBLOCK waited forever for a writer of a FIFO a command left in the workspace."""
+    os.mkfifo(tmp_path / "AGENTS.md")
+    got: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            safefs.read(tmp_path, "AGENTS.md")
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            got.append(exc)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    if t.is_alive():  # unblock the thread: open the FIFO for writing
+        os.close(os.open(tmp_path / "AGENTS.md", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("safefs.read hangs on a FIFO")
+    assert len(got) == 1 and isinstance(got[0], Invalid) and "not a regular file" in str(got[0])
+    assert str(tmp_path) not in str(got[0])
