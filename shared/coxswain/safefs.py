@@ -66,9 +66,12 @@ def resolve(root: Path | str, path: str) -> str:
     Every link is resolved; a result outside the root is refused. ``""`` is the root itself.
     """
     check_text_path(path)
-    real_root = os.path.realpath(root)
-    joined = path if os.path.isabs(path) else os.path.join(real_root, path)
-    real = os.path.realpath(joined)
+    try:
+        real_root = os.path.realpath(root)
+        joined = path if os.path.isabs(path) else os.path.join(real_root, path)
+        real = os.path.realpath(joined)
+    except OSError as exc:  # a link swapped for a folder mid-walk (readlink: EINVAL), a loop...
+        raise Refused(f"{path!r} changed while it was resolved") from exc
     if real != real_root and not real.startswith(real_root + os.sep):
         raise Refused(f"{path!r} is outside the workspace")
     rel = os.path.relpath(real, real_root)

@@ -326,3 +326,25 @@ def test_a_read_of_a_fifo_is_refused_at_once_not_hung(tmp_path: Path) -> None:
         pytest.fail("safefs.read hangs on a FIFO")
     assert len(got) == 1 and isinstance(got[0], Invalid) and "not a regular file" in str(got[0])
     assert str(tmp_path) not in str(got[0])
+
+
+def test_resolving_a_path_whose_link_is_swapped_for_a_folder_is_refused_not_an_oserror(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.path.realpath lstat()s a link, then readlink()s it: swapped for a folder in between it
+    raised a bare OSError (EINVAL, with the host path), and a fork answered 500 with it."""
+    (tmp_path / "d").mkdir()
+    real_lstat = os.lstat
+
+    def link_then_folder(path: object, *a: object, **kw: object) -> os.stat_result:
+        if str(path) == str(tmp_path / "d"):
+            os.symlink("/", tmp_path / "elsewhere")
+            st = real_lstat(tmp_path / "elsewhere")  # what realpath sees: a link
+            os.unlink(tmp_path / "elsewhere")
+            return st
+        return real_lstat(path, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "lstat", link_then_folder)
+    with pytest.raises(CoxError) as refused:
+        safefs.resolve(tmp_path, "d/x1")
+    monkeypatch.undo()
+    assert refused.value.code == "refused" and str(tmp_path) not in refused.value.detail
