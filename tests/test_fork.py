@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -251,3 +253,118 @@ def test_a_fork_of_the_root_workspace_does_not_copy_itself(stack: Stack, api: Ap
     assert fws.parent == root and fws.name == "workspace-fork-1"
     assert (fws / "root-note.txt").read_text() == "r1" and (root / "root-note.txt").read_text() == "r2"
     assert not (fws / "workspace-fork-1").exists() and not (fws / ".coxswain").exists()
+
+
+# ------------------------------------------------------------------ a fork raced by link swaps
+
+SECRET = "stack-admin-password-never-in-a-fork"
+SWAP_CMD = r"""python3 - <<'PY'
+import ctypes, ctypes.util, os, time
+STATE = "{state}"
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+def exchange(a, b):  # renameat2(RENAME_EXCHANGE): the two names swap atomically
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+os.symlink(STATE, "d.link")
+os.symlink(STATE + "/credentials.json", "f.link")
+os.symlink(STATE, "deep/a.link")
+open("swapping", "w").close()
+n, deadline = 0, time.monotonic() + 60
+while not os.path.exists("stop") and time.monotonic() < deadline:
+    exchange("d", "d.link"); exchange("f", "f.link"); exchange("deep/a", "deep/a.link")
+    os.rename("d", "d.real"); os.symlink(STATE, "d.tmp"); os.rename("d.tmp", "d")
+    os.unlink("d"); os.rename("d.real", "d")
+    n += 1
+print("swaps", n)
+PY"""
+
+
+def no_host_path(stack: Stack, text: str) -> None:
+    for p in (stack.tmp, stack.root, stack.root.resolve()):
+        assert str(p) not in text, text
+
+
+def test_a_fork_raced_by_a_command_swapping_links_copies_nothing_from_outside(stack: Stack, api: Api) -> None:
+    state = stack.tmp / "state-outside"  # stands for the stack's state folder: outside every workspace
+    (state / "nats").mkdir(parents=True, exist_ok=True)
+    (state / "credentials.json").write_text(json.dumps({"admin": SECRET}))
+    (state / "nats" / "store.dat").write_text(SECRET * 20)
+    s = api.create("fork-race")
+    sid, ws = s["id"], Path(s["workspace"])
+    setup = "mkdir -p d deep/a/b && for i in $(seq 1 60); do echo inside $i > d/x$i; done && " \
+            "echo plain > f && echo inner > deep/a/b/inner.txt"
+    evs = run_turn(api, sid, said("set up", {"tools": [cmd(setup)]}, {"text": "done"}))
+    assert all(e["ok"] for e in evs if e["type"] == "tool.result"), evs
+    # turn 2: a command that keeps swapping d, f and deep/a for links to the state folder
+    r = api.send(sid, said("swap", {"tools": [cmd(SWAP_CMD.format(state=state))]}, {"text": "done"}))
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 60
+    while not (ws / "swapping").exists():
+        assert time.monotonic() < deadline, api.all_events(sid)
+        time.sleep(0.05)
+    forks = []
+    try:
+        for _ in range(6):
+            r = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 1})
+            if r.status_code != 201:
+                no_host_path(stack, r.text)
+            assert r.status_code == 201, r.text
+            forks.append(Path(r.json()["workspace"]))
+    finally:
+        (ws / "stop").touch()
+        api.wait_idle(sid, timeout=60)
+    end = [e for e in api.all_events(sid) if e["type"] == "tool.result"][-1]
+    swaps = re.search(r"swaps (\d+)", json.dumps(end))
+    assert end["ok"] and swaps and int(swaps.group(1)) >= 10, end  # the forks ran while links were swapped
+    for fws in forks:
+        for dirpath, dirnames, names in os.walk(fws, followlinks=False):
+            for n in dirnames + names:
+                p = Path(dirpath) / n
+                if p.is_symlink():
+                    assert os.readlink(p).startswith(str(state)), p  # a link, its text only
+                elif p.is_file():
+                    assert SECRET not in p.read_text(errors="replace"), p
+                    assert n not in ("credentials.json", "store.dat"), p
+                else:
+                    assert p.is_dir() and n != "nats", p
+        # the model in the fork: read_file of the swapped names never reaches outside
+        fs = next(x for x in api.http.get("/v1/sessions").json() if x["workspace"] == str(fws))
+        evs = run_turn(api, fs["id"], said("read", {"tools": [
+            {"name": "read_file", "args": {"path": "f"}},
+            {"name": "read_file", "args": {"path": "d/x1"}},
+            {"name": "read_file", "args": {"path": "deep/a/b/inner.txt"}}]}, {"text": "done"}))
+        assert SECRET not in json.dumps(evs), evs
+
+
+def test_a_failed_fork_says_what_failed_without_host_paths(stack: Stack, api: Api) -> None:
+    s = api.create("fork-deep")
+    sid, ws = s["id"], Path(s["workspace"])
+    deep = "/".join(["n"] * 140)  # past the copy's depth bound (128)
+    run_turn(api, sid, said("deep", {"tools": [cmd(f"mkdir -p {deep} && echo x > {deep}/leaf")]}, {"text": "done"}))
+    assert (ws / deep / "leaf").exists()
+    r = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 1})
+    assert r.status_code == 413 and r.json()["error"] == "too_large", r.text
+    assert "128 deep" in r.json()["detail"] and "'n/n/n" in r.json()["detail"], r.text
+    no_host_path(stack, r.text)
+    assert "'/" not in r.json()["detail"]  # the entry relative to the workspace
+    assert not [p for p in ws.parent.iterdir() if p.name.startswith("fork-deep-fork")]  # nothing left behind
+
+
+def test_a_fifo_made_by_a_command_hangs_neither_a_fork_nor_a_read_nor_a_write(stack: Stack, api: Api) -> None:
+    s = api.create("fork-fifo")
+    sid, ws = s["id"], Path(s["workspace"])
+    evs = run_turn(api, sid, said("fifo", {"tools": [cmd("mkfifo pipe AGENTS.md && echo ok > plain")]},
+                                  {"text": "done"}))
+    assert all(e["ok"] for e in evs if e["type"] == "tool.result"), evs
+    # nobody ever writes the FIFOs: an open that waited for a writer would never return
+    r = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 1}, timeout=30)
+    assert r.status_code == 201, r.text
+    fws = Path(r.json()["workspace"])
+    assert (fws / "plain").read_text() == "ok\n" and not (fws / "pipe").exists() and not (fws / "AGENTS.md").exists()
+    evs = run_turn(api, sid, said("read it", {"tools": [{"name": "read_file", "args": {"path": "pipe"}},
+                                                       write("pipe", "over a fifo")]}, {"text": "done"}), timeout=30)
+    ends = [e for e in evs if e["type"] == "turn.end"]
+    assert [e["outcome"] for e in ends] == ["completed"], evs
+    results = [e for e in evs if e["type"] == "tool.result"]
+    assert len(results) == 2 and not results[0]["ok"], results
+    assert str(ws) not in json.dumps(results), results

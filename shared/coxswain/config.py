@@ -316,6 +316,11 @@ class VersionsConfig(_Section):
     keep_per_file: int = Field(20, ge=0)
     gc_interval_s: float = Field(3600.0, gt=0)
     """How often the versions service collects every workspace under the root (and once at start)."""
+    fork_max_files: int = Field(200_000, ge=1)
+    """A fork copies at most this many files, folders and links; a bigger workspace is refused
+    (413 ``too_large``) and nothing is left behind."""
+    fork_max_mb: int = Field(4096, ge=1)
+    """A fork copies at most this many MiB of file content."""
 
 
 class RedisConfig(_Section):

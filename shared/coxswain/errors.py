@@ -20,6 +20,7 @@ is rebuilt into the same class on the other side by :func:`from_wire`.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 
@@ -146,3 +147,21 @@ def from_wire(payload: dict[str, Any]) -> CoxError:
     if cls is None:
         return CoxError(detail, code=code, status=status)
     return cls(detail, status=status) if status != cls.status else cls(detail)
+
+
+_ABS_PATH = re.compile(r"(?<![\w.~%+-])/[^\s'\"]*")
+
+
+def scrub(text: str) -> str:
+    """``text`` with every absolute path replaced by ``<path>``: what an error may tell a client
+    about the host (docs/security.md: error details carry no host paths)."""
+    return _ABS_PATH.sub("<path>", text)
+
+
+def describe(exc: BaseException) -> str:
+    """An unexpected exception as a client may see it: its type and reason, never a file name
+    (an OSError's ``filename``) or any other absolute path."""
+    if isinstance(exc, OSError):
+        text = exc.strerror or ""
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return scrub(f"{type(exc).__name__}: {exc}")

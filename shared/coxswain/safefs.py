@@ -66,9 +66,12 @@ def resolve(root: Path | str, path: str) -> str:
     Every link is resolved; a result outside the root is refused. ``""`` is the root itself.
     """
     check_text_path(path)
-    real_root = os.path.realpath(root)
-    joined = path if os.path.isabs(path) else os.path.join(real_root, path)
-    real = os.path.realpath(joined)
+    try:
+        real_root = os.path.realpath(root)
+        joined = path if os.path.isabs(path) else os.path.join(real_root, path)
+        real = os.path.realpath(joined)
+    except OSError as exc:  # a link swapped for a folder mid-walk (readlink: EINVAL), a loop...
+        raise Refused(f"{path!r} changed while it was resolved") from exc
     if real != real_root and not real.startswith(real_root + os.sep):
         raise Refused(f"{path!r} is outside the workspace")
     rel = os.path.relpath(real, real_root)
@@ -129,7 +132,9 @@ def read(root: Path | str, rel: str, max_bytes: int | None = None) -> bytes | No
     try:
         with _dir_fd(root, dirs) as dfd:
             try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                # O_NONBLOCK: a FIFO (no writer) or device is refused below instead of hanging the open
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY,
+                             dir_fd=dfd)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise Refused(f"{rel!r} is a link") from exc

@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from coxswain.errors import CoxError
+from coxswain.errors import CoxError, scrub
 
 STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                 405: "method_not_allowed", 409: "conflict", 413: "too_large", 415: "unsupported_media_type",
@@ -75,7 +75,9 @@ def install(app: FastAPI, max_body: int | None = None) -> None:
     @app.exception_handler(CoxError)
     async def cox_error(request: Request, exc: CoxError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(body(exc.code, exc.detail), status_code=exc.status, headers=headers)
+        # a service's failure (5xx) may name a host path in its detail: never shown to a client
+        detail = scrub(exc.detail) if exc.status >= 500 else exc.detail
+        return JSONResponse(body(exc.code, detail), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,7 +13,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from nats.js.kv import KeyValue
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from coxswain import archive, eventlog, keys, rpc, safefs, subjects, textdiff
+from coxswain import archive, eventlog, fdcopy, keys, rpc, safefs, subjects, textdiff
 from coxswain.config import Settings
 from coxswain.errors import Collected, Conflict, CoxError, Fenced, Invalid, NotFound
 from coxswain.ids import new_id
@@ -311,49 +310,60 @@ class Versions(Service):
         writes after the fork point put back. Reads the source only: no fencing token."""
         ws = self.workspace(req.workspace)
         target = safefs.real_under(self.settings.root, Path(req.target).parent)
-        if target is None:
+        name = Path(req.target).name
+        if target is None or name in ("", ".", ".."):
             raise Invalid("the fork's folder must be under the configured root")
-        dst = target / Path(req.target).name
-        try:
-            await asyncio.to_thread(dst.mkdir)
-        except FileExistsError as exc:
-            raise Conflict(f"{dst.name} exists already") from exc
+        dst = target / name
+        await asyncio.to_thread(self._fork_dir, target, name)
         try:
             async with self._lock(ws):
-                return await asyncio.to_thread(self._fork, ws, dst, req)
+                return await asyncio.to_thread(self._fork, ws, target, name, req)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, dst, True)  # a failed fork leaves nothing behind
             raise
 
-    def _fork(self, ws: Path, dst: Path, req: ForkFilesRequest) -> ForkFilesResult:
+    def _rel(self, p: Path) -> str:
+        """``p`` (a real path under the root) relative to the root's real path."""
+        r = os.path.relpath(p, os.path.realpath(self.settings.root))
+        return "" if r == "." else r
+
+    def _fork_dir(self, target: Path, name: str) -> None:
+        """Make the fork's folder, exclusively, beneath the root without following a link."""
+        with safefs.open_dir(self.settings.root, self._rel(target)) as parent_fd:
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except FileExistsError as exc:
+                raise Conflict(f"{name} exists already") from exc
+
+    def _fork(self, ws: Path, target: Path, name: str, req: ForkFilesRequest) -> ForkFilesResult:
         store_dir = self.settings.store_dir
-        copied = 0
-
-        def ignore(folder: str, names: list[str]) -> list[str]:
-            # the store folder; and the copy itself, when the workspace is the root it lies in
-            rel = os.path.relpath(folder, ws)
-            return [n for n in names if os.path.normpath(os.path.join(rel, n)) == store_dir
-                    or os.path.join(folder, n) == str(dst)]
-
-        def copy(src: str, to: str) -> None:
-            nonlocal copied
-            if stat.S_ISREG(os.lstat(src).st_mode):  # a fifo or socket is not copied (nor read)
-                shutil.copy2(src, to)
-                copied += 1
-
         # Copy first, then read the index: a write racing the copy has kept its version by then.
-        shutil.copytree(ws, dst, symlinks=True, ignore=ignore, copy_function=copy, dirs_exist_ok=True)
+        # Both ends are descriptors opened beneath the root without following links, and the
+        # walk never follows one either (coxswain.fdcopy): a command still running in the
+        # source cannot point the copy (or the fork's folder) anywhere else.
+        v = self.settings.versions
+        limits = fdcopy.Limits(max_entries=v.fork_max_files, max_bytes=v.fork_max_mb << 20)
+        with safefs.open_dir(self.settings.root, self._rel(ws)) as src_fd, \
+                safefs.open_dir(self.settings.root, self._rel(target)) as parent_fd:
+            dst_fd = os.open(name, fdcopy.DIR_FLAGS, dir_fd=parent_fd)
+            try:
+                copied = fdcopy.copy_tree(src_fd, dst_fd, exclude=[os.path.normpath(store_dir)], limits=limits)
+            finally:
+                os.close(dst_fd)
+        dst = target / name
         st = self.store(ws)
         since = self._since(ws, req.sid, req.known, req.later)
         contents = {rel: st.content(rec) for rel, rec in since.items()}  # all checked before any write
-        for rel, data in sorted(contents.items()):
-            rel = check_path(dst, rel, store_dir)
+        for path, data in sorted(contents.items()):
+            path = check_path(dst, path, store_dir)
             if data is None:
                 with contextlib.suppress(Invalid):
-                    safefs.delete(dst, rel)
+                    safefs.delete(dst, path)
             else:
-                safefs.write(dst, rel, data)
-        return ForkFilesResult(copied=copied, restored_files=sorted(contents))
+                safefs.write(dst, path, data)
+        if copied.left_out_count:
+            self.log.info("fork.left_out", count=copied.left_out_count, first=copied.left_out[:10])
+        return ForkFilesResult(copied=copied.files, restored_files=sorted(contents))
 
     async def rewind(self, req: RewindFilesRequest) -> RewindFilesResult:
         """Put back every file the session changed after the rewind point, each kept first
