@@ -111,7 +111,8 @@ def test_every_git_subcommand_sends_unknown_and_abbreviated_options_to_the_perso
     "git log --output x", "git log --textconv", "git log --show-signature", "git cat-file --textconv HEAD:f",
     "git cat-file --filters HEAD:f", "git log --author --output=x", "sort -o f g", "sort -of g", "sort -rno f g",
     "sort --output f g", "sort --compress-program sh f", "sort -T /tmp f", "sort --temporary-directory=/tmp f",
-    "sort --t=/tmp f", "sort --key --output=x f",
+    "sort --t=/tmp f", "sort --key --output=x f", "sort f -o out", "sed s/a/b/ f -i", "ls\nsort -o x f",
+    "sort --ou''tput=f g", "sort '--output'=f g", "sort -\\o f g", "git -P -c x=y log", "git log --end-of-options -p",
     # sed: in place, script files, and scripts that write, run or read
     "sed -i s/a/b/ f", "sed -i.bak s/a/b/ f", "sed -ni p f", "sed -n -i p f", "sed --in-place=.b s/a/b/ f",
     "sed -f s.sed f", "sed --fi=s.sed f", "sed -n 's/a/b/w out' f", "sed 'e id' f", "sed '1r /etc/passwd' f",
