@@ -117,7 +117,7 @@ def test_every_git_subcommand_sends_unknown_and_abbreviated_options_to_the_perso
     "sed -i s/a/b/ f", "sed -i.bak s/a/b/ f", "sed -ni p f", "sed -n -i p f", "sed --in-place=.b s/a/b/ f",
     "sed -f s.sed f", "sed --fi=s.sed f", "sed -n 's/a/b/w out' f", "sed 'e id' f", "sed '1r /etc/passwd' f",
     "sed 'W x' f", "sed -e p -e 'w x' f", "sed --expression='w x' f", "sed --ex='w x' f", "sed -- 'w x' f",
-    "sed '1{p}' f", "sed 's/a/b/e' f", "sed -n 'p;w x' f", "sed $'p\\nw x' f",
+    "sed '1{p}' f", "sed 's/a/b/e' f", "sed -n 'p;w x' f", "sed $'p\\nw x' f", "sed 'p\nw x' f",
     # git before its subcommand, aliases, writers
     "git -p log", "git --paginate log", "git -c core.pager=sh log", "git -ccore.pager=sh log",
     "git --config-env=core.pager=X log", "git --exec-path=/x log", "git --git-dir=x log", "git --work-tree=x status",
@@ -135,7 +135,7 @@ def test_every_git_subcommand_sends_unknown_and_abbreviated_options_to_the_perso
     "tree -o f", "tree -R", "python3 -c 'print(1)'", "python x.py", "jq --frob . f",
     # programs that run programs, are not known read-only, or are not the system's
     "less f", "more f", "xargs rm", "env ls", "nice ls", "timeout 5 ls", "awk '{print}' f", "perl -e 1",
-    "tee f", "./sort f", "bin/ls", "/tmp/ls",
+    "tee f", "./sort f", "bin/ls", "/tmp/ls", "/usr/bin/../../tmp/ls", "//usr/bin/ls", "sed -V x f",
     # environment assignments before a command
     "GIT_EXTERNAL_DIFF=x git diff", "PAGER=x git log", "GIT_PAGER=x git log", "LESSOPEN='|x %s' cat f",
     "LD_PRELOAD=x ls",

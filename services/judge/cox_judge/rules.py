@@ -58,9 +58,9 @@ def _command(words: list[str], raw: list[str]) -> str | None:
     """Why one simple command (its words after quote removal, and as written) is not read-only."""
     prog = words[0]
     if "/" in prog:
-        if not prog.startswith(SYSTEM_BIN):
-            return f"{prog!r} is not a known read-only command (only system programs are)"
-        prog = prog.rsplit("/", 1)[-1]
+        folder, _, prog = prog.rpartition("/")
+        if folder + "/" not in SYSTEM_BIN:  # no ./sort, no /usr/bin/../../tmp/sort
+            return f"{words[0]!r} is not a known read-only command (only the system's programs are)"
     if prog not in READ_ONLY:
         return f"{prog!r} is not a known read-only command"
     for word in raw[1:]:
