@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cox_judge import options, programs, rules
+from cox_judge.options import Spec
 
 RED_TEAM = [
     "git grep --no-index -O'touch /tmp/pwned' foo",   # runs the command as the pager
@@ -28,7 +29,7 @@ RED_TEAM = [
 ORDINARY = [
     "git status", "git status -sb", "git status --porcelain=v1", "git log --oneline -5", "git log -n 3 --stat",
     "git log --format=%H --author alice -- src", "git log -p -1 HEAD~2", "git diff --stat", "git diff --cached -w",
-    "git diff HEAD~1 -- a.py", "git show HEAD:README.md", "git show --stat --no-ext-diff HEAD",
+    "git diff HEAD~1 -- a.py", "git log -- --output=x", "grep -- --output=x f", "git show HEAD:README.md", "git show --stat --no-ext-diff HEAD",
     "git blame -L 1,5 f", "git rev-parse --show-toplevel", "git rev-parse --abbrev-ref HEAD", "git ls-files -z",
     "git ls-tree -r HEAD", "git cat-file -p HEAD", "git grep -n foo -- '*.py'", "git grep -in -e foo",
     "git branch -a", "git branch --list 'feat*'", "git tag -l 'v*'", "git remote -v", "git describe --tags",
@@ -62,27 +63,21 @@ def test_ordinary_read_only_commands_stay_allowed(command: str) -> None:
     assert v.ok, v.reason
 
 
-def _bad_longs() -> list[tuple[str, str, str]]:
-    """(program, bad long name, an abbreviation of it) for every prefix of every dangerous option."""
-    out = []
-    tables = [(p, s) for p, s in programs.GNU.items()] + [(f"git {sub}", s) for sub, s in programs.GIT.items()] \
-        + [("rg", programs.RG)]
-    for prog, spec in tables:
-        for name, (_, key) in spec.long.items():
-            if key in spec.bad:
-                # A prefix that is itself another option's full name is that option (the exact name wins).
-                out.extend((prog, name, name[:n]) for n in range(1, len(name) + 1)
-                           if name[:n] == name or spec.long.get(name[:n], (0, key))[1] in spec.bad)
-    return out
+def _bad_longs() -> list[tuple[str, Spec, str]]:
+    """(program, its table, a dangerous long option) for every dangerous long option of every table."""
+    tables = [*programs.GNU.items(), *((f"git {sub}", s) for sub, s in programs.GIT.items()), ("rg", programs.RG)]
+    return [(prog, spec, name) for prog, spec in tables for name, (_, key) in spec.long.items() if key in spec.bad]
 
 
-@pytest.mark.parametrize(("prog", "name", "prefix"), _bad_longs())
-def test_every_abbreviation_of_a_dangerous_option_goes_to_the_person(prog: str, name: str, prefix: str) -> None:
-    value = "x" if programs.GIT.get(prog[4:], programs.GNU.get(prog, programs.RG)).long[name][0] != options.NONE \
-        else None
-    for word in [f"--{prefix}"] + ([f"--{prefix}={value}", f"--{prefix} {value}"] if value else []):
-        v = rules.judge(f"{prog} {word} f")
-        assert not v.ok, f"{prog} {word}: {v.reason}"
+@pytest.mark.parametrize(("prog", "spec", "name"), _bad_longs(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_abbreviation_of_a_dangerous_option_goes_to_the_person(prog: str, spec: Spec, name: str) -> None:
+    takes = spec.long[name][0] != options.NONE
+    # A prefix that is itself another option's full name is that option (the exact name wins).
+    prefixes = [name[:n] for n in range(1, len(name) + 1)
+                if name[:n] == name or spec.long.get(name[:n], (0, spec.long[name][1]))[1] in spec.bad]
+    allowed = [f"{prog} {word} f" for p in prefixes for word in [f"--{p}", *([f"--{p}=x", f"--{p} x"] if takes else [])]
+               if rules.judge(f"{prog} {word} f").ok]
+    assert allowed == []
 
 
 @pytest.mark.parametrize("prog", sorted(rules.READ_ONLY - programs.ANY_WORDS - {"python", "python3"}))
