@@ -268,6 +268,12 @@ def test_rules_judge_then_no_judge(stack: Stack, api: Api, canned: Canned) -> No
     assert pending["judge"]["kind"] == "rules" and "'rm' is not a known read-only command" in pending["judge"]["reason"]
     answer(api, s["id"], pending["approval_id"], "deny")
     api.wait_type(s["id"], "turn.end", after=pending["seq"])
+    # Issue 21: an abbreviation of an option that runs a program is read as that option.
+    for attack, said in (("sort --comp=sh notes.txt", "--compress-program"), ("git show --ext", "--ext-diff")):
+        pending = one_command(api, s["id"], attack)
+        assert pending["judge"]["kind"] == "rules" and said in pending["judge"]["reason"], pending["judge"]
+        answer(api, s["id"], pending["approval_id"], "deny")
+        api.wait_type(s["id"], "turn.end", after=pending["seq"])
     assert canned.count() == before
 
     respawn(stack, ["guard", "judge"], {"COX_JUDGE__KIND": "none"})

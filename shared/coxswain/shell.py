@@ -17,6 +17,9 @@ import bashlex.errors
 
 INPUT_REDIRECTS = frozenset({"<", "<<", "<<-", "<<<"})
 SAFE_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+SUBSTITUTIONS = frozenset({"commandsubstitution", "processsubstitution"})
+NESTED_SUBSTITUTION = ("$(", "`", "<(", ">(")
+"""bashlex leaves a parameter expansion's text unparsed: ``${X:-$(cmd)}`` still runs ``cmd``."""
 
 
 @dataclass
@@ -26,6 +29,8 @@ class Parsed:
     commands: list[list[str]] = field(default_factory=list)
     redirect_targets: list[str] = field(default_factory=list)
     """Files the command line writes through ``>``/``>>`` (``/dev/null`` and fd dups excluded)."""
+    raw: list[list[str]] = field(default_factory=list)
+    """Each command's words as written (quotes, ``$``, globs kept), parallel to ``commands``."""
     complex: str | None = None
     """Set when the line holds something beyond simple commands joined by ``|``, ``&&``, ``||``,
     ``;``: substitutions, compound statements, functions, assignments, backgrounding."""
@@ -39,22 +44,22 @@ def parse(command: str) -> Parsed:
         out.complex = f"could not parse the command: {exc}"
         return out
     for tree in trees:
-        _walk(tree, out)
+        _walk(tree, out, command)
     return out
 
 
-def _walk(node: Any, out: Parsed) -> None:
+def _walk(node: Any, out: Parsed, source: str) -> None:
     kind = node.kind
     if kind in ("list", "pipeline"):
         for part in node.parts:
-            _walk(part, out)
+            _walk(part, out, source)
     elif kind == "operator":
         if node.op == "&":
             out.complex = out.complex or "runs something in the background"
     elif kind == "pipe":
         return
     elif kind == "command":
-        _command(node, out)
+        _command(node, out, source)
     elif kind == "compound":
         out.complex = out.complex or "compound statements (if, for, while, subshells)"
     elif kind == "function":
@@ -63,21 +68,37 @@ def _walk(node: Any, out: Parsed) -> None:
         out.complex = out.complex or f"shell construct {kind}"
 
 
-def _command(node: Any, out: Parsed) -> None:
+def _substitutes(node: Any) -> bool:
+    """Does this word (or redirection target) run a command when the shell expands it?"""
+    kind = getattr(node, "kind", "")
+    if kind in SUBSTITUTIONS:
+        return True
+    if kind == "parameter" and any(t in str(getattr(node, "value", "")) for t in NESTED_SUBSTITUTION):
+        return True
+    return any(_substitutes(p) for p in getattr(node, "parts", None) or [])
+
+
+def _command(node: Any, out: Parsed, source: str) -> None:
     words: list[str] = []
+    raw: list[str] = []
     for part in node.parts:
         if part.kind == "word":
-            for sub in getattr(part, "parts", []) or []:
-                if sub.kind in ("commandsubstitution", "processsubstitution"):
-                    out.complex = out.complex or "command or process substitution"
+            if _substitutes(part):
+                out.complex = out.complex or "command or process substitution"
             words.append(part.word)
+            raw.append(source[part.pos[0]:part.pos[1]])
         elif part.kind == "redirect":
-            if part.type in INPUT_REDIRECTS:
-                continue
             target = getattr(part, "output", None)
-            if isinstance(target, int):
-                continue
+            if _substitutes(target):
+                out.complex = out.complex or "command or process substitution"
+            heredoc = str(getattr(getattr(part, "heredoc", None), "value", ""))
+            if any(t in heredoc for t in NESTED_SUBSTITUTION[:2]):
+                out.complex = out.complex or "a here-document with a command substitution"
             word = getattr(target, "word", None)
+            if isinstance(word, str) and word.startswith(("/dev/tcp/", "/dev/udp/")):
+                out.complex = out.complex or "a redirection that opens a network connection"
+            if part.type in INPUT_REDIRECTS or isinstance(target, int):
+                continue
             if isinstance(word, str) and word not in SAFE_TARGETS:
                 out.redirect_targets.append(word)
         elif part.kind == "assignment":
@@ -86,6 +107,7 @@ def _command(node: Any, out: Parsed) -> None:
             out.complex = out.complex or f"shell construct {part.kind}"
     if words:
         out.commands.append(words)
+        out.raw.append(raw)
 
 
 def words(command: str) -> list[str]:
