@@ -73,6 +73,12 @@ PROBE_SCRIPT = ('printf "uid=%s gid=%s\\n" "$(id -u)" "$(id -g)"; '
                 '[ -w /proc/sys/kernel/core_pattern ] && echo proc-sys-writable; '
                 'grep -E "^(CapEff|CapBnd|NoNewPrivs):" /proc/self/status; true')
 MAX_SETTLED = 10_000
+CLOSE_FDS = ('if [ -d /proc/self/fd ]; then fds=(/proc/self/fd/*); fds=("${fds[@]##*/}"); '
+             'else fds=($(seq 3 1023)); fi; '
+             'for n in "${fds[@]}"; do case $n in 0|1|2) ;; *) exec {n}>&-;; esac; done; exec "$@"')
+"""The first step of every sandboxed program: only descriptors 0-2 go on. The runner's event loop
+(uvloop) leaves the originals of the three it hands a child open in it; nothing else on the way
+(setpriv, bwrap) closes descriptors either."""
 
 
 @dataclass
@@ -207,13 +213,31 @@ class Sandbox:
         # /proc/sys read-only whoever the process is (sysctls write to the host's kernel).
         args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"] if self.cfg.proc == "own" \
             else ["--dir", "/proc"]
-        args += ["--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
+        if self.dropping:  # the sandbox user's scratch folders are everyone's, as on a host
+            args += ["--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm", "--perms", "1777", "--tmpfs", "/tmp",
+                     "--perms", "1777", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
+        else:
+            args += ["--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
         for p in self.cfg.extra_ro:
-            args += ["--ro-bind-try", str(p), str(p)]
+            args += [*self._parents(str(p)), "--ro-bind-try", str(p), str(p)]
         for p in self.cfg.extra_rw:
-            args += ["--bind-try", str(p), str(p)]
+            args += [*self._parents(str(p)), "--bind-try", str(p), str(p)]
         self._base = args
         return args
+
+    def _parents(self, path: str) -> list[str]:
+        """As root, the folders bwrap makes above a mount point in the sandbox are root's and 0700
+        (the sandbox user could not reach its workspace by path): they are made 0755 first."""
+        if not self.dropping:
+            return []
+        out: list[str] = []
+        parts = [p for p in os.path.normpath(path).split("/") if p]
+        for i in range(1, len(parts)):
+            top = "/" + "/".join(parts[:i])
+            if top in SYSTEM_DIRS or top in ("/etc", "/proc", "/dev") or top.startswith(("/usr/", "/etc/", "/proc/")):
+                continue
+            out += ["--dir", top]
+        return out
 
     def _lead(self, program: str) -> list[str]:
         """What starts bwrap: setpriv with the death signal (and ``no_new_privs`` for an
@@ -238,7 +262,7 @@ class Sandbox:
     def _bwrap(self, program: str, workspace: Path, network: bool) -> list[str]:
         ws = str(workspace)
         lead = self._lead(program)
-        argv = [*lead, program, *self._system_args(), "--bind", ws, ws]
+        argv = [*lead, program, *self._system_args(), *self._parents(ws), "--bind", ws, ws]
         store = workspace / self.store_dir
         if store.is_dir() and not store.is_symlink():
             argv += ["--ro-bind", str(store), str(store)]
@@ -272,7 +296,8 @@ class Sandbox:
             raise SandboxUnavailable("util-linux's setpriv is needed to drop privilege (the runner is root)")
         drop = self._drop()
         _ensure_store(workspace, self.store_dir)
-        return [*self._bwrap(program, workspace, network), "--", *drop, *argv]
+        return [*self._bwrap(program, workspace, network), "--", *drop,
+                "/bin/bash", "-c", CLOSE_FDS, "cox-sandbox", *argv]
 
     async def probe(self) -> SandboxStatus:
         """Start a small script in the sandbox once (in a scratch folder): bwrap present, its
