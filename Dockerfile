@@ -23,7 +23,11 @@ COPY shared shared
 COPY cli cli
 COPY services services
 RUN pip install $PIP_ARGS --no-deps --no-build-isolation . && rm -rf /tmp/wheels
-RUN useradd --create-home --uid 10001 cox && mkdir -p /workspaces && chown cox /workspaces
+# The image runs as cox (not root): commands run as cox in bwrap's user namespace, no drop needed.
+# cox-sandbox is there for a runner started as root (docker run --user 0): every sandboxed
+# process then runs as that unprivileged user ([sandbox] user).
+RUN useradd --create-home --uid 10001 cox && mkdir -p /workspaces && chown cox /workspaces \
+    && useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin cox-sandbox
 USER cox
 ENV COX_ROOT=/workspaces
 CMD ["python", "-m", "cox_gateway"]

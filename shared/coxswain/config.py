@@ -205,6 +205,11 @@ class SandboxConfig(_Section):
     """More host paths a command may write (at the same path)."""
     bwrap: str = "bwrap"
     """The bubblewrap program: a name looked up in ``PATH``, or a path."""
+    user: str = Field(default="cox-sandbox", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    """The unprivileged host user every sandboxed process runs as when the runner is root
+    (looked up at start; it must exist and not be root, else commands are refused). The runner's
+    and the versions service's writes into a workspace belong to it too. Unused when the runner
+    is not root: then commands run as the runner's own user."""
     proc: Literal["own", "none"] = "own"
     """``own``: the command gets a fresh ``/proc`` of its own process namespace. ``none``: an empty
     ``/proc`` (the process namespace stays its own). For a runner in a container whose ``/proc``

@@ -6,6 +6,10 @@ path *beneath* the root: each component is opened relative to its parent's descr
 ``O_NOFOLLOW``, so a link swapped in between the check and the open fails (``ELOOP``/``ENOTDIR``)
 instead of escaping. Writes go to a temporary file in the same directory and are renamed into
 place, so a reader sees the old content or the new, never half of one.
+
+A write into a workspace by a root process gives an ``owner`` (:func:`coxswain.sandbox_user.file_owner`):
+the new file and every folder the write creates are ``fchown``-ed to the sandbox user, so the
+commands that run as that user can change them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .errors import Invalid, Refused
+from .sandbox_user import Owner
 
 MAX_PATH = 4096
 MAX_DEPTH = 64
@@ -89,7 +94,7 @@ def _components(rel: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _dir_fd(root: Path | str, parts: list[str], create: bool = False) -> Iterator[int]:
+def _dir_fd(root: Path | str, parts: list[str], create: bool = False, owner: Owner | None = None) -> Iterator[int]:
     """A descriptor of ``root/parts...`` opened component by component without following links."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(os.path.realpath(root), flags)
@@ -100,9 +105,13 @@ def _dir_fd(root: Path | str, parts: list[str], create: bool = False) -> Iterato
             except FileNotFoundError:
                 if not create:
                     raise
+                made = False
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    made = True
                 nfd = os.open(part, flags, dir_fd=fd)
+                if made and owner is not None:
+                    os.fchown(nfd, owner.uid, owner.gid)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise Refused(f"{part!r} is a link or not a folder (changed since it was checked?)") from exc
@@ -152,11 +161,11 @@ def read(root: Path | str, rel: str, max_bytes: int | None = None) -> bytes | No
         raise Invalid(f"a parent of {rel!r} is not a folder") from exc
 
 
-def write(root: Path | str, rel: str, data: bytes, mode: int | None = None) -> bool:
+def write(root: Path | str, rel: str, data: bytes, mode: int | None = None, owner: Owner | None = None) -> bool:
     """Atomically replace ``rel`` with ``data`` (temp + fsync + rename). True if it existed."""
     dirs, name = _split(rel)
-    with _dir_fd(root, dirs, create=True) as dfd:
-        existed, tmp = _stage(dfd, rel, name, data, mode)
+    with _dir_fd(root, dirs, create=True, owner=owner) as dfd:
+        existed, tmp = _stage(dfd, rel, name, data, mode, owner)
         try:
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
@@ -166,7 +175,8 @@ def write(root: Path | str, rel: str, data: bytes, mode: int | None = None) -> b
         return existed
 
 
-def _stage(dfd: int, rel: str, name: str, data: bytes, mode: int | None) -> tuple[bool, str]:
+def _stage(dfd: int, rel: str, name: str, data: bytes, mode: int | None,
+           owner: Owner | None = None) -> tuple[bool, str]:
     """Write ``data`` to a new temporary file next to ``name`` (fsynced); (existed, temp name)."""
     existed = False
     try:
@@ -176,7 +186,7 @@ def _stage(dfd: int, rel: str, name: str, data: bytes, mode: int | None) -> tupl
         if stat.S_ISDIR(st.st_mode):
             raise Invalid(f"{rel!r} is a folder")
         existed = True
-        mode = stat.S_IMODE(st.st_mode) if mode is None else mode
+        mode = stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID) if mode is None else mode
     except FileNotFoundError:
         pass
     tmp = f".{name}.cox-{uuid.uuid4().hex[:12]}.tmp"
@@ -184,6 +194,8 @@ def _stage(dfd: int, rel: str, name: str, data: bytes, mode: int | None) -> tupl
                  mode if mode is not None else 0o644, dir_fd=dfd)
     try:
         with os.fdopen(fd, "wb") as fh:
+            if owner is not None:
+                os.fchown(fh.fileno(), owner.uid, owner.gid)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -203,11 +215,11 @@ def _stage(dfd: int, rel: str, name: str, data: bytes, mode: int | None) -> tupl
 ABORTED = ".aborted"
 
 
-def stage(root: Path | str, rel: str, data: bytes) -> str:
+def stage(root: Path | str, rel: str, data: bytes, owner: Owner | None = None) -> str:
     """Write ``data`` to a temporary file in ``rel``'s folder; its name (for commit/abort)."""
     dirs, name = _split(rel)
-    with _dir_fd(root, dirs, create=True) as dfd:
-        return _stage(dfd, rel, name, data, None)[1]
+    with _dir_fd(root, dirs, create=True, owner=owner) as dfd:
+        return _stage(dfd, rel, name, data, None, owner)[1]
 
 
 def commit(root: Path | str, rel: str, tmp: str) -> None:

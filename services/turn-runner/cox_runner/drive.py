@@ -86,6 +86,8 @@ async def run_drive(deps: Deps, d: Drive) -> None:
         deps.leases.release(d)
         if d.mcp is not None:  # the session's MCP servers stop with the drive
             await d.mcp.aclose()
+        if d.turn is not None:  # the next drive hands the workspace to the sandbox user again first
+            deps.sandbox.forget(d.turn.workspace)
 
 
 async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, Plan | None]:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from pydantic_ai.messages import ToolCallPart
 
 from coxswain import events as ev
-from coxswain import safefs, textdiff
+from coxswain import safefs, sandbox_user, textdiff
 from coxswain.errors import CoxError
 from coxswain.models import KeepRequest, Plan
 
@@ -166,8 +166,11 @@ async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str, sa
                                 turn_id=t.turn_id, call_id=call.tool_call_id, again=attempt > 0,
                             )))
 
+    sb = ctx.deps.settings.sandbox
+    owner = sandbox_user.file_owner(sb.user, sb.mode)  # as root: the commands' user can change it
+
     def prepare() -> tuple[bytes | None, str]:
-        return safefs.read(ws, rel), safefs.stage(ws, rel, data)
+        return safefs.read(ws, rel), safefs.stage(ws, rel, data, owner=owner)
 
     staging = asyncio.ensure_future(asyncio.to_thread(prepare))
     try:

@@ -164,17 +164,24 @@ async def run_hook(deps: Deps, workspace: Path, command: str, payload: bytes, ti
     """Run one hook command in the command sandbox with ``payload`` on stdin."""
     sandbox = deps.sandbox
     try:
-        await sandbox.ready()
+        await sandbox.prepare(workspace)
         argv = sandbox.argv(workspace, command, False)
     except SandboxUnavailable as exc:
         return Raw(None, b"", b"", error=f"the command sandbox is unavailable: {exc}")
+    try:
+        return await _spawn(workspace, argv, payload, timeout, sandbox.needs_preexec)
+    finally:
+        await sandbox.settle(workspace)  # nothing the hook made stays setuid/setgid on the host
+
+
+async def _spawn(workspace: Path, argv: list[str], payload: bytes, timeout: float, preexec: bool) -> Raw:
     env = tools.command_env(workspace)
     env.update(CLAUDE_PROJECT_DIR=str(workspace), COX_PROJECT_DIR=str(workspace))
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=str(workspace), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env,
-            preexec_fn=die_with_parent if sandbox.needs_preexec else None,
+            preexec_fn=die_with_parent if preexec else None,
         )
     except OSError as exc:
         return Raw(None, b"", b"", error=f"the hook could not start: {exc}")

@@ -104,7 +104,7 @@ class _Server:
                 if cfg.url is not None:
                     streams = await stack.enter_async_context(streamable_http_client(cfg.url))
                 else:
-                    await sandbox.ready()
+                    await sandbox.prepare(workspace)
                     argv = sandbox.wrap(workspace, cfg.argv(), cfg.network)
                     params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(workspace))
                     streams = await stack.enter_async_context(stdio_client(params, errlog=self.errlog))
@@ -178,6 +178,7 @@ class McpServers:
         self.servers: dict[str, _Server] = {c.name: _Server(c) for c in settings.mcp.enabled()}
         self.started = False
         self._changes: list[Change] = []
+        self.workspace: Path | None = None
 
     def __bool__(self) -> bool:
         return bool(self.servers)
@@ -187,6 +188,7 @@ class McpServers:
         if self.started:
             return
         self.started = True
+        self.workspace = workspace
         try:
             await asyncio.gather(*(self._start(s, workspace, env) for s in self.servers.values()))
         except asyncio.CancelledError:
@@ -270,8 +272,6 @@ class McpServers:
     async def call(self, public: str, args: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
         """Call the tool; (ok, text the model reads). Raises :class:`McpDown` when the server's
         connection closed (it is marked ``exited``); a time-out is an error result."""
-        from mcp.shared.exceptions import MCPError
-
         found = self.find(public)
         if found is None:
             raise McpDown(f"no MCP server for {public!r}")
@@ -280,6 +280,19 @@ class McpServers:
         session = s.session
         if s.state != "ready" or session is None:
             raise McpDown(self.available(public) or "the MCP server is not ready")
+        try:
+            return await self._call(s, cfg, tool, session, args, timeout_s)
+        finally:
+            await self._settle(s)  # nothing the server made during the call stays setuid/setgid
+
+    async def _settle(self, s: _Server) -> None:
+        if s.cfg.url is None and self.workspace is not None:
+            await self.sandbox.settle(self.workspace)
+
+    async def _call(self, s: _Server, cfg: McpServerConfig, tool: str, session: Any, args: dict[str, Any],
+                    timeout_s: float) -> tuple[bool, str]:
+        from mcp.shared.exceptions import MCPError
+
         try:
             res = await asyncio.wait_for(session.call_tool(tool, args), timeout_s)
         except TimeoutError:
@@ -311,6 +324,8 @@ class McpServers:
         if s.errlog is not None and (task is None or task.done()):
             s.errlog.close()
             s.errlog = None
+        if task is not None:
+            await self._settle(s)  # and what it made before it exited
 
     async def aclose(self) -> None:
         """Stop every server (the drive ends): bounded, and finished even if the caller is cancelled."""

@@ -11,10 +11,25 @@ What a sandboxed command sees:
 - nothing else: no home folder, no other workspace, no ``.cox/`` state, no project checkout;
 - no network (its own network namespace: not even the host's loopback, so neither the stack's
   Redis nor its NATS) unless the call was granted the network;
-- no capabilities, its own session (no terminal to inject into), and it dies with the runner
-  (``--die-with-parent``); the runner kills the whole tree on Stop or a time-out.
+- no capabilities, ``no_new_privs``, its own session (no terminal to inject into), and it dies
+  with the runner (``--die-with-parent``); the runner kills the whole tree on Stop or a time-out;
+- never a privileged uid. A runner that is not root runs bwrap unprivileged: the sandbox is a
+  user namespace of the runner's own user. A root runner makes the namespaces (bwrap as root,
+  without a user namespace, keeping only :data:`ROOT_CAPS` for its last steps) and the
+  last step inside, util-linux's ``setpriv``, becomes ``[sandbox] user`` (``cox-sandbox``), an
+  unprivileged host user: real, effective and saved uid and gid, no supplementary group, no
+  capability (permitted, effective, inheritable, ambient and bounding sets empty),
+  ``no_new_privs``. bwrap runs as root rather than as that user because bwrap resolves every
+  bind source by path (even ``--bind-fd``), and a workspace under a folder only root may enter
+  (``/root``, pytest's ``/tmp/pytest-of-root``) could not be mounted by the sandbox user;
+- ``/proc/sys`` read-only (its own bind), ``/proc/sysrq-trigger`` absent, the rest of ``/proc``
+  root's (the sandbox user may not write it);
+- nothing setuid or setgid left behind: :mod:`coxswain.sandbox_user` walks the workspace after
+  every sandboxed process (and, as root, hands to the sandbox user whatever the runner or
+  anyone else left there that is not its, before the first process of a drive).
 
-The environment is the scrubbed one :func:`cox_runner.tools.command_env` builds.
+The environment is the scrubbed one :func:`cox_runner.tools.command_env` builds (``PATH`` the
+system folders only); only descriptors 0-2 are inherited.
 
 Fail closed: when bwrap is missing or cannot make its namespaces, :meth:`Sandbox.argv` raises
 :class:`SandboxUnavailable` and the command is refused; it never runs bare. ``mode = "none"``
@@ -25,6 +40,7 @@ session object show it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import stat
@@ -33,8 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coxswain import safefs
+from coxswain import safefs, sandbox_user
 from coxswain.config import SandboxConfig
+from coxswain.sandbox_user import Owner, SandboxUserMissing
 
 from .errors import SandboxUnavailable
 
@@ -46,6 +63,22 @@ ALWAYS_HIDDEN = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
 misconfigured, and then they are still not a command's business."""
 MAX_ETC_ENTRIES = 20_000
 PROBE_TIMEOUT_S = 10.0
+ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_OVERRIDE")
+"""What a root bwrap keeps for its last steps (``--chdir`` into a workspace that is the sandbox
+user's, then the inner setpriv), which setpriv drops with every other before the command runs."""
+ROOT_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
+"""A root bwrap's namespaces: all of ``--unshare-all`` but the user namespace (whose uid 0 would be
+the host's root, and in which the sandbox user would have no uid)."""
+PROBE_SCRIPT = ('printf "uid=%s gid=%s\\n" "$(id -u)" "$(id -g)"; '
+                '[ -w /proc/sys/kernel/core_pattern ] && echo proc-sys-writable; '
+                'grep -E "^(CapEff|CapBnd|NoNewPrivs):" /proc/self/status; true')
+MAX_SETTLED = 10_000
+CLOSE_FDS = ('if [ -d /proc/self/fd ]; then fds=(/proc/self/fd/*); fds=("${fds[@]##*/}"); '
+             'else fds=($(seq 3 1023)); fi; '
+             'for n in "${fds[@]}"; do case $n in 0|1|2) ;; *) exec {n}>&-;; esac; done; exec "$@"')
+"""The first step of every sandboxed program: only descriptors 0-2 go on. The runner's event loop
+(uvloop) leaves the originals of the three it hands a child open in it; nothing else on the way
+(setpriv, bwrap) closes descriptors either."""
 
 
 @dataclass
@@ -107,6 +140,23 @@ class Sandbox:
         sandbox dies with this process even if it is killed with SIGKILL (bwrap's own
         ``--die-with-parent`` then takes its children down)."""
         self._base: list[str] | None = None
+        self._owner: Owner | None = None
+        self._settled: set[str] = set()
+        """Workspaces walked in this drive (the first sandboxed process of a drive walks first)."""
+
+    @property
+    def dropping(self) -> bool:
+        """Sandboxed processes run as ``[sandbox] user``: confined, and this process is root."""
+        return self.confined and sandbox_user.dropping()
+
+    def owner(self) -> Owner:
+        """The sandbox user (looked up once); raises :class:`SandboxUnavailable` when it is missing."""
+        if self._owner is None:
+            try:
+                self._owner = sandbox_user.lookup(self.cfg.user)
+            except SandboxUserMissing as exc:
+                raise SandboxUnavailable(str(exc)) from None
+        return self._owner
 
     @property
     def mode(self) -> str:
@@ -141,8 +191,14 @@ class Sandbox:
     def _system_args(self) -> list[str]:
         if self._base is not None:
             return self._base
-        args = ["--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL",
-                "--hostname", "sandbox"]
+        args = ["--die-with-parent", "--new-session"]
+        if self.dropping:
+            args += [*ROOT_NAMESPACES, "--cap-drop", "ALL"]
+            for cap in ROOT_CAPS:
+                args += ["--cap-add", cap]
+        else:
+            args += ["--unshare-all", "--cap-drop", "ALL"]
+        args += ["--hostname", "sandbox"]
         for d in SYSTEM_DIRS:
             if os.path.islink(d):
                 args += ["--symlink", os.readlink(d), d]
@@ -154,19 +210,59 @@ class Sandbox:
             args += ["--tmpfs", d]
         for f in files:
             args += ["--ro-bind", "/dev/null", f]
-        args += ["--proc", "/proc"] if self.cfg.proc == "own" else ["--dir", "/proc"]
-        args += ["--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
+        # /proc/sys read-only whoever the process is (sysctls write to the host's kernel).
+        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"] if self.cfg.proc == "own" \
+            else ["--dir", "/proc"]
+        if self.dropping:  # the sandbox user's scratch folders are everyone's, as on a host
+            args += ["--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm", "--perms", "1777", "--tmpfs", "/tmp",
+                     "--perms", "1777", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
+        else:
+            args += ["--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
         for p in self.cfg.extra_ro:
-            args += ["--ro-bind-try", str(p), str(p)]
+            args += [*self._parents(str(p)), "--ro-bind-try", str(p), str(p)]
         for p in self.cfg.extra_rw:
-            args += ["--bind-try", str(p), str(p)]
+            args += [*self._parents(str(p)), "--bind-try", str(p), str(p)]
         self._base = args
         return args
 
+    def _parents(self, path: str) -> list[str]:
+        """As root, the folders bwrap makes above a mount point in the sandbox are root's and 0700
+        (the sandbox user could not reach its workspace by path): they are made 0755 first."""
+        if not self.dropping:
+            return []
+        out: list[str] = []
+        parts = [p for p in os.path.normpath(path).split("/") if p]
+        for i in range(1, len(parts)):
+            top = "/" + "/".join(parts[:i])
+            if top in SYSTEM_DIRS or top in ("/etc", "/proc", "/dev") or top.startswith(("/usr/", "/etc/", "/proc/")):
+                continue
+            out += ["--dir", top]
+        return out
+
+    def _lead(self, program: str) -> list[str]:
+        """What starts bwrap: setpriv with the death signal (and ``no_new_privs`` for an
+        unprivileged bwrap that is not setuid: nothing it runs gains a privilege by exec)."""
+        if not self._setpriv:
+            return []
+        nnp = [] if self.dropping or _setuid(program) else ["--no-new-privs"]
+        return [self._setpriv, "--pdeathsig", "KILL", *nnp, "--"]
+
+    def _drop(self) -> list[str]:
+        """The last step inside a root bwrap: become the sandbox user for good."""
+        if not self.dropping:
+            return []
+        owner = self.owner()
+        inner = self._setpriv
+        if inner is None or not inner.startswith(("/usr/", "/bin/", "/sbin/")):
+            raise SandboxUnavailable("util-linux's setpriv is needed in the system folders to drop privilege "
+                                     "(the runner is root); install util-linux")
+        return [inner, f"--reuid={owner.uid}", f"--regid={owner.gid}", "--clear-groups", "--no-new-privs",
+                "--inh-caps=-all", "--bounding-set=-all", "--"]
+
     def _bwrap(self, program: str, workspace: Path, network: bool) -> list[str]:
         ws = str(workspace)
-        lead = [self._setpriv, "--pdeathsig", "KILL", "--"] if self._setpriv else []
-        argv = [*lead, program, *self._system_args(), "--bind", ws, ws]
+        lead = self._lead(program)
+        argv = [*lead, program, *self._system_args(), *self._parents(ws), "--bind", ws, ws]
         store = workspace / self.store_dir
         if store.is_dir() and not store.is_symlink():
             argv += ["--ro-bind", str(store), str(store)]
@@ -196,24 +292,39 @@ class Sandbox:
             raise SandboxUnavailable(self._missing().reason)
         if self._status is not None and not self._status.available:
             raise SandboxUnavailable(self._status.reason)
+        if self.dropping and self._setpriv is None:
+            raise SandboxUnavailable("util-linux's setpriv is needed to drop privilege (the runner is root)")
+        drop = self._drop()
         _ensure_store(workspace, self.store_dir)
-        return [*self._bwrap(program, workspace, network), "--", *argv]
+        return [*self._bwrap(program, workspace, network), "--", *drop,
+                "/bin/bash", "-c", CLOSE_FDS, "cox-sandbox", *argv]
 
     async def probe(self) -> SandboxStatus:
-        """Start ``true`` in the sandbox once (in a scratch folder): bwrap present and its
-        namespaces allowed."""
+        """Start a small script in the sandbox once (in a scratch folder): bwrap present, its
+        namespaces allowed, and the process unprivileged for real (as root: running as the sandbox
+        user; never uid 0, ``/proc/sys`` not writable, no capability, ``no_new_privs``)."""
         if self.cfg.mode == "none":
             return self.status()
         program = self._program()
         if program is None:
             return self._missing()
+        self._owner = None  # looked up afresh: the user may have been created since
+        try:
+            drop = self._drop()
+            if self.dropping and self._setpriv is None:
+                raise SandboxUnavailable("util-linux's setpriv is needed to drop privilege (the runner is root)")
+        except SandboxUnavailable as exc:
+            self._status = SandboxStatus("bwrap", False, f"cannot drop privilege: {exc.detail}")
+            return self._status
         with tempfile.TemporaryDirectory(prefix="cox-sandbox-probe-") as scratch:
-            argv = [*self._bwrap(program, Path(scratch), False), "--", "/bin/true"]
+            if self._owner is not None:
+                os.chown(scratch, self._owner.uid, self._owner.gid)
+            argv = [*self._bwrap(program, Path(scratch), False), "--", *drop, "/bin/sh", "-c", PROBE_SCRIPT]
             try:
                 proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                            stdout=asyncio.subprocess.DEVNULL,
+                                                            stdout=asyncio.subprocess.PIPE,
                                                             stderr=asyncio.subprocess.PIPE)
-                _, err = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT_S)
+                out, err = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 self._status = SandboxStatus("bwrap", False, f"bwrap could not start: {exc}")
                 return self._status
@@ -223,15 +334,91 @@ class Sandbox:
                 why += (" (a container whose /proc Docker masks: run it with systempaths=unconfined, "
                         "or set [sandbox] proc = \"none\")")
             self._status = SandboxStatus("bwrap", False, f"bwrap cannot make its namespaces here: {why}")
-        else:
-            self._status = SandboxStatus("bwrap", True)
+            return self._status
+        unprivileged = self._unprivileged(out.decode(errors="replace"))
+        self._status = SandboxStatus("bwrap", True) if unprivileged is None else \
+            SandboxStatus("bwrap", False, f"the sandbox did not drop privilege: {unprivileged}")
         return self._status
+
+    def _unprivileged(self, report: str) -> str | None:
+        """Why the probe's report shows a privileged process, or None when it is not."""
+        facts: dict[str, str] = {}
+        for line in report.splitlines():
+            for word in line.split():
+                if "=" in word:
+                    k, _, v = word.partition("=")
+                    facts[k] = v
+            if ":" in line:
+                k, _, v = line.partition(":")
+                facts[k.strip()] = v.strip()
+        uid = facts.get("uid", "")
+        if not uid.isdigit() or int(uid) == 0:
+            return f"it ran as uid {uid or '?'}"
+        if self._owner is not None and int(uid) != self._owner.uid:
+            return f"it ran as uid {uid}, not as the sandbox user {self._owner.name!r}"
+        if "proc-sys-writable" in report:
+            return "/proc/sys is writable in it"
+        if facts.get("CapEff", "0").strip("0") or (self.dropping and facts.get("CapBnd", "0").strip("0")):
+            return "it kept capabilities"
+        if facts.get("NoNewPrivs") != "1":
+            return "no_new_privs is not set in it"
+        return None
 
     async def ready(self) -> None:
         """Before a command: probe again while the sandbox is known not to work (it may have been
         installed or allowed since), so a fixed machine needs no restart."""
         if self.cfg.mode != "none" and (self._status is None or not self._status.available):
             await self.probe()
+
+    async def prepare(self, workspace: Path) -> None:
+        """Before a sandboxed process in ``workspace``: :meth:`ready`, and as root, the workspace
+        handed to the sandbox user once per drive (the runner's and the versions service's own
+        writes are the sandbox user's already; :meth:`settle` after each process keeps it so)."""
+        await self.ready()
+        if not self.dropping:
+            return
+        key = str(workspace)
+        if key in self._settled:
+            return
+        await self.settle(workspace)
+        if len(self._settled) >= MAX_SETTLED:
+            self._settled.clear()
+        self._settled.add(key)
+
+    def forget(self, workspace: Path) -> None:
+        """The drive in ``workspace`` ended: the next one walks it again before its first process."""
+        self._settled.discard(str(workspace))
+
+    async def settle(self, workspace: Path) -> sandbox_user.Settled | None:
+        """After a sandboxed process (and before the first of a drive): no setuid/setgid bit left in
+        the workspace, and as root everything in it the sandbox user's. Finished even if the
+        caller is cancelled (Stop during a command)."""
+        if not self.confined:
+            return None
+        owner = self._owner if self.dropping else None
+        if self.dropping and owner is None:
+            return None  # no sandbox user: nothing could have run
+        work = asyncio.ensure_future(asyncio.to_thread(_settle, workspace, self.store_dir, owner))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(work, 30)
+            raise
+
+
+def _settle(workspace: Path, store_dir: str, owner: Owner | None) -> sandbox_user.Settled | None:
+    try:
+        return sandbox_user.settle(workspace, store_dir, owner)
+    except OSError:  # the workspace is gone (or not a folder): nothing to settle
+        return None
+
+
+def _setuid(program: str) -> bool:
+    try:
+        return bool(os.stat(program).st_mode & stat.S_ISUID)
+    except OSError:
+        return False
 
 
 def _ensure_store(workspace: Path, store_dir: str) -> None:

@@ -422,14 +422,17 @@ def list_dir(root: Path, rel: str) -> str:
     return "\n".join(lines) if lines else "(empty folder)"
 
 
-SAFE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ", "TMPDIR")
+SAFE_ENV_KEYS = ("LANG", "LC_ALL", "TZ")
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+"""A command's ``PATH``: the system folders only, never the runner's (which may name folders of
+the operator's, like a venv or ``~/.cargo/bin``, that the sandbox does not even show)."""
 
 
 def command_env(workspace: Path) -> dict[str, str]:
-    """A scrubbed environment: no keys or tokens of the runner leak into the model's commands."""
+    """A scrubbed environment: no keys or tokens of the runner leak into the model's commands, and
+    ``PATH`` is the system one."""
     env = {k: os.environ[k] for k in SAFE_ENV_KEYS if k in os.environ}
-    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
-    env.update(HOME=str(workspace), TERM="dumb", PWD=str(workspace), GIT_TERMINAL_PROMPT="0")
+    env.update(PATH=SANDBOX_PATH, HOME=str(workspace), TERM="dumb", PWD=str(workspace), GIT_TERMINAL_PROMPT="0")
     return env
 
 
@@ -446,8 +449,17 @@ async def run_command(workspace: Path, command: str, timeout_s: float, limit: in
     """Run ``command`` with bash in the sandbox, in its own process group; cancel kills the whole
     group. Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
     cannot start."""
-    await sandbox.ready()
+    await sandbox.prepare(workspace)
     argv = sandbox.argv(workspace, command, network)
+    try:
+        return await _run(workspace, argv, timeout_s, limit, sandbox)
+    finally:
+        # Nothing it made stays setuid/setgid on the host (and, as root, all of it is the
+        # sandbox user's): also after a time-out or a Stop.
+        await sandbox.settle(workspace)
+
+
+async def _run(workspace: Path, argv: list[str], timeout_s: float, limit: int, sandbox: Sandbox) -> CommandResult:
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,

@@ -24,7 +24,12 @@ from coxswain.errors import NotFound, Refused, Unavailable
 
 GIT_TIMEOUT_S = 30.0
 SAFE_CONFIG = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "core.untrackedCache=false",
-               "-c", "protocol.allow=never", "-c", "gc.auto=0", "-c", "maintenance.auto=false")
+               "-c", "protocol.allow=never", "-c", "gc.auto=0", "-c", "maintenance.auto=false",
+               "-c", "safe.directory=*")
+"""``safe.directory=*``: as root the workspace (and its repository) belongs to the sandbox user,
+and git refuses a repository of another user ("dubious ownership"). That refusal guards against
+a repository's config running programs; here nothing it says can (the settings above, plumbing
+only), which was already needed since the model's commands can edit ``.git/config``."""
 REGULAR_MODES = frozenset({"100644", "100755"})
 
 

@@ -21,7 +21,7 @@ from nats.js.kv import KeyValue
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from coxswain import archive, eventlog, fdcopy, keys, rpc, safefs, subjects, textdiff
+from coxswain import archive, eventlog, fdcopy, keys, rpc, safefs, sandbox_user, subjects, textdiff
 from coxswain.config import Settings
 from coxswain.errors import Collected, Conflict, CoxError, Fenced, Invalid, NotFound
 from coxswain.ids import new_id
@@ -170,8 +170,9 @@ class Versions(Service):
         kept = st.keep(sid, rel, current, reason, None, call_id, new_id("v"))
         if target is None:
             safefs.delete(ws, rel)
-        else:
-            safefs.write(ws, rel, target)
+        else:  # as root, the sandbox user's (the commands run as it and must be able to change it)
+            safefs.write(ws, rel, target, owner=sandbox_user.file_owner(self.settings.sandbox.user,
+                                                                       self.settings.sandbox.mode))
         added, removed = textdiff.counts(current, target)
         return FileOutcome(
             path=rel, restored_from=version_id, added=added, removed=removed, deleted=target is None,
