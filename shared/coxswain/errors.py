@@ -2,12 +2,14 @@
 
     CoxError                      code            status
     ├── Invalid                   invalid         422   bad input (shape, encoding, ids)
-    │   └── BadJson               bad_json        400   body is not UTF-8 JSON
+    │   ├── BadJson               bad_json        400   body is not UTF-8 JSON
+    │   └── WorkspaceInvalid      workspace_invalid 422 the root itself, or a store folder
     ├── Unauthorized              unauthorized    401
     ├── NotFound                  not_found       404   also: another principal's session
     │   └── Collected             collected       410   a version the retention policy removed
     ├── Conflict                  (various)       409   busy, not_accepting, no_turn, lead_closed,
-    │                                                   resolved, fenced
+    │   │                                               resolved, fenced
+    │   └── WorkspaceNested       workspace_nested 409  inside or around another workspace
     ├── TooLarge                  too_large       413
     ├── TooManyPending            too_many_pending 429
     ├── TooManyStreams            too_many_streams 429   max_streams_per_principal event streams open
@@ -49,6 +51,13 @@ class Invalid(CoxError):
 class BadJson(Invalid):
     code = "bad_json"
     status = 400
+
+
+class WorkspaceInvalid(Invalid):
+    """A workspace that can never be one: the root itself (any spelling), a store folder."""
+
+    code = "workspace_invalid"
+    status = 422
 
 
 class Unauthorized(CoxError):
@@ -101,6 +110,12 @@ class Fenced(Conflict):
     code = "fenced"
 
 
+class WorkspaceNested(Conflict):
+    """A new workspace inside another one, or holding one."""
+
+    code = "workspace_nested"
+
+
 class TooLarge(CoxError):
     code = "too_large"
     status = 413
@@ -132,7 +147,7 @@ _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
-        LeadClosed, Resolved, Fenced, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
+        LeadClosed, Resolved, Fenced, WorkspaceInvalid, WorkspaceNested, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
     )
 }
 
