@@ -237,3 +237,24 @@ def test_two_principals_racing_for_one_new_workspace_exactly_one_owns_it(stack: 
                 return [x.status_code for x in rs]
         codes = asyncio.run(both())
         assert sorted(codes) in ([201, 409], [201, 404]), codes
+
+
+def test_error_details_name_no_host_path(stack: Stack) -> None:
+    """Issue 21 item 7: bad input that used to answer with the root's host path in the detail
+    (``workspace must be under /…/workspaces``, ``'/…/workspaces/../x' is outside the
+    workspace``) or a 500 (a name over 255 bytes) answers a clear error naming no host folder."""
+    host = [str(stack.root), os.path.realpath(stack.root), str(stack.tmp)]
+    with stack.client() as api:
+        sid = api.create("paths", model="script")["id"]
+        probes = [
+            (post(api, "../outside"), 422, "invalid"), (post(api, "/etc"), 422, "invalid"),
+            (post(api, "paths/../../x"), 422, "invalid"), (post(api, str(stack.tmp)), 422, "invalid"),
+            (post(api, "n" * 300), 422, "invalid"), (post(api, "ok/" + "n" * 256), 422, "invalid"),
+            (post(api, "paths/sub"), 409, "workspace_nested"), (post(api, "."), 422, "workspace_invalid"),
+            (api.http.get(f"/v1/sessions/{sid}/versions", params={"path": "../../x"}), 403, "refused"),
+            (api.http.get(f"/v1/sessions/{sid}/versions", params={"path": "/".join(["d"] * 200)}), 422, "invalid"),
+        ]
+        for r, status, code in probes:
+            detail = error(r, status, code)
+            assert not any(h in r.text for h in host), (r.request.url, r.text)
+            assert "internal" not in detail, detail

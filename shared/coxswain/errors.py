@@ -22,6 +22,8 @@ is rebuilt into the same class on the other side by :func:`from_wire`.
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any, ClassVar
 
 
@@ -161,3 +163,28 @@ def from_wire(payload: dict[str, Any]) -> CoxError:
     if cls is None:
         return CoxError(detail, code=code, status=status)
     return cls(detail, status=status) if status != cls.status else cls(detail)
+
+
+_ABS_PATH = re.compile(r"(?<![\w.~:/-])/(?:[^\s'\"/:,;()\[\]{}<>]+/?)+")
+"""An absolute path as it appears in an exception's text: ``/`` then names (not a URL's, a
+route's ``/v1/...`` only when it starts the text: routes are not in exception texts)."""
+
+
+def without_paths(text: str, *roots: str | os.PathLike[str]) -> str:
+    """``text`` with every path under one of ``roots`` made relative to it (``<root>/ws/f`` ->
+    ``ws/f``, the root itself -> ``.``), and any other absolute path replaced by ``<path>``:
+    an error a client reads names no folder of the host."""
+    for root in roots:
+        for r in {str(root), os.path.realpath(root)}:
+            r = r.rstrip("/")
+            if r:
+                text = text.replace(r + "/", "").replace(r, ".")
+    return _ABS_PATH.sub("<path>", text)
+
+
+def describe(exc: BaseException) -> str:
+    """An unexpected exception as a client may read it: its type and message, never a host path
+    (an OSError's file names are left out; other absolute paths are replaced)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return without_paths(repr(exc))

@@ -36,7 +36,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from . import __version__, bus, keys, logs, rpc, subjects
 from .config import Settings
-from .errors import CoxError, Invalid, Unavailable
+from .errors import CoxError, Invalid, Unavailable, describe
 from .models import Health
 
 M = TypeVar("M", bound=BaseModel)
@@ -494,7 +494,7 @@ class Service:
                 raise
             except Exception as exc:
                 self.log.error("rpc.failed", op=op, error=repr(exc), exc_info=exc)
-                reply = bus.err(CoxError(f"internal error in {self.name}.{op}: {exc!r}"))
+                reply = bus.err(CoxError(f"internal error in {self.name}.{op}: {describe(exc)}"))
             if msg.reply:
                 with contextlib.suppress(Exception):
                     await msg.respond(reply)

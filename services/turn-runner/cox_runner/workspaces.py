@@ -28,6 +28,8 @@ from coxswain.errors import Invalid, NotFound, Refused, WorkspaceInvalid, Worksp
 from .deps import Deps
 
 MAX_LISTED = 1000
+NAME_MAX = 255
+"""The longest file name Linux file systems take (bytes)."""
 
 
 class Workspaces:
@@ -41,6 +43,8 @@ class Workspaces:
         folder (422 ``workspace_invalid``), the credential denylist (422 ``invalid``)."""
         root = self.r.settings.root
         rel = requested.strip()
+        if any(len(part.encode("utf-8", "surrogatepass")) > NAME_MAX for part in rel.split("/")):
+            raise Invalid(f"a folder name may be at most {NAME_MAX} bytes")
         if os.path.isabs(rel):
             under = safefs.real_under(root, rel)
             if under is None:
@@ -91,7 +95,9 @@ class Workspaces:
         owner = await self.owner(name)
         if owner is None:
             if await asyncio.to_thread(ws.is_dir):
-                owner = self.r.settings.principal  # a folder nobody claimed is the operator's
+                # A claim comes before its mkdir: a folder seen now that has a record got it
+                # meanwhile (another request's claim); one without is nobody's: the operator's.
+                owner = await self.owner(name) or self.r.settings.principal
             elif not create:
                 raise missing
             else:
