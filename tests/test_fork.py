@@ -242,17 +242,11 @@ def test_a_fork_rewinds_its_own_turns_only(stack: Stack, api: Api) -> None:
     assert history(api, fid, "fork history") == ["turn one", "fork history"]
 
 
-def test_a_fork_of_the_root_workspace_does_not_copy_itself(stack: Stack, api: Api) -> None:
-    s = api.create(".")
-    sid, root = s["id"], Path(s["workspace"])
-    run_turn(api, sid, said("root turn", {"tools": [write("root-note.txt", "r1")]}, {"text": "done"}))
-    run_turn(api, sid, said("root turn 2", {"tools": [write("root-note.txt", "r2")]}, {"text": "done"}))
-    r = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 1})
-    assert r.status_code == 201, r.text
-    fws = Path(r.json()["workspace"])
-    assert fws.parent == root and fws.name == "workspace-fork-1"
-    assert (fws / "root-note.txt").read_text() == "r1" and (root / "root-note.txt").read_text() == "r2"
-    assert not (fws / "workspace-fork-1").exists() and not (fws / ".coxswain").exists()
+def test_there_is_no_fork_of_the_root_workspace(stack: Stack, api: Api) -> None:
+    """The root itself is never a workspace (tests/test_workspaces.py): no session there to fork."""
+    r = api.http.post("/v1/sessions", json={"workspace": "."})
+    assert r.status_code == 422 and r.json()["error"] == "workspace_invalid", r.text
+    assert not (stack.root / "workspace-fork-1").exists()
 
 
 # ------------------------------------------------------------------ a fork raced by link swaps

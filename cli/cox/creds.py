@@ -33,6 +33,20 @@ def write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) a folder only its owner can enter (0700)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def private_append(path: Path) -> int:
+    """An fd appending to ``path``, created 0600 (an older file is made 0600 too)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
 @dataclass(frozen=True)
 class Credentials:
     nats: Mapping[str, str]

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from .creds import Credentials, nats_admin_url, write_private
+from .creds import Credentials, nats_admin_url, private_dir, write_private
 from .servers import NatsServer, free_port, nats_binary, nats_config
 
 CLUSTER_NAME = "cox"
@@ -90,7 +90,7 @@ class NatsCluster:
         self.credentials = credentials or Credentials.generate()
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="cox-nats-cluster-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.workdir)
         self.size = size
         cluster_ports = [free_port() for _ in range(size)]
         route_password = secrets.token_urlsafe(18)

@@ -23,7 +23,7 @@ from typing import Self
 
 from coxswain import access
 
-from .creds import Credentials, redis_admin_url
+from .creds import Credentials, private_dir, redis_admin_url
 from .servers import RedisServer, free_port
 
 
@@ -86,7 +86,7 @@ class RedisClusterServer:
         self.credentials = credentials or Credentials.generate()
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="cox-redis-cluster-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.workdir)
         self.masters = masters
         self.replicas = replicas
         self.nodes: list[RedisClusterNode] = []

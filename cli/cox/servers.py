@@ -30,7 +30,7 @@ from typing import Self
 from coxswain import access
 from coxswain.proc import die_with_parent
 
-from .creds import Credentials, nats_admin_url, redis_admin_url, write_private
+from .creds import Credentials, nats_admin_url, private_append, private_dir, redis_admin_url, write_private
 
 
 def free_port() -> int:
@@ -69,8 +69,7 @@ class _Server:
                  credentials: Credentials | None = None) -> None:
         self.credentials = credentials or Credentials.generate()
         self._own_dir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"cox-{self.name}-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = private_dir(Path(workdir or tempfile.mkdtemp(prefix=f"cox-{self.name}-")))
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.workdir / f"{self.name}.log"
@@ -88,7 +87,7 @@ class _Server:
     def start(self, timeout: float = 20.0) -> Self:
         ready = threading.Event()
         lines: list[str] = []
-        log = open(self.log_path, "ab")
+        log = os.fdopen(private_append(self.log_path), "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             cwd=self.workdir, preexec_fn=self._preexec,
@@ -117,6 +116,9 @@ class _Server:
 
     def _preexec(self) -> None:
         die_with_parent()
+        # Everything the server writes (Redis's AOF holds every transcript and the versions HMAC
+        # key; NATS's store every event) is its owner's only: 0600 files, 0700 folders.
+        os.umask(0o077)
         if self.cgroup is not None:
             (self.cgroup / "cgroup.procs").write_text("0")  # "0": this process, before exec
 

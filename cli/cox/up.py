@@ -18,6 +18,9 @@
 - ``ready: http://127.0.0.1:PORT`` once ``/healthz`` says every service answers over NATS.
 - SIGTERM/SIGINT stops every child it started, then the servers; children also carry
   ``PR_SET_PDEATHSIG`` so even a SIGKILL of ``cox up`` leaves no orphans.
+- The state folder is its owner's only: 0700 folders and 0600 files (the servers run with umask
+  077; an older folder is made so at start), and locked (``flock`` on ``.cox/lock``) for the
+  life of the process: a second ``cox up`` on it exits 1 at once, naming the folder (``--state``).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -45,7 +50,7 @@ from coxswain import config as cfgmod
 from coxswain.proc import die_with_parent
 
 from . import demo
-from .creds import Credentials
+from .creds import Credentials, private_append, private_dir, write_private
 from .nats_cluster import NatsCluster
 from .redis_cluster import RedisClusterServer
 from .servers import NatsServer, RedisServer, free_port, terminate_tree
@@ -79,7 +84,7 @@ class Child:
     next_start: float = 0.0
 
     def start(self) -> None:
-        log = open(self.log_path, "ab")
+        log = os.fdopen(private_append(self.log_path), "ab")
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", self.module], env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -161,7 +166,18 @@ def run(args: argparse.Namespace) -> int:
         print("cox up: --runners must be between 1 and 64", file=sys.stderr)
         return 2
     state = Path(args.state).resolve()
-    (state / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        private_dir(state)
+        lock = _lock(state)
+    except OSError as exc:
+        print(f"cox up: cannot use the state folder {state}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    if lock is None:
+        print(f"cox up: another cox up is running on the state folder {state}; stop it, or pass --state DIR "
+              "to start a second one on a folder of its own", file=sys.stderr)
+        return 1
+    _private_tree(state)
+    private_dir(state / "logs")
     config = args.config or ("coxswain.toml" if Path("coxswain.toml").is_file() else None)
     if config and not Path(config).is_file():
         print(f"cox up: config file not found: {config}", file=sys.stderr)
@@ -186,6 +202,38 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_up(args, state, config, token, root, port, Auth(settings, given)))
     except KeyboardInterrupt:
         return 0
+    finally:
+        os.close(lock)
+
+
+def _lock(state: Path) -> int | None:
+    """Hold ``state/lock`` (flock, exclusive) for this process's life: two ``cox up`` on one state
+    folder would share one NATS store, one Redis AOF and one credentials file, the second
+    rewriting them under the first. None: another holds it. Released when the process ends
+    (also on SIGKILL); the fd is not inherited by the children."""
+    fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _private_tree(state: Path) -> None:
+    """The state folder and everything in it its owner's only (folders 0700, files 0600): a
+    folder from an older ``cox up`` held Redis's AOF 0644 in a 0755 folder. Links are left alone."""
+    for dirpath, dirnames, filenames in os.walk(state):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(path)
+                if stat.S_ISDIR(st.st_mode):
+                    os.chmod(path, 0o700)
+                elif stat.S_ISREG(st.st_mode):
+                    os.chmod(path, 0o600)
 
 
 def _token(state: Path) -> str:
@@ -196,8 +244,7 @@ def _token(state: Path) -> str:
             return tok
     # A prefix keeps it from starting with '-' (a flag to argparse) and makes it easy to spot.
     tok = "cox_" + secrets.token_urlsafe(24)
-    path.write_text(tok + "\n")
-    path.chmod(0o600)
+    write_private(path, tok + "\n")
     return tok
 
 

@@ -143,6 +143,7 @@ _PRINCIPALS = f"{keys.PREFIX}:p:*"
 _LEASES = f"{keys.LEASES_PREFIX}*"
 _DIRTY = f"{keys.DIRTY_PREFIX}*"
 _ACTIVE = f"{keys.ACTIVE_PREFIX}*"
+_WORKSPACES = f"{keys.PREFIX}:{keys.WS_TAG}:*"
 # the cluster client learns the slot map (CLUSTER SLOTS / SHARDS) and key positions (COMMAND,
 # in @connection); harmless against one server
 _CLUSTER = ("+cluster|slots", "+cluster|shards", "+cluster|info", "+cluster|nodes", "+cluster|myid")
@@ -155,7 +156,7 @@ REDIS: Final[Mapping[str, tuple[str, ...]]] = {
     VERSIONS: (f"%R~{_SESSIONS}", f"~{keys.VERSIONS_MAC_KEY}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+set",
                "-@dangerous", *_CLUSTER),
     RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{_LEASES}", f"~{_DIRTY}", f"~{_ACTIVE}", f"~{keys.META}",
-             *_CONNECTION,
+             f"~{_WORKSPACES}", *_CONNECTION,
              "+@read", "+@write", "+@transaction", "+fcall", "+function|load", "+time", "-@dangerous",
              # the runner's start-up check that Redis fsyncs every write (appendfsync always)
              "+config|get", *_CLUSTER),

@@ -10,11 +10,12 @@ between levels (``COX_LIMITS__TOOL_CALLS=50``); ``NATS_URL`` and ``REDIS_URL`` a
 from __future__ import annotations
 
 import os
+import posixpath
 import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -391,9 +392,32 @@ class SessionsConfig(_Section):
     sweeper in a cluster)."""
 
 
+class ShareConfig(_Section):
+    """One ``[[auth.shares]]`` entry: a workspace its owner shares with other principals."""
+
+    workspace: str = Field(min_length=1, max_length=4096)
+    """The workspace's name: its folder relative to the root (``team/app``)."""
+    principals: list[str] = Field(min_length=1)
+    """Who may open sessions on it besides its owner (and see it in ``GET /v1/workspaces``)."""
+
+    @field_validator("workspace")
+    @classmethod
+    def _relative(cls, v: str) -> str:
+        name = posixpath.normpath(v.strip())
+        if name.startswith("/") or name in (".", "..") or name.startswith("../"):
+            raise ValueError(f"[[auth.shares]] workspace must be a folder under the root, not {v!r}")
+        return name
+
+
 class AuthConfig(_Section):
     tokens: dict[str, str] = Field(default_factory=dict)
     """Bearer token -> principal name, for more than the one local principal."""
+    shares: list[ShareConfig] = Field(default_factory=list)
+    """Workspaces shared with principals other than their owner (docs/api.md, "Workspaces")."""
+
+    def shared_with(self, principal: str) -> set[str]:
+        """The workspace names shared with ``principal``."""
+        return {s.workspace for s in self.shares if principal in s.principals}
 
 
 class WebhookConfig(_Section):

@@ -2,12 +2,14 @@
 
     CoxError                      code            status
     ├── Invalid                   invalid         422   bad input (shape, encoding, ids)
-    │   └── BadJson               bad_json        400   body is not UTF-8 JSON
+    │   ├── BadJson               bad_json        400   body is not UTF-8 JSON
+    │   └── WorkspaceInvalid      workspace_invalid 422 the root itself, or a store folder
     ├── Unauthorized              unauthorized    401
     ├── NotFound                  not_found       404   also: another principal's session
     │   └── Collected             collected       410   a version the retention policy removed
     ├── Conflict                  (various)       409   busy, not_accepting, no_turn, lead_closed,
-    │                                                   resolved, fenced
+    │   │                                               resolved, fenced
+    │   └── WorkspaceNested       workspace_nested 409  inside or around another workspace
     ├── TooLarge                  too_large       413
     ├── TooManyPending            too_many_pending 429
     ├── TooManyStreams            too_many_streams 429   max_streams_per_principal event streams open
@@ -20,6 +22,7 @@ is rebuilt into the same class on the other side by :func:`from_wire`.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, ClassVar
 
@@ -50,6 +53,13 @@ class Invalid(CoxError):
 class BadJson(Invalid):
     code = "bad_json"
     status = 400
+
+
+class WorkspaceInvalid(Invalid):
+    """A workspace that can never be one: the root itself (any spelling), a store folder."""
+
+    code = "workspace_invalid"
+    status = 422
 
 
 class Unauthorized(CoxError):
@@ -102,6 +112,12 @@ class Fenced(Conflict):
     code = "fenced"
 
 
+class WorkspaceNested(Conflict):
+    """A new workspace inside another one, or holding one."""
+
+    code = "workspace_nested"
+
+
 class TooLarge(CoxError):
     code = "too_large"
     status = 413
@@ -133,7 +149,7 @@ _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
-        LeadClosed, Resolved, Fenced, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
+        LeadClosed, Resolved, Fenced, WorkspaceInvalid, WorkspaceNested, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
     )
 }
 
@@ -149,19 +165,26 @@ def from_wire(payload: dict[str, Any]) -> CoxError:
     return cls(detail, status=status) if status != cls.status else cls(detail)
 
 
-_ABS_PATH = re.compile(r"(?<![\w.~%+-])/[^\s'\"]*")
+_ABS_PATH = re.compile(r"(?<![\w.~:/-])/(?:[^\s'\"/:,;()\[\]{}<>]+/?)+")
+"""An absolute path as it appears in an exception's text: ``/`` then names (not a URL's, a
+route's ``/v1/...`` only when it starts the text: routes are not in exception texts)."""
 
 
-def scrub(text: str) -> str:
-    """``text`` with every absolute path replaced by ``<path>``: what an error may tell a client
-    about the host (docs/security.md: error details carry no host paths)."""
+def without_paths(text: str, *roots: str | os.PathLike[str]) -> str:
+    """``text`` with every path under one of ``roots`` made relative to it (``<root>/ws/f`` ->
+    ``ws/f``, the root itself -> ``.``), and any other absolute path replaced by ``<path>``:
+    an error a client reads names no folder of the host."""
+    for root in roots:
+        for r in {str(root), os.path.realpath(root)}:
+            r = r.rstrip("/")
+            if r:
+                text = text.replace(r + "/", "").replace(r, ".")
     return _ABS_PATH.sub("<path>", text)
 
 
 def describe(exc: BaseException) -> str:
-    """An unexpected exception as a client may see it: its type and reason, never a file name
-    (an OSError's ``filename``) or any other absolute path."""
-    if isinstance(exc, OSError):
-        text = exc.strerror or ""
-        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return scrub(f"{type(exc).__name__}: {exc}")
+    """An unexpected exception as a client may read it: its type and message, never a host path
+    (an OSError's file names are left out; other absolute paths are replaced)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return without_paths(repr(exc))

@@ -9,6 +9,12 @@ prefixes below are mirrored there: change both.
 
 The principal index (:func:`principal`) is on no bucket: it is written in its own call, before
 the session is created (a listing skips an entry whose session does not exist).
+
+The workspace records (:data:`WS_OWNERS`, :data:`WS_NAMES`, :func:`ws_principal`) share one hash
+tag of their own, ``{ws}``: a claim (``cox_ws_claim``) must see every workspace at once to refuse
+one inside or around another, so they live in one slot, apart from every session. A workspace is
+claimed in its own call before its first session is created (one call cannot span two slots):
+a crash between the two leaves a workspace its owner owns without a session, which is harmless.
 """
 
 from __future__ import annotations
@@ -127,6 +133,18 @@ def of(sid: str, suffix: str) -> str:
 def tx(sid: str, tx_id: str) -> str:
     """The kept reply of transition ``tx_id`` (in the session's slot: derived from its key)."""
     return session(sid) + TX + tx_id
+
+
+WS_TAG: Final = "{ws}"
+WS_OWNERS: Final = "cox:{ws}:owners"
+"""hash: workspace name (relative to the root, ``/``-separated) -> the principal who owns it."""
+WS_NAMES: Final = "cox:{ws}:names"
+"""zset of every workspace name, score 0 (lex order): the names beneath one are a range."""
+
+
+def ws_principal(name: str) -> str:
+    """zset workspace name -> claimed ms: the workspaces ``name`` owns (for its listing)."""
+    return f"cox:{WS_TAG}:p:{check_id(name, 'principal')}"
 
 
 def principal(name: str) -> str:

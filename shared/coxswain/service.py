@@ -494,7 +494,7 @@ class Service:
                 raise
             except Exception as exc:
                 self.log.error("rpc.failed", op=op, error=repr(exc), exc_info=exc)
-                reply = bus.err(CoxError(f"internal error in {self.name}.{op}: {describe(exc)}"))  # no host paths
+                reply = bus.err(CoxError(f"internal error in {self.name}.{op}: {describe(exc)}"))
             if msg.reply:
                 with contextlib.suppress(Exception):
                     await msg.respond(reply)

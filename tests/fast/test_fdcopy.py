@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from coxswain import fdcopy, safefs
-from coxswain.errors import CoxError, Invalid, TooLarge, describe, scrub
+from coxswain.errors import CoxError, Invalid, TooLarge, describe, without_paths
 
 SECRET = b"NATS-ADMIN-PASSWORD-do-not-copy"
 SWAPPER = r"""
@@ -301,8 +301,8 @@ def test_an_unexpected_error_is_described_without_host_paths() -> None:
     assert describe(exc) == "FileNotFoundError: No such file or directory"
     got = describe(RuntimeError("cannot copy '/srv/cox/workspaces/w1/a' to /srv/cox/workspaces/w1-fork-1/a: boom"))
     assert "/srv" not in got and "<path>" in got and "boom" in got
-    assert scrub("a/b and ./c/d stay; /abs/p goes") == "a/b and ./c/d stay; <path> goes"
-    assert CoxError(scrub("[Errno 2] '/tmp/x'")).detail == "[Errno 2] '<path>'"
+    assert without_paths("a/b and ./c/d stay; /abs/p goes") == "a/b and ./c/d stay; <path> goes"
+    assert CoxError(without_paths("[Errno 2] '/tmp/x'")).detail == "[Errno 2] '<path>'"
 
 
 

@@ -84,7 +84,7 @@ MAX_WAIT_S = 60.0
 def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="coxswain", version=__version__)
     app.state.gw = gw
-    errors.install(app, max_body=gw.settings.max_body)
+    errors.install(app, max_body=gw.settings.max_body, root=gw.settings.root)
     app.add_middleware(metrics.Middleware)
 
     async def call(op: rpc.Op[Q, R], request: Q) -> R:

@@ -7,6 +7,8 @@ its owner) and of JetStream (the event log) may find their server down or restar
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nats.errors
 import redis.exceptions
 from fastapi import FastAPI, Request
@@ -16,7 +18,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from coxswain.errors import CoxError, scrub
+from coxswain.errors import CoxError, without_paths
 
 STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                 405: "method_not_allowed", 409: "conflict", 413: "too_large", 415: "unsupported_media_type",
@@ -68,15 +70,19 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
-def install(app: FastAPI, max_body: int | None = None) -> None:
+def install(app: FastAPI, max_body: int | None = None, root: Path | None = None) -> None:
     if max_body is not None:
         app.add_middleware(BodyLimit, limit=max_body)
 
     @app.exception_handler(CoxError)
     async def cox_error(request: Request, exc: CoxError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        # a service's failure (5xx) may name a host path in its detail: never shown to a client
-        detail = scrub(exc.detail) if exc.status >= 500 else exc.detail
+        # The last fence: no detail a client reads names a host path. A service's failure (5xx)
+        # is scrubbed of every absolute path; any detail that names the root says paths
+        # relative to it (the services say paths relative to the workspace already).
+        roots = [root] if root is not None else []
+        named = root is not None and str(root) in exc.detail
+        detail = without_paths(exc.detail, *roots) if exc.status >= 500 or named else exc.detail
         return JSONResponse(body(exc.code, detail), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

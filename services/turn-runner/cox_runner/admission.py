@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from coxswain import events as ev
-from coxswain import keys, safefs, session_view
-from coxswain.errors import Conflict, Invalid, NotFound, TooLarge, Unavailable
+from coxswain import keys, session_view
+from coxswain.errors import Conflict, Invalid, NotFound, TooLarge, Unavailable, WorkspaceInvalid
 from coxswain.ids import new_id
 from coxswain.models import (
     Accepted,
@@ -48,43 +47,30 @@ from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
 from .store import as_list
+from .workspaces import Workspaces
 
 STOP_SETTLE_S = 10.0
 OBSERVE_TIMEOUT_S = 60.0
 WORKSPACE_CACHE = 10_000
+ROOT_SESSION = ("this session's workspace is the root itself, which reaches every workspace: it runs nothing "
+                "more; open a session on a folder under the root")
 
 
 class Admission:
     def __init__(self, deps: Deps) -> None:
         self.r = deps
         self._workspaces: dict[str, str] = {}
+        self.workspaces = Workspaces(deps)
 
     # ------------------------------------------------------------------ sessions
     async def create(self, cmd: CreateCmd) -> Session:
         s = self.r.settings
-        root = s.root
-        root.mkdir(parents=True, exist_ok=True)
-        rel = cmd.workspace.strip()
-        if os.path.isabs(rel):
-            under = safefs.real_under(root, rel)
-            if under is None:
-                raise Invalid(f"workspace must be under {root}")
-            ws = under
-        else:
-            ws = root / rel
-        # Create it (links resolved) only if it stays under the root.
-        rel_to_root = safefs.resolve(root, str(ws))
-        if safefs.denied(rel_to_root or "."):
-            raise Invalid("that folder is on the credential denylist")
-        ws = root / rel_to_root if rel_to_root else root
-        if not cmd.create and not await asyncio.to_thread(ws.is_dir):
-            # A typo must not quietly become a new folder (the console asks for create: false).
-            raise NotFound(f"no workspace {rel!r} under the root (create: true makes it)")
-        await asyncio.to_thread(ws.mkdir, parents=True, exist_ok=True)
-        ws = Path(os.path.realpath(ws))
+        await asyncio.to_thread(s.root.mkdir, parents=True, exist_ok=True)
+        name = self.workspaces.name_of(cmd.workspace)
         model = cmd.model or s.model.default or ""
         if model and model not in self.r.models.names():
             raise Invalid(f"unknown model {model!r}; configured: {', '.join(sorted(self.r.models.names()))}")
+        ws = await self.workspaces.admit(name, cmd.principal, cmd.create)
         sid = new_id("s")
         body = ev.body(ev.SessionCreated(sid=sid, workspace=str(ws), model=model or None, title=cmd.title,
                                          source="manual" if cmd.title else None))
@@ -126,7 +112,11 @@ class Admission:
         message_id = new_id("m")
         turn_id = new_id("t")
         sent = time.monotonic()
-        agents = await instructions.agents_md_hash(await self._workspace(cmd.sid))
+        ws = await self._workspace(cmd.sid)
+        if ws is not None and self.workspaces.is_root(ws) and \
+                await r.redis.hget(keys.session(cmd.sid), "principal") == cmd.principal:
+            raise WorkspaceInvalid(ROOT_SESSION)
+        agents = await instructions.agents_md_hash(ws)
         res = await r.store.fns.send(
             sid=cmd.sid, principal=cmd.principal, message_id=message_id, text=cmd.text, mode=cmd.mode or "",
             client_id=cmd.client_id or "", runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
@@ -211,6 +201,8 @@ class Admission:
         ws, owner = await r.redis.hmget(base, ["workspace", "principal"])
         if ws is None or owner != cmd.principal:
             raise NotFound("no such session")
+        if self.workspaces.is_root(ws):
+            raise WorkspaceInvalid(ROOT_SESSION)
         kept: list[ev._Event] = []
         exit_code: int | None = None
         async with self._command_token(cmd.sid, cmd.principal) as token:

@@ -28,7 +28,7 @@ import redis.exceptions
 
 from coxswain import events as ev
 from coxswain import keys, safefs
-from coxswain.errors import CoxError, Fenced
+from coxswain.errors import CoxError, Fenced, describe
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
@@ -80,7 +80,7 @@ async def run_drive(deps: Deps, d: Drive) -> None:
         if d.turn is not None:
             # A bug in the turn, not an unknown outcome of turn_end: end it as an error, once.
             with contextlib.suppress(Exception):
-                await _end_turn(deps, d, Ending("error", detail=f"internal error: {exc!r}"), None)
+                await _end_turn(deps, d, Ending("error", detail=f"internal error: {describe(exc)}"), None)
     finally:
         d.disarm()
         deps.leases.release(d)

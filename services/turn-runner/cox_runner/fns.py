@@ -126,6 +126,15 @@ class QueueOrdered(TypedDict, total=False):
     changed: bool
 
 
+class WsClaimed(TypedDict, total=False):
+    owner: str
+    created: bool
+
+
+class WsReleased(TypedDict, total=False):
+    released: bool
+
+
 class ArchiveTaken(TypedDict, total=False):
     seq: int
     sha: str
@@ -315,3 +324,19 @@ class Fns:
         await self.store.redis.zadd(keys.principal(principal), {sid: int(time.time() * 1000)}, nx=True)
         res = await self.store.call("cox_fork", sid, [sid, principal, workspace, model, title, owner, body, *events])
         return cast(Created, res)
+
+    # ------------------------------------------------------------------ workspaces (cox_runner.workspaces)
+    @lua("cox_ws_claim")
+    async def ws_claim(self, *, name: str, owner: str) -> WsClaimed:
+        """Record ``owner`` for workspace ``name`` unless it has one (answers its owner); refused
+        ``workspace_nested`` inside or around a recorded workspace. Its keys are in slot ``{ws}``.
+        Safe to run again: a retry finds its own record."""
+        res = await self.store.call("cox_ws_claim", None, [name, owner],
+                                    extra_keys=[keys.WS_OWNERS, keys.WS_NAMES, keys.ws_principal(owner)])
+        return cast(WsClaimed, res)
+
+    @lua("cox_ws_release")
+    async def ws_release(self, *, name: str, owner: str) -> WsReleased:
+        res = await self.store.call("cox_ws_release", None, [name, owner],
+                                    extra_keys=[keys.WS_OWNERS, keys.WS_NAMES, keys.ws_principal(owner)])
+        return cast(WsReleased, res)

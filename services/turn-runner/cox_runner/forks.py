@@ -9,7 +9,8 @@ those later writes kept (shell writes included: a command's snapshot keeps what 
 - **Fork** reads only (the source's log and versions store): it works while the source is busy,
   at any turn that has ended. The new session is made in one Redis call (``cox_fork``: as
   ``cox_create`` makes one, its log beginning with the copied transcript and ``session.forked``);
-  its folder is the source's copied beside it (``<name>-fork-<n>``), store folder left out.
+  its folder is the source's copied beside it (``<name>-fork-<n>``), store folder left out, a
+  workspace of the forking principal (claimed before the copy: cox_runner.workspaces).
 - **Rewind** is a person's operation between turns, under the idle session's lease like restore
   (409 ``busy`` while a turn runs): files are put back through the versions service (each kept
   first, undoable as one), and one ``session.rewound`` records it, with its ``file.written``.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import Any
 
 from coxswain import events as ev
 from coxswain import keys, session_view
-from coxswain.errors import Busy, Conflict, Invalid, NotFound
+from coxswain.errors import Busy, Conflict, Invalid, NotFound, WorkspaceNested
 from coxswain.ids import new_id
 from coxswain.models import (
     ForkCmd,
@@ -135,16 +137,29 @@ class Forks:
         name = FORK_SUFFIX.sub("", name)
         sid = new_id("s")
         files = None
+        spaces = self.a.workspaces
         for n in range(1, MAX_NAME_TRIES + 1):
             target = parent / f"{name}-fork-{n}"
             if await asyncio.to_thread(target.exists):
+                continue
+            # The fork's folder is the forking principal's workspace: claimed first (a name another
+            # principal owns, or one inside or around a workspace, is skipped), released if unused.
+            wname = os.path.relpath(target, root).replace(os.sep, "/")
+            try:
+                if await spaces.claim(wname, cmd.principal) != cmd.principal:
+                    continue
+            except WorkspaceNested:
                 continue
             try:
                 files = await r.clients.fork_files(ForkFilesRequest(sid=cmd.sid, workspace=str(src),
                                                                     target=str(target), known=known, later=later))
                 break
             except Conflict:
+                await spaces.release(wname, cmd.principal)
                 continue  # taken meanwhile: the next name
+            except BaseException:
+                await spaces.release(wname, cmd.principal)
+                raise
         if files is None:
             raise Conflict(f"no free folder name like {name}-fork-N beside the workspace")
         title = f"{h['title']} (fork)" if h.get("title") else ""
@@ -159,6 +174,7 @@ class Forks:
                                    owner=r.owner, body=created, events=bodies)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, target, True)
+            await spaces.release(wname, cmd.principal)
             raise
         r.log.info("session.forked", sid=sid, from_sid=cmd.sid, at_turn=cmd.at_turn, events=len(bodies),
                    copied=files.copied, restored=len(files.restored_files))

@@ -53,7 +53,7 @@ from pydantic_ai.models import ModelRequestParameters
 
 from coxswain import events as ev
 from coxswain import hookspec, keys
-from coxswain.errors import CoxError, Fenced
+from coxswain.errors import CoxError, Fenced, describe
 from coxswain.ids import new_id
 from coxswain.models import CallSpec, Plan
 
@@ -137,7 +137,7 @@ class TurnLoop:
             raise
         except Exception as exc:  # an internal failure still closes the turn's calls
             self.log.error("turn.failed", error=repr(exc), exc_info=exc)
-            ending = Ending("error", detail=f"internal error: {exc!r}")
+            ending = Ending("error", detail=f"internal error: {describe(exc)}")
         await self._close(ending)
         return ending
 

@@ -1,5 +1,5 @@
 """A person's hand on what waits: remove or reorder queued messages before they start, and the
-workspaces a new session may choose from.
+workspaces a new session may choose from (the caller's own and those shared with it).
 
 Each queue change is one atomic call into the Redis library (``cox_queue_remove``,
 ``cox_queue_order``) that changes the queue and records it as an event together; a message that
@@ -8,16 +8,11 @@ has already started (or was discarded) is refused with 409 ``not_queued``.
 
 from __future__ import annotations
 
-import asyncio
-import os
-
-from coxswain import safefs
 from coxswain.models import QueueOrderCmd, QueueRemoveCmd, QueueResult, WorkspacesCmd, WorkspacesResult
 
 from .deps import Deps
 from .store import as_list
-
-MAX_WORKSPACES = 1000
+from .workspaces import Workspaces
 
 
 class QueueOps:
@@ -35,15 +30,6 @@ class QueueOps:
         return QueueResult(queue=[str(x) for x in as_list(res.get("queue"))], changed=bool(res.get("changed")))
 
     async def workspaces(self, cmd: WorkspacesCmd) -> WorkspacesResult:
-        root = self.r.settings.root
-        return WorkspacesResult(root=str(root), workspaces=await asyncio.to_thread(_folders, root))
-
-
-def _folders(root: os.PathLike[str]) -> list[str]:
-    try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return []
-    out = [e.name for e in entries
-           if not e.name.startswith(".") and e.is_dir(follow_symlinks=False) and not safefs.denied(e.name)]
-    return sorted(out)[:MAX_WORKSPACES]
+        """The caller's own workspaces and those shared with it (cox_runner.workspaces)."""
+        names = await Workspaces(self.r).listing(cmd.principal)
+        return WorkspacesResult(root=str(self.r.settings.root), workspaces=names)

@@ -709,6 +709,53 @@ redis.register_function('cox_pub_done', cox_pub_done)
 redis.register_function('cox_dirty', older_than)
 redis.register_function('cox_pub_claim', cox_pub_claim)
 
+-- ------------------------------------------------------------------ workspaces
+-- Who owns which workspace (docs/api.md "Workspaces"). Every workspace key carries the hash tag
+-- {ws}: one slot, so a claim sees every other workspace at once and two claims (two principals
+-- racing for one name, or for "w1" and "w1/d") are ordered by Redis. KEYS: the owners hash
+-- (name -> principal), the lex-ordered name index (zset, score 0), the owner's index (zset name
+-- -> created ms). ARGV: name (relative to the root, '/'-separated, never ''), owner.
+-- Answers the workspace's owner; created = true when this call made the record. A name inside
+-- or around a recorded workspace is refused workspace_nested (nothing is written).
+local function cox_ws_claim(keys, args)
+  local owners, names, mine = keys[1], keys[2], keys[3]
+  local name, owner = args[1], args[2]
+  local have = redis.call('HGET', owners, name)
+  if have then return { reply({ owner = have, created = false }) } end
+  local prefix = ''
+  for part in string.gmatch(name, '[^/]+') do
+    if prefix ~= '' then
+      if redis.call('HEXISTS', owners, prefix) == 1 then
+        return refuse('workspace_nested', 'that folder is inside another workspace')
+      end
+      prefix = prefix .. '/' .. part
+    else
+      prefix = part
+    end
+  end
+  -- '0' follows '/' in byte order: [name/, (name0) is every name beneath this one
+  local under = redis.call('ZRANGEBYLEX', names, '[' .. name .. '/', '(' .. name .. '0', 'LIMIT', 0, 1)
+  if #under > 0 then return refuse('workspace_nested', 'that folder holds another workspace') end
+  redis.call('HSET', owners, name, owner)
+  redis.call('ZADD', names, 0, name)
+  redis.call('ZADD', mine, now_ms(), name)
+  return { reply({ owner = owner, created = true }) }
+end
+
+-- Drop a claim this owner made and could not use (a fork whose copy failed). ARGV: name, owner.
+local function cox_ws_release(keys, args)
+  local owners, names, mine = keys[1], keys[2], keys[3]
+  local name, owner = args[1], args[2]
+  if redis.call('HGET', owners, name) ~= owner then return { reply({ released = false }) } end
+  redis.call('HDEL', owners, name)
+  redis.call('ZREM', names, name)
+  redis.call('ZREM', mine, name)
+  return { reply({ released = true }) }
+end
+
+redis.register_function('cox_ws_claim', cox_ws_claim)
+redis.register_function('cox_ws_release', cox_ws_release)
+
 -- ------------------------------------------------------------------ queue management
 -- A person may remove or reorder queued messages before they start. Each is one call that
 -- changes the queue and records it (queue.removed / queue.reordered): never silent. A message

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coxswain import safefs
-from coxswain.errors import NotFound, Refused, Unavailable
+from coxswain.errors import NotFound, Refused, Unavailable, without_paths
 
 GIT_TIMEOUT_S = 30.0
 SAFE_CONFIG = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "core.untrackedCache=false",
@@ -54,7 +54,8 @@ def run(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, inp
     except subprocess.TimeoutExpired as exc:
         raise Unavailable(f"git {args[0]} took longer than {timeout:g}s") from exc
     if check and proc.returncode != 0:
-        raise GitError(args[0], proc.stderr.decode(errors="replace").strip())
+        # git names files by their absolute paths: said relative to the workspace (cwd) instead
+        raise GitError(args[0], without_paths(proc.stderr.decode(errors="replace").strip(), cwd))
     return proc
 
 
