@@ -221,13 +221,17 @@ async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]
         res = await ctx.guarded(tools.run_command(t.workspace, args["command"], timeout, limit,
                                                   deps.sandbox, bool(args.get("network"))))
     except StopRequested:
-        await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn; the command was killed.",
-                         extra=await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap), first=True)
+        kept = await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)
+        note = f"\n{kept.note}" if kept.note else ""
+        await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn; the command was killed.{note}",
+                         extra=kept.events, first=True, limit=kept.limit)
         raise
     ctx.taint.add(res.output)
     head = f"exit code {res.exit_code}\n" if res.exit_code is not None else ""
-    await rec.result(call, res.exit_code == 0 and not res.timed_out, head + res.output,
-                     extra=await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap), first=True)
+    kept = await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)
+    output = head + res.output + (f"\n{kept.note}" if kept.note else "")
+    await rec.result(call, res.exit_code == 0 and not res.timed_out and res.limit is None, output,
+                     extra=kept.events, first=True, limit=res.limit or kept.limit)
 
 
 async def _sandbox_ready(ctx: ToolContext, call: ToolCallPart) -> bool:
@@ -304,7 +308,7 @@ async def mcp_call(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], o
     snap = await cmdversions.before(deps, t, ctx.budget, ctx.log) if versioned else None
 
     async def kept() -> list[ev._Event]:
-        return await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap) if versioned else []
+        return (await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)).events if versioned else []
 
     try:
         ok, text = await ctx.guarded(servers.call(call.tool_name, args, timeout))
