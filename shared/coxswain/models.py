@@ -604,6 +604,8 @@ class CommandChangesResult(_Out):
     """How many changed files have no version kept (past the bound, too large, ...)."""
     note: str = ""
     """One line for the command's result when something was not kept because of a bound."""
+    at_file_limit: list[str] = Field(default_factory=list)
+    """Files the command left exactly ``[sandbox] file_mb`` large: RLIMIT_FSIZE stopped them."""
 
 
 class Health(_Out):

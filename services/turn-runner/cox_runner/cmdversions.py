@@ -48,6 +48,7 @@ class Kept:
     """``workspace_files`` / ``workspace_mb``: the bound that stopped the versioning."""
     note: str = ""
     """A line for the command's result saying what was not versioned, when a bound did it."""
+    at_file_limit: list[str] = field(default_factory=list)
 
 
 async def changes(clients: Clients, log: Any, sid: str, workspace: str, token: int, snap: str | None,
@@ -69,7 +70,7 @@ async def changes(clients: Clients, log: Any, sid: str, workspace: str, token: i
         out.append(ev.VersionKept(sid=sid, turn_id=turn_id, path=c.path, version_id=c.version_id, store=c.store))
         out.append(ev.FileWritten(sid=sid, turn_id=turn_id, path=c.path, added=c.added, removed=c.removed,
                                   via="command", deleted=c.deleted))
-    return Kept(out, res.limit, res.note)
+    return Kept(out, res.limit, res.note, res.at_file_limit)
 
 
 async def before(deps: Deps, turn: Turn, budget: Budget, log: Any) -> str | None:

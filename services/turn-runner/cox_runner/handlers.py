@@ -23,7 +23,7 @@ from coxswain import safefs, textdiff
 from coxswain.errors import CoxError
 from coxswain.models import KeepRequest, Plan
 
-from . import cmdversions, infra, tools
+from . import cmdversions, infra, limits, tools
 from .budget import Budget
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
@@ -230,8 +230,13 @@ async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]
     head = f"exit code {res.exit_code}\n" if res.exit_code is not None else ""
     kept = await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)
     output = head + res.output + (f"\n{kept.note}" if kept.note else "")
-    await rec.result(call, res.exit_code == 0 and not res.timed_out and res.limit is None, output,
-                     extra=kept.events, first=True, limit=res.limit or kept.limit)
+    hit = res.limit
+    if hit is None and kept.at_file_limit:  # a writer whose SIGXFSZ nobody reported (in a pipeline)
+        hit = "file_mb"
+        output += "\n" + limits.killed_note(hit, deps.settings.sandbox).replace(
+            "the command passed", f"{kept.at_file_limit[0]} reached")
+    await rec.result(call, res.exit_code == 0 and not res.timed_out and hit is None, output,
+                     extra=kept.events, first=True, limit=hit or kept.limit)
 
 
 async def _sandbox_ready(ctx: ToolContext, call: ToolCallPart) -> bool:

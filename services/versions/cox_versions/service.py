@@ -256,7 +256,8 @@ class Versions(Service):
 
     def _after_held(self, ws: Path, shadow: Shadow, req: CommandChangesRequest) -> CommandChangesResult:
         sb = self.settings.sandbox
-        bound = Bound(files=sb.workspace_files, bytes=sb.workspace_mb * 1024 * 1024)
+        bound = Bound(files=sb.workspace_files, bytes=sb.workspace_mb * 1024 * 1024,
+                      file_limit=sb.file_mb * 1024 * 1024)
         _, changed, taken = shadow.changes(req.sid, req.snapshot, bound)
         st = self.store(ws)
         out: list[FileChange] = []
@@ -317,7 +318,8 @@ class Versions(Service):
             note = (f"[versions: the command changed {len(changed)} files ({taken.added_bytes // (1024 * 1024)} MB "
                     f"written); past [sandbox] {limit} = {value} {unit}, {not_kept} of them were not versioned "
                     "(undo cannot put them back)]")
-        return CommandChangesResult(changes=out, skipped=skipped, limit=limit, not_kept=not_kept, note=note)
+        return CommandChangesResult(changes=out, skipped=skipped, limit=limit, not_kept=not_kept, note=note,
+                                    at_file_limit=taken.at_file_limit)
 
     # ------------------------------------------------------------------ fork and rewind
     def _since(self, ws: Path, sid: str, known: list[str], later: list[str]) -> dict[str, Record]:

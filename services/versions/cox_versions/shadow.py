@@ -78,6 +78,8 @@ class Bound:
 
     files: int = 0
     bytes: int = 0
+    file_limit: int = 0
+    """``[sandbox] file_mb`` in bytes: a file of exactly this size was stopped by RLIMIT_FSIZE."""
 
 
 @dataclass
@@ -94,6 +96,8 @@ class Taken:
     limit: str | None = None
     """``workspace_files`` or ``workspace_mb`` when the bound was reached."""
     added_bytes: int = 0
+    at_file_limit: list[str] = field(default_factory=list)
+    """Files exactly ``file_mb`` large: the kernel refused to let them grow (RLIMIT_FSIZE)."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,8 @@ class Shadow:
             size = st.st_size if regular else 0
             files += 1
             taken.added_bytes += size
+            if regular and bound.file_limit and size == bound.file_limit and len(taken.at_file_limit) < 10:
+                taken.at_file_limit.append(os.fsdecode(p))
             if taken.limit is None and bound.files and files > bound.files:
                 taken.limit = "workspace_files"
             if taken.limit is None and bound.bytes and taken.added_bytes > bound.bytes:
