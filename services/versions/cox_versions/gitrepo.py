@@ -49,7 +49,8 @@ def run(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, inp
     except subprocess.TimeoutExpired as exc:
         raise Unavailable(f"git {args[0]} took longer than {timeout:g}s") from exc
     if check and proc.returncode != 0:
-        raise GitError(args[0], proc.stderr.decode(errors="replace").strip())
+        op = next((a for a in args if not a.startswith("-") and "=" not in a), args[0])  # past "-c k=v"
+        raise GitError(op, proc.stderr.decode(errors="replace").strip())
     return proc
 
 

@@ -65,6 +65,10 @@ CONFIG = b"""[core]
 \taddEmbeddedRepo = false
 """
 TREE_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+HASH_ONLY = ["-c", "core.bigFileThreshold=2g"]
+"""For the commands that only hash (``ls-files -m`` comparing content, ``update-index
+--info-only``): past ``bigFileThreshold`` git hashes a file in a streaming loop about ten times
+slower (a 300 MB file: 9 s instead of 0.9 s)."""
 MAX_STORED_FILE = 64 * 1024 * 1024
 """A file larger than this is never copied into the shadow (the versions store keeps nothing
 larger either): it is indexed by its id only (``update-index --info-only``), so a later change
@@ -178,7 +182,7 @@ class Shadow:
         env = self._env(sid)
         taken = Taken()
         try:
-            raw = gitrepo.run(["ls-files", "-z", "-o", "-m", "--exclude-standard", "--", ".",
+            raw = gitrepo.run([*HASH_ONLY, "ls-files", "-z", "-o", "-m", "--exclude-standard", "--", ".",
                                *excludes(self.store_dir)], self.ws, env, timeout=SNAPSHOT_TIMEOUT_S).stdout
             whole, by_id = self._sort(raw, bound or Bound(), taken)
             literal = {**env, "GIT_LITERAL_PATHSPECS": "1"}
@@ -186,7 +190,7 @@ class Shadow:
                 gitrepo.run(["add", "-A", "--ignore-errors", "--pathspec-from-file=-", "--pathspec-file-nul"],
                             self.ws, literal, input=b"\0".join(whole), timeout=SNAPSHOT_TIMEOUT_S, check=False)
             if by_id:
-                gitrepo.run(["update-index", "--add", "--remove", "--info-only", "-z", "--stdin"], self.ws,
+                gitrepo.run([*HASH_ONLY, "update-index", "--add", "--remove", "--info-only", "-z", "--stdin"], self.ws,
                             literal, input=b"\0".join(by_id) + b"\0", timeout=SNAPSHOT_TIMEOUT_S, check=False)
             tree = gitrepo.run(["write-tree", "--missing-ok"], self.ws, env,
                                timeout=SNAPSHOT_TIMEOUT_S).stdout.decode().strip()
