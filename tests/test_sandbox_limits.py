@@ -337,3 +337,22 @@ def test_without_a_writable_cgroup_the_rlimits_still_hold_and_the_status_says_cg
     assert got["cgroups"] == "off" and got["reason"], got
     assert got["big"] == "file_mb" and got["size"] == 1024 * 1024, got
     assert got["cpu"] == "cpu_seconds", got
+
+
+def test_a_hook_that_forks_without_end_fails_closed_naming_max_processes(limited: Stack, lapi: Api) -> None:
+    """A repository's hooks.json runs a fork bomb before every command: the hook is stopped at
+    max_processes, it fails closed (the call is denied) and the turn ends soon."""
+    ws = limited.root / "lim-hook"
+    (ws / ".coxswain").mkdir(parents=True)
+    (ws / ".coxswain" / "hooks.json").write_text(json.dumps({"hooks": {"PreToolUse": [
+        {"matcher": "run_command", "hooks": [{"type": "command", "command": ":(){ :|:& };:", "timeout": 60}]}]}}))
+    s = lapi.create("lim-hook")
+    t0 = time.monotonic()
+    res, evs = command_result(lapi, s["id"], "echo never > ran.txt")
+    took = time.monotonic() - t0
+    decision = next(e for e in evs if e["type"] == "hook.decision" and e["hook_event"] == "PreToolUse")
+    assert decision["decision"] == "deny" and decision["failed"] is True, decision
+    assert "max_processes" in decision["reason"], decision["reason"]
+    assert not res["ok"] and not (ws / "ran.txt").exists()
+    assert took < 30, f"the turn took {took:.1f}s (the hook's time-out is 60s)"
+    assert leftover_cgroups() == []
