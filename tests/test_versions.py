@@ -337,7 +337,7 @@ def test_a_planted_shadow_config_never_runs(tmp_path: Path) -> None:
     with cfg.open("a") as fh:
         fh.write(f"[filter \"evil\"]\n\tclean = touch {marker}\n")
     (ws / "a.txt").write_text("b\n")
-    _, changes = shadow.changes("s_one", tree)
+    _, changes, _ = shadow.changes("s_one", tree)
     assert not marker.exists()
     assert {c.path for c in changes} == {"a.txt", ".gitattributes"}
     assert shadow.read(next(c.old_oid for c in changes if c.path == "a.txt"), 100) == b"a\n"

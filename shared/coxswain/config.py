@@ -216,6 +216,21 @@ class SandboxConfig(_Section):
     ``/proc`` (the process namespace stays its own). For a runner in a container whose ``/proc``
     Docker masks (the default; ``systempaths=unconfined`` lifts it, which Compose cannot pass):
     the kernel refuses such a container a fresh ``/proc``."""
+    # Resource limits per command, hook and MCP stdio server (cox_runner.limits; 0 = no limit).
+    max_processes: int = Field(1024, ge=0)
+    """Processes (and threads) alive at once in one command (the pids cgroup)."""
+    memory_mb: int = Field(4096, ge=0)
+    """Memory of one command, page cache and its ``/tmp`` included (the memory cgroup)."""
+    cpu_seconds: int = Field(3600, ge=0)
+    """CPU time of one command, all its processes together (cpuacct; RLIMIT_CPU per process)."""
+    file_mb: int = Field(1024, ge=0)
+    """The largest file a command may write (RLIMIT_FSIZE)."""
+    workspace_mb: int = Field(512, ge=0)
+    """What one command may add to the workspace and have versioned: its created and changed
+    files past this many MB are not versioned (named in its result)."""
+    workspace_files: int = Field(2000, ge=0)
+    """How many created, changed or deleted files of one command are versioned; the rest are not
+    (named in its result)."""
 
 
 MCP_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*$"

@@ -167,6 +167,10 @@ class ToolResult(_Event):
     output: str
     observed: list[dict[str, Any]] | None = None
     """Operator ``!command`` results ({command, output}) folded into this result for the model."""
+    limit: str | None = None
+    """The ``[sandbox]`` resource limit a command passed (``max_processes``, ``memory_mb``,
+    ``cpu_seconds``, ``file_mb``: it was stopped), or that bounded what of its changes were
+    versioned (``workspace_mb``, ``workspace_files``)."""
 
 
 class ToolSkipped(_Event):

@@ -590,10 +590,22 @@ class FileChange(_Out):
     deleted: bool = False
 
 
+MAX_SKIPPED = 50
+
+
 class CommandChangesResult(_Out):
     changes: list[FileChange]
     skipped: list[str] = Field(default_factory=list)
-    """Paths the command changed that are not kept (links, the denylist, too large), with why."""
+    """Paths the command changed that are not kept (links, the denylist, too large), with why
+    (at most :data:`MAX_SKIPPED` entries, the last one a count of the rest)."""
+    limit: Literal["workspace_files", "workspace_mb"] | None = None
+    """The ``[sandbox]`` bound that stopped the versioning of this command's changes."""
+    not_kept: int = 0
+    """How many changed files have no version kept (past the bound, too large, ...)."""
+    note: str = ""
+    """One line for the command's result when something was not kept because of a bound."""
+    at_file_limit: list[str] = Field(default_factory=list)
+    """Files the command left exactly ``[sandbox] file_mb`` large: RLIMIT_FSIZE stopped them."""
 
 
 class Health(_Out):

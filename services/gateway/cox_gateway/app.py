@@ -264,6 +264,9 @@ def create_app(gw: Gateway) -> FastAPI:
         sandbox = gw.settings.sandbox
         body = {"ok": ok, "services": services,
                 "sandbox": {"mode": sandbox.mode, "network": sandbox.network,
+                            # configured; whether cgroups enforce them: services.runner.detail.sandbox.limits
+                            "limits": {k: getattr(sandbox, k) for k in ("max_processes", "memory_mb", "cpu_seconds",
+                                                                        "file_mb", "workspace_mb", "workspace_files")},
                             **({"warning": "commands run WITHOUT a sandbox ([sandbox] mode = \"none\")"}
                                if sandbox.mode == "none" else {})},
                 "notify": await gw.notifier.health()}

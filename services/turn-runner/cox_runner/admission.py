@@ -219,7 +219,10 @@ class Admission:
                 exit_code = res.exit_code
                 output = (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
             if token is not None:
-                kept = await cmdversions.changes(r.clients, r.log, cmd.sid, ws, token, snap, turn_id, call_id)
+                got = await cmdversions.changes(r.clients, r.log, cmd.sid, ws, token, snap, turn_id, call_id)
+                kept = got.events
+                if got.note:
+                    output += f"\n{got.note}"
         turn_id, runner_id = await r.redis.hmget(base, ["turn_id", "runner"])
         turn_id = turn_id or None
         record = json.dumps({"command": cmd.command, "output": output}, ensure_ascii=False)

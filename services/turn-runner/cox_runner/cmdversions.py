@@ -13,6 +13,7 @@ log says so. Versions unreachable is not such a failure: the turn waits for it (
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from coxswain import events as ev
@@ -38,26 +39,38 @@ async def snapshot(clients: Clients, log: Any, sid: str, workspace: str, token: 
     return snap.snapshot
 
 
+@dataclass
+class Kept:
+    """What the versions service kept of a command's changes."""
+
+    events: list[ev._Event] = field(default_factory=list)
+    limit: str | None = None
+    """``workspace_files`` / ``workspace_mb``: the bound that stopped the versioning."""
+    note: str = ""
+    """A line for the command's result saying what was not versioned, when a bound did it."""
+    at_file_limit: list[str] = field(default_factory=list)
+
+
 async def changes(clients: Clients, log: Any, sid: str, workspace: str, token: int, snap: str | None,
-                  turn_id: str | None, call_id: str) -> list[ev._Event]:
+                  turn_id: str | None, call_id: str) -> Kept:
     """Keep what the command changed since ``snap``; the events that record it."""
     if snap is None:
-        return []
+        return Kept()
     try:
         res = await clients.after_command(CommandChangesRequest(
             sid=sid, workspace=workspace, snapshot=snap, token=token, turn_id=turn_id, call_id=call_id,
         ))
     except CoxError as exc:
         log.warning("command.versions_failed", sid=sid, error=exc.detail)
-        return []
+        return Kept()
     if res.skipped:
-        log.info("command.not_kept", sid=sid, paths=res.skipped[:20])
+        log.info("command.not_kept", sid=sid, paths=res.skipped[:20], count=res.not_kept, limit=res.limit)
     out: list[ev._Event] = []
     for c in res.changes:
         out.append(ev.VersionKept(sid=sid, turn_id=turn_id, path=c.path, version_id=c.version_id, store=c.store))
         out.append(ev.FileWritten(sid=sid, turn_id=turn_id, path=c.path, added=c.added, removed=c.removed,
                                   via="command", deleted=c.deleted))
-    return out
+    return Kept(out, res.limit, res.note, res.at_file_limit)
 
 
 async def before(deps: Deps, turn: Turn, budget: Budget, log: Any) -> str | None:
@@ -74,7 +87,7 @@ async def before(deps: Deps, turn: Turn, budget: Budget, log: Any) -> str | None
     return snap.snapshot
 
 
-async def after(deps: Deps, turn: Turn, log: Any, call_id: str, snap: str | None) -> list[ev._Event]:
+async def after(deps: Deps, turn: Turn, log: Any, call_id: str, snap: str | None) -> Kept:
     """Keep what the turn's command changed; the events that record it."""
     return await changes(deps.clients, log, turn.sid, str(turn.workspace), int(turn.token), snap,
                          turn.turn_id, call_id)

@@ -23,7 +23,7 @@ from coxswain import safefs, sandbox_user, textdiff
 from coxswain.errors import CoxError
 from coxswain.models import KeepRequest, Plan
 
-from . import cmdversions, infra, tools
+from . import cmdversions, infra, limits, tools
 from .budget import Budget
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
@@ -224,13 +224,22 @@ async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]
         res = await ctx.guarded(tools.run_command(t.workspace, args["command"], timeout, limit,
                                                   deps.sandbox, bool(args.get("network"))))
     except StopRequested:
-        await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn; the command was killed.",
-                         extra=await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap), first=True)
+        kept = await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)
+        note = f"\n{kept.note}" if kept.note else ""
+        await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn; the command was killed.{note}",
+                         extra=kept.events, first=True, limit=kept.limit)
         raise
     ctx.taint.add(res.output)
     head = f"exit code {res.exit_code}\n" if res.exit_code is not None else ""
-    await rec.result(call, res.exit_code == 0 and not res.timed_out, head + res.output,
-                     extra=await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap), first=True)
+    kept = await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)
+    output = head + res.output + (f"\n{kept.note}" if kept.note else "")
+    hit = res.limit
+    if hit is None and kept.at_file_limit:  # a writer whose SIGXFSZ nobody reported (in a pipeline)
+        hit = "file_mb"
+        output += "\n" + limits.killed_note(hit, deps.settings.sandbox).replace(
+            "the command passed", f"{kept.at_file_limit[0]} reached")
+    await rec.result(call, res.exit_code == 0 and not res.timed_out and hit is None, output,
+                     extra=kept.events, first=True, limit=hit or kept.limit)
 
 
 async def _sandbox_ready(ctx: ToolContext, call: ToolCallPart) -> bool:
@@ -307,7 +316,7 @@ async def mcp_call(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], o
     snap = await cmdversions.before(deps, t, ctx.budget, ctx.log) if versioned else None
 
     async def kept() -> list[ev._Event]:
-        return await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap) if versioned else []
+        return (await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)).events if versioned else []
 
     try:
         ok, text = await ctx.guarded(servers.call(call.tool_name, args, timeout))

@@ -43,11 +43,12 @@ from coxswain.hookspec import HookCommand, HooksSpec
 from coxswain.models import CallSpec, GuardResult
 from coxswain.proc import die_with_parent
 
-from . import tools
+from . import limits, tools
 from .deps import Deps
 from .errors import SandboxUnavailable
 from .gate import Gate, GateOutcome
 from .recorder import Recorder
+from .sandbox import Sandbox
 from .turn import Turn
 
 MAX_OUTPUT = 64 * 1024
@@ -169,14 +170,30 @@ async def run_hook(deps: Deps, workspace: Path, command: str, payload: bytes, ti
     except SandboxUnavailable as exc:
         return Raw(None, b"", b"", error=f"the command sandbox is unavailable: {exc}")
     try:
-        return await _spawn(workspace, argv, payload, timeout, sandbox.needs_preexec)
+        return await _spawn(sandbox, workspace, argv, payload, timeout)
     finally:
         await sandbox.settle(workspace)  # nothing the hook made stays setuid/setgid on the host
 
 
-async def _spawn(workspace: Path, argv: list[str], payload: bytes, timeout: float, preexec: bool) -> Raw:
+async def _spawn(sandbox: Sandbox, workspace: Path, argv: list[str], payload: bytes, timeout: float) -> Raw:
     env = tools.command_env(workspace)
     env.update(CLAUDE_PROJECT_DIR=str(workspace), COX_PROJECT_DIR=str(workspace))
+    try:
+        box = await asyncio.to_thread(limits.of(sandbox).box, "hook")
+    except OSError as exc:
+        return Raw(None, b"", b"", error=f"the hook's resource limits could not be set up: {exc.strerror}")
+    try:
+        raw = await _run_boxed(box, box.argv(argv), workspace, env, payload, timeout, sandbox.needs_preexec)
+    finally:
+        await box.close()
+    hit = box.limit or box.exceeded() or box.note_exit(raw.code, raw.stderr)
+    if hit is not None:
+        return Raw(raw.code, raw.stdout, raw.stderr, error=limits.killed_note(hit, sandbox.cfg, "hook").strip("[]"))
+    return raw
+
+
+async def _run_boxed(box: limits.Box, argv: list[str], workspace: Path, env: dict[str, str], payload: bytes,
+                     timeout: float, preexec: bool) -> Raw:
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=str(workspace), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -201,19 +218,24 @@ async def _spawn(workspace: Path, argv: list[str], payload: bytes, timeout: floa
                 into += block[:MAX_OUTPUT - len(into)]
 
     out, err = bytearray(), bytearray()
-    work = asyncio.gather(feed(), pump(proc.stdout, out), pump(proc.stderr, err), proc.wait())
+    work: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(feed(), pump(proc.stdout, out), pump(proc.stderr, err), proc.wait()))
+    watcher: asyncio.Future[Any] = asyncio.create_task(box.watch())
     try:
-        await asyncio.wait_for(asyncio.shield(work), timeout)
-    except TimeoutError:
-        await _kill(proc)
-        work.cancel()
-        with contextlib.suppress(BaseException):
-            await work
-        return Raw(proc.returncode, bytes(out), bytes(err), timed_out=True)
+        done, _ = await asyncio.wait({work, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:
+            await asyncio.to_thread(box.kill)
+            await _kill(proc)
+            work.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+            return Raw(proc.returncode, bytes(out), bytes(err), timed_out=not done)
     except asyncio.CancelledError:
+        await asyncio.shield(asyncio.to_thread(box.kill))
         await _kill(proc)
         work.cancel()
         raise
+    finally:
+        watcher.cancel()
     return Raw(proc.returncode, bytes(out), bytes(err))
 
 

@@ -34,6 +34,7 @@ from pydantic_ai.tools import ToolDefinition
 from coxswain.config import McpServerConfig, Settings
 from coxswain.logs import redact_url
 
+from . import limits
 from .sandbox import Sandbox
 
 SEP = "__"
@@ -99,6 +100,7 @@ class _Server:
         from mcp.client.streamable_http import streamable_http_client
 
         cfg = self.cfg
+        box: limits.Box | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if cfg.url is not None:
@@ -106,6 +108,10 @@ class _Server:
                 else:
                     await sandbox.prepare(workspace)
                     argv = sandbox.wrap(workspace, cfg.argv(), cfg.network)
+                    # pids and memory (and rlimits) for the server's lifetime; killed and removed
+                    # with it (its CPU time is not bounded: it lives as long as the drive)
+                    box = await asyncio.to_thread(limits.of(sandbox).box, "mcp")
+                    argv = box.argv(argv)
                     params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(workspace))
                     streams = await stack.enter_async_context(stdio_client(params, errlog=self.errlog))
                 read, write = streams[0], streams[1]
@@ -131,6 +137,8 @@ class _Server:
                 ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
         finally:
             self.session = None
+            if box is not None:
+                await box.close()
 
 
 async def _list_all(session: Any) -> list[Any]:

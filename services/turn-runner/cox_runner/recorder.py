@@ -79,7 +79,7 @@ class Recorder:
         return bool(self._deferred)
 
     async def result(self, call: ToolCallPart, ok: bool, output: str, extra: list[ev._Event] | None = None,
-                     first: bool = False) -> None:
+                     first: bool = False, limit: str | None = None) -> None:
         """Record a call's result. Operator observations waiting in Redis are folded into it, and
         taken off the list in the same atomic call that records it (so a rebuild agrees)."""
         t = self.turn
@@ -93,7 +93,7 @@ class Recorder:
                 o = json.loads(item)
                 observed.append({"command": str(o.get("command", "")), "output": str(o.get("output", ""))})
         result = ev.ToolResult(**self.e(), call_id=call.tool_call_id, ok=ok, output=output,
-                               observed=observed or None)
+                               observed=observed or None, limit=limit)
         evs = [*(extra or []), result] if first else [result, *(extra or [])]
         ops: list[Op] = [("hdel", keys.OPEN_CALLS, call.tool_call_id, "")]
         if call.tool_name in tools.WRITES:

@@ -31,6 +31,7 @@ from coxswain.ids import new_id
 from coxswain.service import Service
 
 from . import drive as drives_mod
+from . import limits
 from .admission import Admission
 from .archive import Archiver
 from .clients import Clients
@@ -149,11 +150,17 @@ class Runner(Service):
                            detail="every command is refused until the sandbox can start")
         else:
             self.log.info("sandbox.ready", mode=status.mode, network=self.settings.sandbox.network)
+        lim = await asyncio.to_thread(limits.of(self.sandbox).probe)
+        (self.log.info if lim.cgroups != "off" else self.log.warning)(
+            "sandbox.limits", **lim.as_dict(self.settings.sandbox),
+            **({"detail": "cgroups are off: only rlimits bound a command (no pids or memory bound)"}
+               if lim.cgroups == "off" else {}))
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
         return {"runner": self.runner_id, "drives": len(self.leases), "turns_started": self.leases.turns_started,
-                "sandbox": self.sandbox.status().as_dict()}
+                "sandbox": {**self.sandbox.status().as_dict(),
+                            "limits": limits.of(self.sandbox).status().as_dict(self.settings.sandbox)}}
 
     # ------------------------------------------------------------------ drives
     def start_drive(self, d: Drive) -> None:

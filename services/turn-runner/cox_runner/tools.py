@@ -22,7 +22,7 @@ from coxswain import safefs, textedit
 from coxswain.errors import Invalid
 from coxswain.proc import die_with_parent
 
-from . import walk
+from . import limits, walk
 from .sandbox import Sandbox
 
 
@@ -442,24 +442,31 @@ class CommandResult:
     output: str
     timed_out: bool = False
     cancelled: bool = False
+    limit: str | None = None
+    """The ``[sandbox]`` limit the command passed (it was killed), e.g. ``max_processes``."""
 
 
 async def run_command(workspace: Path, command: str, timeout_s: float, limit: int, sandbox: Sandbox,
                       network: bool = False) -> CommandResult:
-    """Run ``command`` with bash in the sandbox, in its own process group; cancel kills the whole
-    group. Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
+    """Run ``command`` with bash in the sandbox, in its own process group and its own cgroups
+    (:mod:`cox_runner.limits`); a limit reached, a time-out or a cancel kills the whole tree.
+    Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
     cannot start."""
     await sandbox.prepare(workspace)
-    argv = sandbox.argv(workspace, command, network)
+    inner = sandbox.argv(workspace, command, network)
+    limiter = limits.of(sandbox)
+    box = await asyncio.to_thread(limiter.box, "cmd")
     try:
-        return await _run(workspace, argv, timeout_s, limit, sandbox)
+        return await _run_boxed(workspace, box.argv(inner), timeout_s, limit, sandbox, box)
     finally:
+        await box.close()  # the whole tree is dead before the walk below
         # Nothing it made stays setuid/setgid on the host (and, as root, all of it is the
-        # sandbox user's): also after a time-out or a Stop.
+        # sandbox user's): also after a time-out, a limit or a Stop.
         await sandbox.settle(workspace)
 
 
-async def _run(workspace: Path, argv: list[str], timeout_s: float, limit: int, sandbox: Sandbox) -> CommandResult:
+async def _run_boxed(workspace: Path, argv: list[str], timeout_s: float, limit: int, sandbox: Sandbox,
+                     box: limits.Box) -> CommandResult:
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
@@ -484,25 +491,36 @@ async def _run(workspace: Path, argv: list[str], timeout_s: float, limit: int, s
             size += len(block)
 
     reader = asyncio.create_task(pump())
+    work: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(reader, proc.wait()))
+    watcher: asyncio.Future[Any] = asyncio.create_task(box.watch())
+    timed_out = False
     try:
-        await asyncio.wait_for(asyncio.shield(asyncio.gather(reader, proc.wait())), timeout=timeout_s)
-        timed_out = False
-    except TimeoutError:
-        timed_out = True
-        await _kill(proc)
+        done, _ = await asyncio.wait({work, watcher}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if not done:
+            timed_out = True
+        if work not in done:
+            await asyncio.to_thread(box.kill)
+            await _kill(proc)
     except asyncio.CancelledError:
+        await asyncio.shield(asyncio.to_thread(box.kill))
         await _kill(proc)
         reader.cancel()
         with contextlib.suppress(BaseException):
             await reader
         raise
+    finally:
+        watcher.cancel()
     with contextlib.suppress(BaseException):
         await asyncio.wait_for(reader, 2)
-    text = clip_output(b"".join(chunks), size, limit)
+    kept = b"".join(chunks)
+    text = clip_output(kept, size, limit)
     code = proc.returncode
-    if timed_out:
+    hit = box.limit or box.exceeded() or (None if timed_out else box.note_exit(code, kept[-65536:]))
+    if hit is not None:
+        text += "\n" + limits.killed_note(hit, box.cfg)
+    elif timed_out:
         text += f"\n[timed out after {timeout_s:g}s; the command was killed]"
-    return CommandResult(exit_code=code, output=text, timed_out=timed_out)
+    return CommandResult(exit_code=code, output=text, timed_out=timed_out, limit=hit)
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:

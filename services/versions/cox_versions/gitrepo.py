@@ -54,8 +54,9 @@ def run(args: list[str], cwd: Path, extra_env: dict[str, str] | None = None, inp
     except subprocess.TimeoutExpired as exc:
         raise Unavailable(f"git {args[0]} took longer than {timeout:g}s") from exc
     if check and proc.returncode != 0:
+        op = next((a for a in args if not a.startswith("-") and "=" not in a), args[0])  # past "-c k=v"
         # git names files by their absolute paths: said relative to the workspace (cwd) instead
-        raise GitError(args[0], without_paths(proc.stderr.decode(errors="replace").strip(), cwd))
+        raise GitError(op, without_paths(proc.stderr.decode(errors="replace").strip(), cwd))
     return proc
 
 

@@ -26,6 +26,7 @@ from coxswain.config import Settings
 from coxswain.errors import Collected, Conflict, CoxError, Fenced, Invalid, NotFound
 from coxswain.ids import new_id
 from coxswain.models import (
+    MAX_SKIPPED,
     ChangesRequest,
     ChangesResult,
     CollectRequest,
@@ -58,7 +59,7 @@ from coxswain.service import Service
 from . import changes as changes_view
 from .gitrepo import Repo
 from .retention import DAY_S, Policy, StoreStats, collect_store
-from .shadow import Shadow
+from .shadow import Bound, Shadow
 from .store import MAX_OBJECT, Record, Store, check_path
 
 REPO_CACHE_S = 2.0
@@ -254,19 +255,45 @@ class Versions(Service):
             return self._after_held(ws, shadow, req)
 
     def _after_held(self, ws: Path, shadow: Shadow, req: CommandChangesRequest) -> CommandChangesResult:
-        _, changed = shadow.changes(req.sid, req.snapshot)
+        sb = self.settings.sandbox
+        bound = Bound(files=sb.workspace_files, bytes=sb.workspace_mb * 1024 * 1024,
+                      file_limit=sb.file_mb * 1024 * 1024)
+        _, changed, taken = shadow.changes(req.sid, req.snapshot, bound)
         st = self.store(ws)
         out: list[FileChange] = []
         skipped: list[str] = []
+        limit = taken.limit
+        not_kept = 0
+        kept_bytes = 0
+        too_large = set(taken.too_large)
+
+        def skip(line: str) -> None:
+            nonlocal not_kept
+            not_kept += 1
+            if len(skipped) < MAX_SKIPPED - 1:
+                skipped.append(line)
+
         for c in changed:
+            if c.status == "A" and c.path in taken.by_id:  # created past the bound: nothing to keep
+                skip(f"{c.path}: over 64 MB, not versioned" if c.path in too_large
+                     else f"{c.path}: past [sandbox] {taken.limit}, not versioned")
+                continue
+            if sb.workspace_files and len(out) >= sb.workspace_files:
+                limit = limit or "workspace_files"
+                skip(f"{c.path}: past [sandbox] workspace_files, not versioned")
+                continue
+            if sb.workspace_mb and kept_bytes > sb.workspace_mb * 1024 * 1024:
+                limit = limit or "workspace_mb"
+                skip(f"{c.path}: past [sandbox] workspace_mb, not versioned")
+                continue
             try:
                 rel = check_path(ws, c.path, self.settings.store_dir)
             except CoxError as exc:
-                skipped.append(f"{c.path}: {exc.detail}")
+                skip(f"{c.path}: {exc.detail}")
                 continue
             old_regular = c.old_mode in ("100644", "100755")
             if c.status != "A" and not old_regular:
-                skipped.append(f"{rel}: was a link or a nested repository, not a file")
+                skip(f"{rel}: was a link or a nested repository, not a file")
                 continue
             try:
                 old = shadow.read(c.old_oid, MAX_OBJECT) if c.status != "A" else None
@@ -276,12 +303,23 @@ class Versions(Service):
                     cur = None  # now a link or a folder: compared as gone
                 rec = st.keep(req.sid, rel, old, "command", req.turn_id, req.call_id, new_id("v"))
             except CoxError as exc:
-                skipped.append(f"{rel}: {exc.detail}")
+                skip(f"{rel}: {exc.detail}")
                 continue
+            kept_bytes += len(old or b"")
             added, removed = textdiff.counts(old, cur)
             out.append(FileChange(path=rel, version_id=rec.version_id, store=rec.store, added=added,
                                   removed=removed, created=old is None, deleted=cur is None))
-        return CommandChangesResult(changes=out, skipped=skipped)
+        if not_kept > len(skipped):
+            skipped.append(f"... and {not_kept - len(skipped)} more not versioned")
+        note = ""
+        if limit is not None:
+            value = sb.workspace_files if limit == "workspace_files" else sb.workspace_mb
+            unit = "files" if limit == "workspace_files" else "MB"
+            note = (f"[versions: the command changed {len(changed)} files ({taken.added_bytes // (1024 * 1024)} MB "
+                    f"written); past [sandbox] {limit} = {value} {unit}, {not_kept} of them were not versioned "
+                    "(undo cannot put them back)]")
+        return CommandChangesResult(changes=out, skipped=skipped, limit=limit, not_kept=not_kept, note=note,
+                                    at_file_limit=taken.at_file_limit)
 
     # ------------------------------------------------------------------ fork and rewind
     def _since(self, ws: Path, sid: str, known: list[str], later: list[str]) -> dict[str, Record]:

@@ -37,9 +37,10 @@ import contextlib
 import fcntl
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coxswain import safefs
@@ -64,6 +65,43 @@ CONFIG = b"""[core]
 \taddEmbeddedRepo = false
 """
 TREE_RE = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+HASH_ONLY = ["-c", "core.bigFileThreshold=2g"]
+"""For the commands that only hash (``ls-files -m`` comparing content, ``update-index
+--info-only``): past ``bigFileThreshold`` git hashes a file in a streaming loop about ten times
+slower (a 300 MB file: 9 s instead of 0.9 s)."""
+MAX_STORED_FILE = 64 * 1024 * 1024
+"""A file larger than this is never copied into the shadow (the versions store keeps nothing
+larger either): it is indexed by its id only (``update-index --info-only``), so a later change
+of it is seen, but its content cannot be put back."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What one snapshot copies into the shadow whole (``[sandbox] workspace_files`` and
+    ``workspace_mb``; 0 = no bound): past it, files are indexed by id only."""
+
+    files: int = 0
+    bytes: int = 0
+    file_limit: int = 0
+    """``[sandbox] file_mb`` in bytes: a file of exactly this size was stopped by RLIMIT_FSIZE."""
+
+
+@dataclass
+class Taken:
+    """What a snapshot did with the files that changed since the last one."""
+
+    seen: int = 0
+    """Files created, changed or deleted since the session's last snapshot."""
+    stored: int = 0
+    by_id: set[str] = field(default_factory=set)
+    """Paths indexed by their id only (their content is not in the shadow)."""
+    too_large: list[str] = field(default_factory=list)
+    """Of those, the files over :data:`MAX_STORED_FILE`."""
+    limit: str | None = None
+    """``workspace_files`` or ``workspace_mb`` when the bound was reached."""
+    added_bytes: int = 0
+    at_file_limit: list[str] = field(default_factory=list)
+    """Files exactly ``file_mb`` large: the kernel refused to let them grow (RLIMIT_FSIZE)."""
 
 
 @dataclass(frozen=True)
@@ -127,37 +165,94 @@ class Shadow:
         return {"GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.ws),
                 "GIT_INDEX_FILE": str(self.git_dir / f"index-{sid}"), "GIT_LITERAL_PATHSPECS": "0"}
 
-    def snapshot(self, sid: str) -> tuple[str, float]:
+    def snapshot(self, sid: str, bound: Bound | None = None) -> tuple[str, float]:
         """The tree id of the workspace now, and how long it took (ms)."""
+        tree, ms, _ = self.snapshot_bounded(sid, bound)
+        return tree, ms
+
+    def snapshot_bounded(self, sid: str, bound: Bound | None = None) -> tuple[str, float, Taken]:
+        """The tree id of the workspace now, how long it took (ms), and what was copied.
+
+        Only what changed since the session's last snapshot is looked at (``ls-files -o -m``,
+        git's stat cache): of it, files over :data:`MAX_STORED_FILE`, and past ``bound`` the
+        rest, are indexed by id only (hashed, never copied), so neither a huge file nor a
+        hundred thousand small ones make the shadow grow or the snapshot slow."""
         t0 = time.perf_counter()
         self._prepare()
         env = self._env(sid)
+        taken = Taken()
         try:
-            gitrepo.run(["add", "-A", "--ignore-errors", "--", ".", *excludes(self.store_dir)], self.ws, env,
-                        timeout=SNAPSHOT_TIMEOUT_S, check=False)
-            tree = gitrepo.run(["write-tree"], self.ws, env, timeout=SNAPSHOT_TIMEOUT_S).stdout.decode().strip()
+            raw = gitrepo.run([*HASH_ONLY, "ls-files", "-z", "-o", "-m", "--exclude-standard", "--", ".",
+                               *excludes(self.store_dir)], self.ws, env, timeout=SNAPSHOT_TIMEOUT_S).stdout
+            whole, by_id = self._sort(raw, bound or Bound(), taken)
+            literal = {**env, "GIT_LITERAL_PATHSPECS": "1"}
+            if whole:
+                gitrepo.run(["add", "-A", "--ignore-errors", "--pathspec-from-file=-", "--pathspec-file-nul"],
+                            self.ws, literal, input=b"\0".join(whole), timeout=SNAPSHOT_TIMEOUT_S, check=False)
+            if by_id:
+                gitrepo.run([*HASH_ONLY, "update-index", "--add", "--remove", "--info-only", "-z", "--stdin"], self.ws,
+                            literal, input=b"\0".join(by_id) + b"\0", timeout=SNAPSHOT_TIMEOUT_S, check=False)
+            tree = gitrepo.run(["write-tree", "--missing-ok"], self.ws, env,
+                               timeout=SNAPSHOT_TIMEOUT_S).stdout.decode().strip()
         except gitrepo.GitError as exc:
             raise Unavailable(f"the snapshot failed: {exc}") from exc
         if not TREE_RE.fullmatch(tree):
             raise Unavailable("the snapshot gave no tree id")
         # What keeps this tree's objects (and so the index's) through a collection.
         safefs.write(self.ws, f"{self.rel}/refs/cox/{sid}", tree.encode() + b"\n")
-        return tree, (time.perf_counter() - t0) * 1000
+        return tree, (time.perf_counter() - t0) * 1000, taken
 
-    def changes(self, sid: str, before: str) -> tuple[str, list[Change]]:
-        """A new snapshot and what changed since the tree ``before``."""
+    def _sort(self, raw: bytes, bound: Bound, taken: Taken) -> tuple[list[bytes], list[bytes]]:
+        """Split the changed paths into those copied whole and those indexed by id only."""
+        whole: list[bytes] = []
+        by_id: list[bytes] = []
+        seen: set[bytes] = set()
+        files = 0
+        for p in raw.split(b"\0"):
+            if not p or p in seen:
+                continue
+            seen.add(p)
+            taken.seen += 1
+            try:
+                st = os.lstat(os.path.join(os.fsencode(self.ws), p))
+            except OSError:  # deleted: leaves the index, costs nothing
+                whole.append(p)
+                continue
+            regular = stat.S_ISREG(st.st_mode)
+            size = st.st_size if regular else 0
+            files += 1
+            taken.added_bytes += size
+            if regular and bound.file_limit and size == bound.file_limit and len(taken.at_file_limit) < 10:
+                taken.at_file_limit.append(os.fsdecode(p))
+            if taken.limit is None and bound.files and files > bound.files:
+                taken.limit = "workspace_files"
+            if taken.limit is None and bound.bytes and taken.added_bytes > bound.bytes:
+                taken.limit = "workspace_mb"
+            if regular and (size > MAX_STORED_FILE or taken.limit is not None):
+                by_id.append(p)
+                name = os.fsdecode(p).rstrip("/")
+                taken.by_id.add(name)
+                if size > MAX_STORED_FILE and len(taken.too_large) < 50:
+                    taken.too_large.append(name)
+            else:
+                whole.append(p)
+                taken.stored += 1
+        return whole, by_id
+
+    def changes(self, sid: str, before: str, bound: Bound | None = None) -> tuple[str, list[Change], Taken]:
+        """A new snapshot, what changed since the tree ``before``, and what the snapshot copied."""
         if not TREE_RE.fullmatch(before):
             raise Invalid("not a snapshot id")
-        after, _ = self.snapshot(sid)
+        after, _, taken = self.snapshot_bounded(sid, bound)
         if after == before:
-            return after, []
+            return after, [], taken
         env = self._env(sid)
         try:
             raw = gitrepo.run(["diff-tree", "-r", "-z", "--no-renames", "--no-ext-diff", "--no-textconv",
                                before, after], self.ws, env).stdout
         except gitrepo.GitError as exc:
             raise Invalid(f"the snapshot {before[:12]} is not in the shadow repository") from exc
-        return after, parse_raw(raw)
+        return after, parse_raw(raw), taken
 
     def read(self, oid: str, max_bytes: int) -> bytes:
         algo = "sha256" if len(oid) == 64 else "sha1"
