@@ -10,7 +10,10 @@ What a sandboxed command sees:
   ``[sandbox] proc = "none"``) and a minimal ``/dev``;
 - nothing else: no home folder, no other workspace, no ``.cox/`` state, no project checkout;
 - no network (its own network namespace: not even the host's loopback, so neither the stack's
-  Redis nor its NATS) unless the call was granted the network;
+  Redis nor its NATS). Granted the network, it keeps that namespace and reaches the network only
+  through coxswain's egress proxy (:mod:`cox_runner.egress`: one Unix socket bound in, a
+  forwarder on its own ``127.0.0.1``, the proxy variables set), which refuses non-public
+  addresses and records every connection;
 - no capabilities, its own session (no terminal to inject into), and it dies with the runner
   (``--die-with-parent``); the runner kills the whole tree on Stop or a time-out.
 
@@ -36,6 +39,7 @@ from typing import Any
 from coxswain import safefs
 from coxswain.config import SandboxConfig
 
+from . import egress as egress_mod
 from .errors import SandboxUnavailable
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -107,6 +111,12 @@ class Sandbox:
         sandbox dies with this process even if it is killed with SIGKILL (bwrap's own
         ``--die-with-parent`` then takes its children down)."""
         self._base: list[str] | None = None
+        self.egress = egress_mod.Egress(cfg)
+        """The runner's egress proxy: a granted command's only way out."""
+
+    def networked(self, network: bool) -> bool:
+        """Whether a command asked with ``network`` goes through the egress proxy."""
+        return self.confined and (network or self.cfg.network)
 
     @property
     def mode(self) -> str:
@@ -163,7 +173,7 @@ class Sandbox:
         self._base = args
         return args
 
-    def _bwrap(self, program: str, workspace: Path, network: bool) -> list[str]:
+    def _bwrap(self, program: str, workspace: Path, network: bool, egress: str | None = None) -> list[str]:
         ws = str(workspace)
         lead = [self._setpriv, "--pdeathsig", "KILL", "--"] if self._setpriv else []
         argv = [*lead, program, *self._system_args(), "--bind", ws, ws]
@@ -171,25 +181,30 @@ class Sandbox:
         if store.is_dir() and not store.is_symlink():
             argv += ["--ro-bind", str(store), str(store)]
         if network or self.cfg.network:
-            argv.append("--share-net")
+            if egress is None:
+                raise SandboxUnavailable("the network goes through coxswain's egress proxy, which was not "
+                                         "started for this command")
+            argv += egress_mod.bwrap_args(egress)
         return [*argv, "--chdir", ws]
 
-    def argv(self, workspace: Path, command: str, network: bool) -> list[str]:
-        """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined."""
+    def argv(self, workspace: Path, command: str, network: bool, *, egress: str | None = None) -> list[str]:
+        """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined.
+        Granted the network (``network`` or ``[sandbox] network``), ``egress`` is the proxy socket
+        of :meth:`cox_runner.egress.Egress.grant` (without one it is refused)."""
         shell = ["/bin/bash", "-c", command]
         if self.cfg.mode == "none":
             return shell
-        return self._confined(workspace, shell, network)
+        return self._confined(workspace, shell, network, egress)
 
-    def wrap(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
+    def wrap(self, workspace: Path, argv: list[str], network: bool, *, egress: str | None = None) -> list[str]:
         """The argv that runs the program ``argv`` (a stdio MCP server) confined like a command,
         in ``workspace``; raises when it cannot be confined (never runs it bare). Unconfined
         (``mode = "none"``) it still dies with the runner when ``setpriv`` is there."""
         if self.cfg.mode == "none":
             return [self._setpriv, "--pdeathsig", "KILL", "--", *argv] if self._setpriv else list(argv)
-        return self._confined(workspace, argv, network)
+        return self._confined(workspace, argv, network, egress)
 
-    def _confined(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
+    def _confined(self, workspace: Path, argv: list[str], network: bool, egress: str | None = None) -> list[str]:
         """``argv`` under bubblewrap in ``workspace``; raises when it cannot be confined."""
         program = self._program()
         if program is None:
@@ -197,7 +212,13 @@ class Sandbox:
         if self._status is not None and not self._status.available:
             raise SandboxUnavailable(self._status.reason)
         _ensure_store(workspace, self.store_dir)
-        return [*self._bwrap(program, workspace, network), "--", *argv]
+        if network or self.cfg.network:
+            python = egress_mod.forwarder_python()
+            if python is None:
+                raise SandboxUnavailable("a command granted the network needs python3 in the system folders "
+                                         f"({', '.join(egress_mod.PYTHONS)}) for its proxy forwarder")
+            argv = egress_mod.wrapped(python, argv)
+        return [*self._bwrap(program, workspace, network, egress), "--", *argv]
 
     async def probe(self) -> SandboxStatus:
         """Start ``true`` in the sandbox once (in a scratch folder): bwrap present and its

@@ -23,6 +23,7 @@ from coxswain.errors import Invalid
 from coxswain.proc import die_with_parent
 
 from . import walk
+from .egress import Request
 from .sandbox import Sandbox
 
 
@@ -442,12 +443,21 @@ class CommandResult:
 
 
 async def run_command(workspace: Path, command: str, timeout_s: float, limit: int, sandbox: Sandbox,
-                      network: bool = False) -> CommandResult:
+                      network: bool = False, *, requests: list[Request] | None = None) -> CommandResult:
     """Run ``command`` with bash in the sandbox, in its own process group; cancel kills the whole
     group. Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
-    cannot start."""
+    cannot start. Granted the network, it gets a proxy socket of its own for its run; every
+    connection it asked for is appended to ``requests`` (to record as ``network.request``)."""
     await sandbox.ready()
-    argv = sandbox.argv(workspace, command, network)
+    if not sandbox.networked(network):
+        return await _run_command(workspace, sandbox.argv(workspace, command, network), timeout_s, limit, sandbox)
+    async with sandbox.egress.grant(requests if requests is not None else []) as grant:
+        argv = sandbox.argv(workspace, command, network, egress=grant.socket)
+        return await _run_command(workspace, argv, timeout_s, limit, sandbox)
+
+
+async def _run_command(workspace: Path, argv: list[str], timeout_s: float, limit: int,
+                       sandbox: Sandbox) -> CommandResult:
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
