@@ -173,17 +173,16 @@ class Sandbox:
         self._base = args
         return args
 
-    def _bwrap(self, program: str, workspace: Path, network: bool, egress: str | None = None) -> list[str]:
+    def _bwrap(self, program: str, workspace: Path, egress: str | None) -> list[str]:
+        """bwrap's argv for ``workspace``; ``egress``: the proxy socket of a granted command (its
+        network namespace stays its own: never ``--share-net``)."""
         ws = str(workspace)
         lead = [self._setpriv, "--pdeathsig", "KILL", "--"] if self._setpriv else []
         argv = [*lead, program, *self._system_args(), "--bind", ws, ws]
         store = workspace / self.store_dir
         if store.is_dir() and not store.is_symlink():
             argv += ["--ro-bind", str(store), str(store)]
-        if network or self.cfg.network:
-            if egress is None:
-                raise SandboxUnavailable("the network goes through coxswain's egress proxy, which was not "
-                                         "started for this command")
+        if egress is not None:
             argv += egress_mod.bwrap_args(egress)
         return [*argv, "--chdir", ws]
 
@@ -213,12 +212,15 @@ class Sandbox:
             raise SandboxUnavailable(self._status.reason)
         _ensure_store(workspace, self.store_dir)
         if network or self.cfg.network:
+            if egress is None:
+                raise SandboxUnavailable("the network goes through coxswain's egress proxy, which was not "
+                                         "started for this command")
             python = egress_mod.forwarder_python()
             if python is None:
                 raise SandboxUnavailable("a command granted the network needs python3 in the system folders "
                                          f"({', '.join(egress_mod.PYTHONS)}) for its proxy forwarder")
             argv = egress_mod.wrapped(python, argv)
-        return [*self._bwrap(program, workspace, network, egress), "--", *argv]
+        return [*self._bwrap(program, workspace, egress if network or self.cfg.network else None), "--", *argv]
 
     async def probe(self) -> SandboxStatus:
         """Start ``true`` in the sandbox once (in a scratch folder): bwrap present and its
@@ -229,7 +231,7 @@ class Sandbox:
         if program is None:
             return self._missing()
         with tempfile.TemporaryDirectory(prefix="cox-sandbox-probe-") as scratch:
-            argv = [*self._bwrap(program, Path(scratch), False), "--", "/bin/true"]
+            argv = [*self._bwrap(program, Path(scratch), None), "--", "/bin/true"]
             try:
                 proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                             stdout=asyncio.subprocess.DEVNULL,
