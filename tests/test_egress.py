@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -416,6 +417,32 @@ async def test_allow_and_deny_hosts_hold_for_a_sandboxed_command(tmp_path: Path)
                                                     ("mirror.test", False), ("other.test", False)]
     assert "deny_hosts" in reqs[1].reason and "allow_hosts" in reqs[2].reason
     assert names.calls == ["pkg.mirror.test"]
+
+
+@needs_bwrap
+async def test_a_stdio_mcp_server_granted_the_network_goes_through_the_proxy(tmp_path: Path) -> None:
+    import structlog
+
+    from cox_runner.mcp_servers import McpServers
+    from coxswain.config import Settings
+
+    tiny = Path(__file__).parent / "mcp_servers" / "tiny.py"
+    settings = Settings(root=tmp_path, sandbox={"extra_ro": sorted({sys.prefix, sys.base_prefix, str(tiny.parent)})},
+                        mcp={"servers": [{"name": "tiny", "command": [sys.executable, str(tiny)], "network": True,
+                                          "env": {"TINY_FETCH": "1"}}]})  # type: ignore[arg-type]
+    m = McpServers(settings, Sandbox(settings.sandbox, settings.store_dir), structlog.get_logger())
+    await m.start(tmp_path, tools.command_env(tmp_path))
+    try:
+        assert [(c.name, c.state) for c in m.take_changes()] == [("tiny", "ready")]
+        _, meta = await m.call("tiny__fetch", {"url": "http://169.254.169.254/latest/meta-data/"}, 30)
+        _, private = await m.call("tiny__fetch", {"url": "http://10.0.0.1/"}, 30)
+    finally:
+        await m.aclose()
+    assert meta.startswith("403") and "cloud metadata" in meta, meta
+    assert private.startswith("403") and "private" in private, private
+    reqs = m.take_requests("tiny")
+    assert [(r.host, r.allowed) for r in reqs] == [("169.254.169.254", False), ("10.0.0.1", False)]
+    assert m.take_requests("tiny") == [], "taken once, recorded with one call's result"
 
 
 # --- the real stack: the session's log -----------------------------------------------------------
