@@ -31,6 +31,7 @@ import pytest
 
 from cox_runner import egress, tools
 from cox_runner.egress import Egress, Request
+from cox_runner.errors import SandboxUnavailable
 from cox_runner.sandbox import Sandbox
 from coxswain import hostpatterns
 from coxswain.config import SandboxConfig
@@ -377,6 +378,22 @@ async def test_the_command_runs_as_before_with_its_exit_code_and_the_network_off
     assert res.exit_code == 7 and "out" in res.output and "err" in res.output
     res, reqs = await sandboxed(tmp_path, SandboxConfig(), "env | grep -ci proxy; ls /run", network=False)
     assert res.output.split()[0] == "0" and "cox-egress" not in res.output and reqs == []
+
+
+@needs_bwrap
+async def test_a_hook_has_no_network_even_when_every_command_has(tmp_path: Path) -> None:
+    """Hooks run a repository's own scripts, unasked: ``[sandbox] network = true`` is not theirs."""
+    sb = Sandbox(SandboxConfig(network=True), ".coxswain")
+    assert (await sb.probe()).available
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    argv = sb.argv(ws, "env | grep -ci proxy; ls /run", False, offline=True)
+    assert "--share-net" not in argv and egress.SOCKET_IN_SANDBOX not in argv
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, env=tools.command_env(ws))
+    out, _ = await proc.communicate()
+    assert out.split() == [b"0"], out
+    with pytest.raises(SandboxUnavailable, match="egress proxy"):
+        sb.argv(ws, "true", False)  # a command of this config without its proxy is refused, never run open
 
 
 @needs_bwrap

@@ -186,14 +186,16 @@ class Sandbox:
             argv += egress_mod.bwrap_args(egress)
         return [*argv, "--chdir", ws]
 
-    def argv(self, workspace: Path, command: str, network: bool, *, egress: str | None = None) -> list[str]:
+    def argv(self, workspace: Path, command: str, network: bool, *, egress: str | None = None,
+             offline: bool = False) -> list[str]:
         """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined.
         Granted the network (``network`` or ``[sandbox] network``), ``egress`` is the proxy socket
-        of :meth:`cox_runner.egress.Egress.grant` (without one it is refused)."""
+        of :meth:`cox_runner.egress.Egress.grant` (without one it is refused). ``offline`` (a
+        hook): no network whatever ``[sandbox] network`` says."""
         shell = ["/bin/bash", "-c", command]
         if self.cfg.mode == "none":
             return shell
-        return self._confined(workspace, shell, network, egress)
+        return self._confined(workspace, shell, network and not offline, None if offline else egress, offline)
 
     def wrap(self, workspace: Path, argv: list[str], network: bool, *, egress: str | None = None) -> list[str]:
         """The argv that runs the program ``argv`` (a stdio MCP server) confined like a command,
@@ -203,7 +205,8 @@ class Sandbox:
             return [self._setpriv, "--pdeathsig", "KILL", "--", *argv] if self._setpriv else list(argv)
         return self._confined(workspace, argv, network, egress)
 
-    def _confined(self, workspace: Path, argv: list[str], network: bool, egress: str | None = None) -> list[str]:
+    def _confined(self, workspace: Path, argv: list[str], network: bool, egress: str | None = None,
+                  offline: bool = False) -> list[str]:
         """``argv`` under bubblewrap in ``workspace``; raises when it cannot be confined."""
         program = self._program()
         if program is None:
@@ -211,7 +214,8 @@ class Sandbox:
         if self._status is not None and not self._status.available:
             raise SandboxUnavailable(self._status.reason)
         _ensure_store(workspace, self.store_dir)
-        if network or self.cfg.network:
+        network = not offline and (network or self.cfg.network)
+        if network:
             if egress is None:
                 raise SandboxUnavailable("the network goes through coxswain's egress proxy, which was not "
                                          "started for this command")
@@ -220,7 +224,7 @@ class Sandbox:
                 raise SandboxUnavailable("a command granted the network needs python3 in the system folders "
                                          f"({', '.join(egress_mod.PYTHONS)}) for its proxy forwarder")
             argv = egress_mod.wrapped(python, argv)
-        return [*self._bwrap(program, workspace, egress if network or self.cfg.network else None), "--", *argv]
+        return [*self._bwrap(program, workspace, egress if network else None), "--", *argv]
 
     async def probe(self) -> SandboxStatus:
         """Start ``true`` in the sandbox once (in a scratch folder): bwrap present and its
