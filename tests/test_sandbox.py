@@ -58,6 +58,13 @@ def connect(port: int) -> str:
             f"print('got', s.recv(64).decode())\"")
 
 
+def proxied(port: int) -> str:
+    """Ask the command's egress proxy (its own 127.0.0.1:3128) for the host's loopback listener."""
+    return (f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', 3128), 3); "
+            f"s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n'); "
+            f"print('proxy said', s.recv(300).decode())\"")
+
+
 @contextlib.contextmanager
 def listener() -> Iterator[int]:
     """A TCP listener on the host's loopback that greets every connection."""
@@ -139,7 +146,9 @@ def test_a_command_reaches_neither_the_host_loopback_nor_the_stacks_servers(sand
 
 def test_the_network_is_a_recorded_permission_asked_once_per_session(tmp_path: Path) -> None:
     """A command that asks for the network is a security confirm with the judge's view; "always"
-    makes it standing (in the log and the session object), and then it reaches the listener."""
+    makes it standing (in the log and the session object). Granted, it still has its own network
+    namespace: the host's loopback listener is reached neither directly nor through the egress
+    proxy, whose refusal is a ``network.request`` event."""
     with running(tmp_path, runners=1) as st, st.client() as api, listener() as port:
         s = api.create("sbx-grant")
         sid = s["id"]
@@ -148,8 +157,9 @@ def test_the_network_is_a_recorded_permission_asked_once_per_session(tmp_path: P
         evs = run_turn(api, sid, commands("cat /etc/hostname"))
         assert of_type(evs, "approval.pending") == []
         after = last_seq(api, sid)
-        assert api.send(sid, commands({"command": connect(port), "network": True},
-                                      {"command": connect(port), "network": True})).status_code == 202
+        granted = f"{connect(port)}; {proxied(port)}"
+        assert api.send(sid, commands({"command": granted, "network": True},
+                                      {"command": granted, "network": True})).status_code == 202
         pending = api.wait_type(sid, "approval.pending", after=after)
         assert pending["security"] is True and "network" in pending["reason"]
         assert pending["judge"] is not None, "the person sees the judge's view"
@@ -160,7 +170,10 @@ def test_the_network_is_a_recorded_permission_asked_once_per_session(tmp_path: P
         answer(api, sid, second["approval_id"], "allow")
         _, evs = finished(api, sid, after=after)
         out = outputs([e for e in evs if e["seq"] > after])
-        assert out and all("got hello-from-host" in o for o in out), out
+        assert len(out) == 2 and all("got hello-from-host" not in o and "proxy said HTTP/1.1 403" in o
+                                     and "loopback" in o for o in out), out
+        net = [e for e in evs if e["type"] == "network.request" and e["seq"] > after]
+        assert [(e["host"], e["port"], e["allowed"]) for e in net] == [("127.0.0.1", port, False)] * 2, net
         resolved = [e for e in evs if e["type"] == "approval.resolved" and e["approval_id"] == pending["approval_id"]]
         assert resolved and resolved[0]["scope"] == "session"
         view = api.session(sid)
@@ -174,13 +187,18 @@ def test_the_network_is_a_recorded_permission_asked_once_per_session(tmp_path: P
         finished(api, sid, after=after)
 
 
-def test_config_network_reaches_the_listener(tmp_path: Path) -> None:
+def test_config_network_goes_through_the_proxy_not_to_the_host(tmp_path: Path) -> None:
+    """``[sandbox] network = true`` grants every command the proxy, never the host's network."""
     with running(tmp_path, runners=1, config=ALLOW + "[sandbox]\nnetwork = true\n") as st, st.client() as api, \
             listener() as port:
         s = api.create("sbx-config-net")
         assert s["sandbox"]["network"] == "on"
-        evs = run_turn(api, s["id"], commands(connect(port)))
-        assert "got hello-from-host" in outputs(evs)[0]
+        evs = run_turn(api, s["id"], commands(connect(port), proxied(port)))
+        direct, via_proxy = outputs(evs)
+        assert "got" not in direct and ("ConnectionRefusedError" in direct or "unreachable" in direct), direct
+        assert "proxy said HTTP/1.1 403" in via_proxy and "hello-from-host" not in via_proxy, via_proxy
+        (net,) = of_type(evs, "network.request")
+        assert net["allowed"] is False and net["host"] == "127.0.0.1" and net["port"] == port
 
 
 def test_ordinary_work_in_the_workspace_works_and_is_versioned(sandboxed: Stack, sapi: Api) -> None:

@@ -199,7 +199,19 @@ class SandboxConfig(_Section):
 
     mode: Literal["bwrap", "none"] = "bwrap"
     network: bool = False
-    """Every command may use the network (else only a command the person allowed it for)."""
+    """Every command may use the network (else only a command the person allowed it for). A
+    granted command still has no host network: it reaches the network only through coxswain's
+    egress proxy (:mod:`cox_runner.egress`), which refuses loopback, private, link-local and
+    other non-public addresses after resolving the name."""
+    allow_hosts: list[str] = Field(default_factory=list)
+    """Host patterns a granted command may reach through the proxy (``pypi.org``,
+    ``*.pythonhosted.org``: any name under it, not the name itself); empty: any public host."""
+    deny_hosts: list[str] = Field(default_factory=list)
+    """Host patterns the proxy always refuses (wins over ``allow_hosts``)."""
+    allow_networks: list[str] = Field(default_factory=list)
+    """Address ranges (CIDR) the proxy may reach although they are not public, e.g. an internal
+    package mirror at ``10.20.0.0/16``; never loopback, link-local (cloud metadata),
+    unspecified or multicast ranges (a config naming one is refused)."""
     extra_ro: list[Path] = Field(default_factory=list)
     """More host paths a command sees read-only (at the same path)."""
     extra_rw: list[Path] = Field(default_factory=list)
@@ -231,6 +243,20 @@ class SandboxConfig(_Section):
     workspace_files: int = Field(2000, ge=0)
     """How many created, changed or deleted files of one command are versioned; the rest are not
     (named in its result)."""
+
+    @field_validator("allow_hosts", "deny_hosts")
+    @classmethod
+    def _host_patterns(cls, v: list[str]) -> list[str]:
+        from .hostpatterns import normalize_pattern
+
+        return [normalize_pattern(p) for p in v]
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        from .hostpatterns import check_network
+
+        return [check_network(n) for n in v]
 
 
 MCP_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*$"

@@ -429,6 +429,23 @@ class McpServer(_Event):
     error: str | None = None
 
 
+class NetworkRequest(_Event):
+    """One connection a granted command (or ``!command``, or stdio MCP server) asked coxswain's
+    egress proxy for, allowed or refused. ``host`` as the command named it, ``address`` the
+    one the proxy resolved it to (and connected to, when allowed); ``reason`` says why.
+    Recorded just before the ``tool.result`` of the call it belongs to (``call_id``)."""
+
+    type: Literal["network.request"] = "network.request"
+    host: str
+    port: int
+    allowed: bool
+    reason: str
+    address: str | None = None
+    call_id: str | None = None
+    server: str | None = None
+    """The MCP server whose connection it was (None for a command)."""
+
+
 Event = Annotated[
     SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
@@ -437,7 +454,7 @@ Event = Annotated[
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
     | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
     | SessionArchived | SessionRestored | SessionRewound | SessionForked
-    | HookDecision | McpServer,
+    | HookDecision | McpServer | NetworkRequest,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

@@ -4,6 +4,7 @@
 127.0.0.1:PORT (path ``/mcp``). Tools: ``echo`` (answers its text), ``slow`` (sleeps, then
 answers), ``write`` (writes a file in its working folder, the workspace), ``die`` (the server
 exits at once, as a crash would). ``TINY_START_DELAY`` (seconds) delays its start.
+``TINY_FETCH=1`` adds ``fetch`` (GET a URL with urllib, which honours the proxy variables).
 """
 
 from __future__ import annotations
@@ -43,6 +44,22 @@ def write(path: str, content: str) -> str:
 def die() -> str:
     """Exit the server process at once."""
     os._exit(3)
+
+
+if os.environ.get("TINY_FETCH"):
+    @server.tool()
+    def fetch(url: str) -> str:
+        """GET a URL; answer the status and body, or the error with its body."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return f"{r.status} {r.read(2000).decode(errors='replace')}"
+        except urllib.error.HTTPError as e:
+            return f"{e.code} {e.read(2000).decode(errors='replace')}"
+        except OSError as e:
+            return f"error {e}"
 
 
 if __name__ == "__main__":

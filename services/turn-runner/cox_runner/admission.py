@@ -42,8 +42,9 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, compaction, instructions, tools, transcript, usage
+from . import cmdversions, compaction, egress, instructions, tools, transcript, usage
 from .deps import Deps
+from .egress import Request
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
 from .store import as_list
@@ -204,6 +205,7 @@ class Admission:
         if self.workspaces.is_root(ws):
             raise WorkspaceInvalid(ROOT_SESSION)
         kept: list[ev._Event] = []
+        requests: list[Request] = []
         exit_code: int | None = None
         async with self._command_token(cmd.sid, cmd.principal) as token:
             turn_id = await r.redis.hget(base, "turn_id") or None
@@ -211,7 +213,7 @@ class Admission:
             call_id = new_id("obs")
             try:
                 res = await tools.run_command(Path(ws), cmd.command, OBSERVE_TIMEOUT_S,
-                                              r.settings.runner.output_limit, r.sandbox)
+                                              r.settings.runner.output_limit, r.sandbox, requests=requests)
             except SandboxUnavailable as exc:
                 output = (f"Refused: the command sandbox is unavailable ({exc.detail}); the command was not "
                           "run.")
@@ -227,7 +229,9 @@ class Admission:
         turn_id = turn_id or None
         record = json.dumps({"command": cmd.command, "output": output}, ensure_ascii=False)
         await r.store.fns.emit(sid=cmd.sid, token="", owner=r.owner, ops=[("rpush", keys.OBSERVED, "", record)],
-                               events=[*(ev.body(e) for e in kept),
+                               events=[*(ev.body(e) for e in egress.network_events({"sid": cmd.sid, "turn_id": turn_id},
+                                                                            requests, call_id)),
+                                       *(ev.body(e) for e in kept),
                                        ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command,
                                                            output=output, exit_code=exit_code))])
         await r.ring(runner_id, cmd.sid, "observe")

@@ -23,9 +23,10 @@ from coxswain import safefs, sandbox_user, textdiff
 from coxswain.errors import CoxError
 from coxswain.models import KeepRequest, Plan
 
-from . import cmdversions, infra, limits, tools
+from . import cmdversions, egress, infra, limits, tools
 from .budget import Budget
 from .deps import Deps
+from .egress import Request
 from .errors import LeaseLost, StopRequested
 from .gate import GateOutcome, Taint
 from .mcp_servers import McpDown
@@ -220,14 +221,16 @@ async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]
     timeout = min(timeout, max(1.0, ctx.budget.time_left(time.monotonic())))
     limit = deps.settings.runner.output_limit
     snap = await cmdversions.before(deps, t, ctx.budget, ctx.log)
+    requests: list[Request] = []
     try:
         res = await ctx.guarded(tools.run_command(t.workspace, args["command"], timeout, limit,
-                                                  deps.sandbox, bool(args.get("network"))))
+                                                  deps.sandbox, bool(args.get("network")), requests=requests))
     except StopRequested:
         kept = await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)
         note = f"\n{kept.note}" if kept.note else ""
         await rec.result(call, False, f"Cancelled: {stopped_by(t.stop_reason)} the turn; the command was killed.{note}",
-                         extra=kept.events, first=True, limit=kept.limit)
+                         extra=[*egress.network_events(rec.e(), requests, call.tool_call_id), *kept.events],
+                         first=True, limit=kept.limit)
         raise
     ctx.taint.add(res.output)
     head = f"exit code {res.exit_code}\n" if res.exit_code is not None else ""
@@ -239,7 +242,8 @@ async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]
         output += "\n" + limits.killed_note(hit, deps.settings.sandbox).replace(
             "the command passed", f"{kept.at_file_limit[0]} reached")
     await rec.result(call, res.exit_code == 0 and not res.timed_out and hit is None, output,
-                     extra=kept.events, first=True, limit=hit or kept.limit)
+                     extra=[*egress.network_events(rec.e(), requests, call.tool_call_id), *kept.events],
+                     first=True, limit=hit or kept.limit)
 
 
 async def _sandbox_ready(ctx: ToolContext, call: ToolCallPart) -> bool:
@@ -316,7 +320,8 @@ async def mcp_call(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], o
     snap = await cmdversions.before(deps, t, ctx.budget, ctx.log) if versioned else None
 
     async def kept() -> list[ev._Event]:
-        return (await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)).events if versioned else []
+        net = egress.network_events(rec.e(), servers.take_requests(cfg.name), call.tool_call_id, cfg.name)
+        return [*net, *((await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)).events if versioned else [])]
 
     try:
         ok, text = await ctx.guarded(servers.call(call.tool_name, args, timeout))

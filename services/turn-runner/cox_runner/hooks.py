@@ -166,7 +166,7 @@ async def run_hook(deps: Deps, workspace: Path, command: str, payload: bytes, ti
     sandbox = deps.sandbox
     try:
         await sandbox.prepare(workspace)
-        argv = sandbox.argv(workspace, command, False)
+        argv = sandbox.argv(workspace, command, False, offline=True)  # a hook never has the network
     except SandboxUnavailable as exc:
         return Raw(None, b"", b"", error=f"the command sandbox is unavailable: {exc}")
     try:

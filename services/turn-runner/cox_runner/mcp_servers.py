@@ -35,6 +35,7 @@ from coxswain.config import McpServerConfig, Settings
 from coxswain.logs import redact_url
 
 from . import limits
+from .egress import Request
 from .sandbox import Sandbox
 
 SEP = "__"
@@ -69,6 +70,9 @@ class _Server:
     task: asyncio.Task[None] | None = None
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     errlog: Any = None
+    requests: list[Request] = field(default_factory=list)
+    """What it asked the egress proxy for since its last call's result (a stdio server granted
+    the network): recorded as ``network.request`` events with that result."""
 
     def public(self, tool: str) -> str:
         return f"{self.cfg.name}{SEP}{tool}"
@@ -107,7 +111,10 @@ class _Server:
                     streams = await stack.enter_async_context(streamable_http_client(cfg.url))
                 else:
                     await sandbox.prepare(workspace)
-                    argv = sandbox.wrap(workspace, cfg.argv(), cfg.network)
+                    sock = None
+                    if sandbox.networked(cfg.network):
+                        sock = (await stack.enter_async_context(sandbox.egress.grant(self.requests))).socket
+                    argv = sandbox.wrap(workspace, cfg.argv(), cfg.network, egress=sock)
                     # pids and memory (and rlimits) for the server's lifetime; killed and removed
                     # with it (its CPU time is not bounded: it lives as long as the drive)
                     box = await asyncio.to_thread(limits.of(sandbox).box, "mcp")
@@ -235,6 +242,14 @@ class McpServers:
             s.tools = {}
             self.log.warning("mcp.server", server=s.cfg.name, state=state, error=error)
         self._changes.append(Change(s.cfg.name, state, sorted(s.tools), error))
+
+    def take_requests(self, name: str) -> list[Request]:
+        """The connections server ``name`` asked the egress proxy for since last taken."""
+        s = self.servers.get(name)
+        if s is None:
+            return []
+        out, s.requests[:] = list(s.requests), []
+        return out
 
     def take_changes(self) -> list[Change]:
         """State changes not recorded yet (each an ``mcp.server`` event); checks for servers that

@@ -10,7 +10,10 @@ What a sandboxed command sees:
   ``[sandbox] proc = "none"``) and a minimal ``/dev``;
 - nothing else: no home folder, no other workspace, no ``.cox/`` state, no project checkout;
 - no network (its own network namespace: not even the host's loopback, so neither the stack's
-  Redis nor its NATS) unless the call was granted the network;
+  Redis nor its NATS). Granted the network, it keeps that namespace and reaches the network only
+  through coxswain's egress proxy (:mod:`cox_runner.egress`: one Unix socket bound in, a
+  forwarder on its own ``127.0.0.1``, the proxy variables set), which refuses non-public
+  addresses and records every connection;
 - no capabilities, ``no_new_privs``, its own session (no terminal to inject into), and it dies
   with the runner (``--die-with-parent``); the runner kills the whole tree on Stop or a time-out;
 - never a privileged uid. A runner that is not root runs bwrap unprivileged: the sandbox is a
@@ -53,6 +56,7 @@ from coxswain import safefs, sandbox_user
 from coxswain.config import SandboxConfig
 from coxswain.sandbox_user import Owner, SandboxUserMissing
 
+from . import egress as egress_mod
 from .errors import SandboxUnavailable
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -140,6 +144,8 @@ class Sandbox:
         sandbox dies with this process even if it is killed with SIGKILL (bwrap's own
         ``--die-with-parent`` then takes its children down)."""
         self._base: list[str] | None = None
+        self.egress = egress_mod.Egress(cfg)
+        """The runner's egress proxy: a granted command's only way out."""
         self._owner: Owner | None = None
         self._settled: set[str] = set()
         """Workspaces walked in this drive (the first sandboxed process of a drive walks first)."""
@@ -154,9 +160,14 @@ class Sandbox:
         if self._owner is None:
             try:
                 self._owner = sandbox_user.lookup(self.cfg.user)
+                self.egress.sandbox_uid = self._owner.uid  # it connects to the proxy's socket
             except SandboxUserMissing as exc:
                 raise SandboxUnavailable(str(exc)) from None
         return self._owner
+
+    def networked(self, network: bool) -> bool:
+        """Whether a command asked with ``network`` goes through the egress proxy."""
+        return self.confined and (network or self.cfg.network)
 
     @property
     def mode(self) -> str:
@@ -259,33 +270,40 @@ class Sandbox:
         return [inner, f"--reuid={owner.uid}", f"--regid={owner.gid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--"]
 
-    def _bwrap(self, program: str, workspace: Path, network: bool) -> list[str]:
+    def _bwrap(self, program: str, workspace: Path, egress: str | None) -> list[str]:
+        """bwrap's argv for ``workspace``; ``egress``: the proxy socket of a granted command (its
+        network namespace stays its own: never ``--share-net``)."""
         ws = str(workspace)
         lead = self._lead(program)
         argv = [*lead, program, *self._system_args(), *self._parents(ws), "--bind", ws, ws]
         store = workspace / self.store_dir
         if store.is_dir() and not store.is_symlink():
             argv += ["--ro-bind", str(store), str(store)]
-        if network or self.cfg.network:
-            argv.append("--share-net")
+        if egress is not None:
+            argv += egress_mod.bwrap_args(egress)
         return [*argv, "--chdir", ws]
 
-    def argv(self, workspace: Path, command: str, network: bool) -> list[str]:
-        """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined."""
+    def argv(self, workspace: Path, command: str, network: bool, *, egress: str | None = None,
+             offline: bool = False) -> list[str]:
+        """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined.
+        Granted the network (``network`` or ``[sandbox] network``), ``egress`` is the proxy socket
+        of :meth:`cox_runner.egress.Egress.grant` (without one it is refused). ``offline`` (a
+        hook): no network whatever ``[sandbox] network`` says."""
         shell = ["/bin/bash", "-c", command]
         if self.cfg.mode == "none":
             return shell
-        return self._confined(workspace, shell, network)
+        return self._confined(workspace, shell, network and not offline, None if offline else egress, offline)
 
-    def wrap(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
+    def wrap(self, workspace: Path, argv: list[str], network: bool, *, egress: str | None = None) -> list[str]:
         """The argv that runs the program ``argv`` (a stdio MCP server) confined like a command,
         in ``workspace``; raises when it cannot be confined (never runs it bare). Unconfined
         (``mode = "none"``) it still dies with the runner when ``setpriv`` is there."""
         if self.cfg.mode == "none":
             return [self._setpriv, "--pdeathsig", "KILL", "--", *argv] if self._setpriv else list(argv)
-        return self._confined(workspace, argv, network)
+        return self._confined(workspace, argv, network, egress)
 
-    def _confined(self, workspace: Path, argv: list[str], network: bool) -> list[str]:
+    def _confined(self, workspace: Path, argv: list[str], network: bool, egress: str | None = None,
+                  offline: bool = False) -> list[str]:
         """``argv`` under bubblewrap in ``workspace``; raises when it cannot be confined."""
         program = self._program()
         if program is None:
@@ -296,7 +314,17 @@ class Sandbox:
             raise SandboxUnavailable("util-linux's setpriv is needed to drop privilege (the runner is root)")
         drop = self._drop()
         _ensure_store(workspace, self.store_dir)
-        return [*self._bwrap(program, workspace, network), "--", *drop,
+        network = not offline and (network or self.cfg.network)
+        if network:
+            if egress is None:
+                raise SandboxUnavailable("the network goes through coxswain's egress proxy, which was not "
+                                         "started for this command")
+            python = egress_mod.forwarder_python()
+            if python is None:
+                raise SandboxUnavailable("a command granted the network needs python3 in the system folders "
+                                         f"({', '.join(egress_mod.PYTHONS)}) for its proxy forwarder")
+            argv = egress_mod.wrapped(python, argv)
+        return [*self._bwrap(program, workspace, egress if network else None), "--", *drop,
                 "/bin/bash", "-c", CLOSE_FDS, "cox-sandbox", *argv]
 
     async def probe(self) -> SandboxStatus:
@@ -319,7 +347,7 @@ class Sandbox:
         with tempfile.TemporaryDirectory(prefix="cox-sandbox-probe-") as scratch:
             if self._owner is not None:
                 os.chown(scratch, self._owner.uid, self._owner.gid)
-            argv = [*self._bwrap(program, Path(scratch), False), "--", *drop, "/bin/sh", "-c", PROBE_SCRIPT]
+            argv = [*self._bwrap(program, Path(scratch), None), "--", *drop, "/bin/sh", "-c", PROBE_SCRIPT]
             try:
                 proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                             stdout=asyncio.subprocess.PIPE,

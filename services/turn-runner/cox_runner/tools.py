@@ -23,6 +23,7 @@ from coxswain.errors import Invalid
 from coxswain.proc import die_with_parent
 
 from . import limits, walk
+from .egress import Request
 from .sandbox import Sandbox
 
 
@@ -447,17 +448,22 @@ class CommandResult:
 
 
 async def run_command(workspace: Path, command: str, timeout_s: float, limit: int, sandbox: Sandbox,
-                      network: bool = False) -> CommandResult:
+                      network: bool = False, *, requests: list[Request] | None = None) -> CommandResult:
     """Run ``command`` with bash in the sandbox, in its own process group and its own cgroups
     (:mod:`cox_runner.limits`); a limit reached, a time-out or a cancel kills the whole tree.
     Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
-    cannot start."""
+    cannot start. Granted the network, it gets a proxy socket of its own for its run; every
+    connection it asked for is appended to ``requests`` (to record as ``network.request``)."""
     await sandbox.prepare(workspace)
-    inner = sandbox.argv(workspace, command, network)
     limiter = limits.of(sandbox)
     box = await asyncio.to_thread(limiter.box, "cmd")
     try:
-        return await _run_boxed(workspace, box.argv(inner), timeout_s, limit, sandbox, box)
+        if not sandbox.networked(network):
+            argv = box.argv(sandbox.argv(workspace, command, network))
+            return await _run_boxed(workspace, argv, timeout_s, limit, sandbox, box)
+        async with sandbox.egress.grant(requests if requests is not None else []) as grant:
+            argv = box.argv(sandbox.argv(workspace, command, network, egress=grant.socket))
+            return await _run_boxed(workspace, argv, timeout_s, limit, sandbox, box)
     finally:
         await box.close()  # the whole tree is dead before the walk below
         # Nothing it made stays setuid/setgid on the host (and, as root, all of it is the
