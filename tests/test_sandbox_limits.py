@@ -347,7 +347,7 @@ def test_a_hook_that_forks_without_end_fails_closed_naming_max_processes(limited
     ws = limited.root / "lim-hook"
     (ws / ".coxswain").mkdir(parents=True)
     (ws / ".coxswain" / "hooks.json").write_text(json.dumps({"hooks": {"PreToolUse": [
-        {"matcher": "run_command", "hooks": [{"type": "command", "command": ":(){ :|:& };:", "timeout": 60}]}]}}))
+        {"matcher": "run_command", "hooks": [{"type": "command", "command": ":(){ :|:& };:; sleep 30", "timeout": 60}]}]}}))
     s = lapi.create("lim-hook")
     t0 = time.monotonic()
     res, evs = command_result(lapi, s["id"], "echo never > ran.txt")

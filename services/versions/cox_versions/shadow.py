@@ -151,7 +151,8 @@ class Shadow:
     def hold(self, exclusive: bool = False) -> Iterator[None]:
         """The shadow's lock: shared while snapshotting or reading a snapshot, exclusive to collect."""
         with safefs.open_dir(self.ws, self.rel, create=True) as dfd:
-            fd = os.open("cox.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            fd = os.open("cox.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            os.fchmod(fd, 0o644)  # readable by the sandbox user: a command's `git add -A` reads the store
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
                 yield

@@ -114,7 +114,8 @@ class Store:
         """The store folder's descriptor, under a shared or exclusive lock (replicas may share it)."""
         self._ensure()
         with safefs.open_dir(self.root, self.dir_rel, create=True) as dfd:
-            fd = os.open(".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            fd = os.open(".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+            os.fchmod(fd, 0o644)  # readable by the sandbox user: a command's `git add -A` reads the store
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
                 yield dfd
