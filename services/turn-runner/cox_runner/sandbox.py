@@ -75,7 +75,9 @@ ROOT_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare
 the host's root, and in which the sandbox user would have no uid)."""
 PROBE_SCRIPT = ('printf "uid=%s gid=%s\\n" "$(id -u)" "$(id -g)"; '
                 '[ -w /proc/sys/kernel/core_pattern ] && echo proc-sys-writable; '
-                'grep -E "^(CapEff|CapBnd|NoNewPrivs):" /proc/self/status; true')
+                'if [ -r /proc/self/status ]; then grep -E "^(CapEff|CapBnd|NoNewPrivs):" /proc/self/status; '
+                # [sandbox] proc = "none" (a container): no /proc to read; setpriv asks the kernel
+                'else setpriv --dump 2>/dev/null | sed -n "s/^no_new_privs: */NoNewPrivs: /p"; fi; true')
 MAX_SETTLED = 10_000
 CLOSE_FDS = ('if [ -d /proc/self/fd ]; then fds=(/proc/self/fd/*); fds=("${fds[@]##*/}"); '
              'else fds=($(seq 3 1023)); fi; '
