@@ -90,7 +90,10 @@ def test_a_turn_writes_and_runs_a_command_confined_in_the_runner_container(cx: C
     assert docker("exec", runner, "cat", f"{ws}/note.txt").stdout == "written in a container\n"
     assert docker("exec", runner, "test", "-e", "/tmp/escape.txt", check=False).returncode == 1
     health = api.http.get("/healthz").json()
-    assert health["services"]["turn-runner"]["detail"]["sandbox"] == {"mode": "bwrap", "available": True}, health
+    box = health["services"]["turn-runner"]["detail"]["sandbox"]
+    assert {k: box[k] for k in ("mode", "available")} == {"mode": "bwrap", "available": True}, health
+    # the engine delegates no cgroup to the container: the rlimits alone bound a command, and say so
+    assert box["limits"]["cgroups"] == "off" and box["limits"]["max_processes"] == 1024, health
 
 
 def holder(cx: Compose, sid: str, timeout: float = 20.0) -> str:
