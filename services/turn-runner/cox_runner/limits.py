@@ -39,6 +39,7 @@ Without a cgroup it may write (not root, no delegation) the rlimits still apply 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -438,15 +439,34 @@ class Limiter:
         _write(leaf / "cgroup.procs", str(os.getpid()))
         _write(base / "cgroup.subtree_control", line)
 
-    def _sweep(self) -> None:
-        """Remove command cgroups a dead runner of this host left (empty ones only)."""
+    def _sweep(self) -> int:
+        """Kill what is left in the command cgroups of a dead runner of this host, and remove
+        them: a runner killed -9 leaves its command running when the kernel's death signal does
+        not reach it (a process whose credentials changed loses its PDEATHSIG). Every second
+        (:meth:`reap`) and at start; answers how many processes it killed."""
+        killed = 0
         for base in set(self._bases.values()):
             with contextlib.suppress(OSError):
                 for e in os.scandir(base):
                     m = re.fullmatch(r"cox-(\d+)-.*", e.name)
                     if m and e.is_dir() and int(m[1]) != os.getpid() and not _alive(int(m[1])):
+                        for _ in range(50):
+                            pids = [int(x) for x in _read(Path(e.path) / "cgroup.procs").split() if x.isdigit()]
+                            if not pids:
+                                break
+                            for pid in pids:
+                                with contextlib.suppress(OSError):
+                                    os.kill(pid, signal.SIGKILL)
+                                    killed += 1
+                            time.sleep(0.01)
                         with contextlib.suppress(OSError):
                             os.rmdir(e.path)
+        return killed
+
+    async def reap(self) -> None:
+        """The runner's periodic sweep of dead runners' command cgroups (see :meth:`_sweep`)."""
+        if self._status is not None and self._status.cgroups != "off":
+            await asyncio.to_thread(self._sweep)
 
     # ---------------------------------------------------------------- boxes
     def box(self, kind: str = "cmd") -> Box:

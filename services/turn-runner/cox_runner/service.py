@@ -125,6 +125,7 @@ class Runner(Service):
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
         self.spawn(self._every(rc.claim_interval_ms / 1000, self._claim), "claimer", critical=True)
         self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
+        self.spawn(self._every(1.0, limits.of(self.sandbox).reap), "orphan-reaper", critical=True)
         if self.settings.sessions.idle_days > 0:
             self.spawn(self._every(self.settings.sessions.archive_every_s, self._archive), "archiver", critical=True)
 
