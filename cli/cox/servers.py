@@ -72,6 +72,7 @@ class _Server:
         self.workdir = private_dir(Path(workdir or tempfile.mkdtemp(prefix=f"cox-{self.name}-")))
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
         self.log_path = self.workdir / f"{self.name}.log"
         self.cgroup: Path | None = None
         """A cgroup v2 directory the process is started in (before it opens a socket), so that
@@ -96,7 +97,9 @@ class _Server:
 
         def reader() -> None:
             assert proc.stdout is not None
-            with log:
+            # The pipe is closed here, at the server's end of output (its exit), not left to
+            # the garbage collector.
+            with log, proc.stdout:
                 for raw in proc.stdout:
                     log.write(raw)
                     log.flush()
@@ -106,7 +109,8 @@ class _Server:
                         if self.ready_line in line:
                             ready.set()
 
-        threading.Thread(target=reader, name=f"{self.name}-log", daemon=True).start()
+        self._reader = threading.Thread(target=reader, name=f"{self.name}-log", daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + timeout
         while not ready.wait(0.05):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -125,6 +129,7 @@ class _Server:
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
+            self._join_reader()
             return
         proc.terminate()
         try:
@@ -132,12 +137,20 @@ class _Server:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+        self._join_reader()
+
+    def _join_reader(self) -> None:
+        """The log reader reads to the exited server's end of output and closes the pipe."""
+        if self._reader is not None:
+            self._reader.join(5)
+            self._reader = None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
         self.proc = None
+        self._join_reader()
 
     def close(self) -> None:
         self.stop()

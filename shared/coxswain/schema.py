@@ -1,7 +1,7 @@
 """The JSON Schema of every event, generated from the tagged union in :mod:`coxswain.events`.
 
 ``docs/events.schema.json`` is this module's output, committed so that a reader (or another
-program) has the event shapes without running Python; ``tests/test_docs.py`` checks that the
+program) has the event shapes without running Python; ``tests/stack/test_docs.py`` checks that the
 committed file is what the code generates. Regenerate it after changing an event::
 
     python -m coxswain.schema > docs/events.schema.json

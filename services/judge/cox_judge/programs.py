@@ -4,7 +4,7 @@ GNU programs (coreutils 9.1, grep 3.8, sed 4.9, diffutils 3.8, file 5.44, util-l
 their options with ``getopt_long``: their tables here are every long option the program has
 (coreutils' from its ``long_options[]`` at tag v9.1, hidden ones included; the others from their
 ``--help`` and the programs' own answers to every prefix), so the judge resolves an abbreviation to
-the option the program would. ``tests/test_judge_tables.py`` asks the installed programs, prefix by
+the option the program would. ``tests/fast/test_judge_tables.py`` asks the installed programs, prefix by
 prefix, that they agree. Git, find, jq, tree and rg are read with full spellings only.
 
 In a table string (:func:`G`) each word is a long option: ``name`` (no value), ``name=`` (a value),

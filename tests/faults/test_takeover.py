@@ -1,0 +1,275 @@
+"""Takeover and fencing with real processes: kill -9 a runner mid-turn, SIGSTOP one past its
+lease, Stop a session whose runner is dead; and the takeover time at the test and the default
+lease TTL (printed; run with ``-s`` to see it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import psutil
+import pytest
+
+from coxswain import keys, subjects
+from coxswain.models import KeepRequest
+from tests.support.logcheck import log_of, replay
+from tests.support.runners import holder, records, respawn, wait_log
+from tests.support.stack import CLUSTER_KINDS, Api, Stack, script
+
+LEASE_MS = 2000
+DEFAULT_LEASE_MS = 5000
+MEASURED: dict[int, list[float]] = {}
+
+
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    cluster = request.param == "cluster"
+    s = Stack(tmp_path_factory.mktemp("takeover-" + request.param), runners=2, lease_ms=LEASE_MS,
+              redis_cluster=cluster, nats_cluster=cluster)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+        for lease, samples in sorted(MEASURED.items()):
+            print(f"takeover at lease {lease} ms: kill -9 -> crashed turn.end "
+                  f"{', '.join(f'{x:.0f}' for x in samples)} ms")
+
+
+def ok(r: Any, status: int = 202) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    return dict(r.json())
+
+
+def quick(label: str, write: bool = False) -> str:
+    steps: list[dict[str, Any]] = []
+    if write:
+        steps.append({"tools": [{"name": "write_file", "args": {"path": f"{label}.txt", "content": label}}]})
+    steps.append({"text": f"{label} done"})
+    return script(*steps, text=label)
+
+
+def the_other(stack: Stack, name: str) -> str:
+    return next(n for n in stack.runner_names() if n != name)
+
+
+def turn_in_command(stack: Stack, api: Api, sid: str, command: str = "sleep 30") -> tuple[dict[str, Any], str]:
+    """Start a turn that runs ``command``; once it runs: (the reply with its turn_id, its runner)."""
+    first = ok(api.send(sid, script({"text": "Working.", "tools": [{"name": "run_command",
+                                                                     "args": {"command": command}}]})))
+    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
+    api.wait_type(sid, "policy.decision", actor="judge", timeout=30)
+    name, _ = holder(stack, start["turn_id"])
+    return {**first, "turn_id": start["turn_id"]}, name
+
+
+def _command_of(runner_pid: int, marker: str, timeout: float = 10.0) -> psutil.Process:
+    """The process running the turn's command (a child of the runner whose command line has marker)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.Process(runner_pid).children(recursive=True):
+            if marker in " ".join(p.cmdline()):
+                return p
+        time.sleep(0.05)
+    raise AssertionError(f"no command with {marker!r} under runner {runner_pid}")
+
+
+def test_kill_9_mid_turn_the_queue_runs_in_order_and_the_dead_turn_ends_crashed(stack: Stack, api: Api) -> None:
+    sid = api.create("kill9")["id"]
+    first, victim = turn_in_command(stack, api, sid, command="sleep 31.7")
+    queued = [ok(api.send(sid, quick(f"q{i}", write=(i == 1)), mode="queue")) for i in range(3)]
+    command = _command_of(stack.procs[victim].pid, "31.7")
+    killed_at = time.time()
+    stack.kill(victim)
+    try:
+        # The dead runner's command does not run on as an orphan (it dies with its runner).
+        deadline = time.monotonic() + 10
+        while command.is_running() and command.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
+        end = api.wait_type(sid, "turn.end", turn_id=first["turn_id"], timeout=LEASE_MS / 1000 + 15)
+        took = end["ts"] - killed_at * 1000
+        MEASURED.setdefault(LEASE_MS, []).append(took)
+        assert end["outcome"] == "crashed", end
+        assert took < LEASE_MS + 3000, f"takeover took {took:.0f} ms"
+        api.wait_type(sid, "turn.start", message_id=queued[-1]["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        evs = log_of(api, sid)
+        r = replay(evs)
+        assert r.starts == [first["message_id"], *(q["message_id"] for q in queued)]
+        assert [r.outcome_of(m) for m in r.starts] == ["crashed", "completed", "completed", "completed"]
+        # the dead turn's open command got a result saying so: no dangling call in the transcript
+        res = [e for e in evs if e["type"] == "tool.result" and e["turn_id"] == first["turn_id"]]
+        assert len(res) == 1 and not res[0]["ok"] and "crashed" in res[0]["output"]
+        survivor = the_other(stack, victim)
+        for q in queued:
+            assert holder(stack, r.turn_of[q["message_id"]])[0] == survivor
+        assert (Path(api.session(sid)["workspace"]) / "q1.txt").read_text() == "q1"
+    finally:
+        respawn(stack, victim)
+
+
+def test_a_runner_paused_past_its_lease_writes_nothing_after_the_takeover(stack: Stack, api: Api) -> None:
+    """SIGSTOP the holder until another runner has taken over, then SIGCONT it: its deadline
+    has passed, it stops its drive on waking, and nothing it held lands."""
+    paused_past_lease(stack, api, LEASE_MS, woke=("lease.deadline_passed",))
+
+
+def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ...],
+                      never: tuple[str, ...] = ()) -> None:
+    sid = api.create(f"sigstop-{lease_ms}")["id"]
+    text = script({"text": "Working.", "tools": [{"name": "run_command", "args": {"command": "sleep 2.5"}}]},
+                  {"tools": [{"name": "write_file", "args": {"path": "stale.txt", "content": "late"}}]},
+                  {"text": "done"})
+    first = ok(api.send(sid, text))
+    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
+    api.wait_type(sid, "policy.decision", actor="judge", timeout=30)
+    victim, rec = holder(stack, start["turn_id"])
+    stale_token = str(rec["token"])
+    after = ok(api.send(sid, quick("after", write=True), mode="queue"))
+    since = len(stack.log(victim))
+    stack.signal(victim, signal.SIGSTOP)
+    paused_at = time.monotonic()
+    try:
+        end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=lease_ms / 1000 + 15)
+        assert end["outcome"] == "crashed"
+        api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        # let the paused runner's command finish while it sleeps: on waking it has a result to write
+        time.sleep(max(0.0, 3.0 - (time.monotonic() - paused_at)))
+        seq_before = log_of(api, sid)[-1]["seq"]
+    finally:
+        stack.signal(victim, signal.SIGCONT)
+    # On waking it finds its deadline passed (self-fence) or Redis refuses its token.
+    wait_log(stack, victim, woke, timeout=20, sid=sid)
+    seen = {r.get("event") for r in records(stack, victim, since) if r.get("sid") == sid}
+    assert not seen & set(never), seen
+
+    # Redis itself refuses the stale token, whatever the runner would try.
+    r = stack.redis_client()
+    try:
+        body = json.dumps({"type": "agent.message", "sid": sid, "turn_id": start["turn_id"], "text": "late"})
+        for fn, args in (("cox_emit", [sid, stale_token, "test", "0", body, ""]),
+                         ("cox_turn_end", [sid, stale_token, "test", "", "t_x", "1000", "", "", "", "", ""]),
+                         ("cox_renew", [sid, stale_token, "1000"]),
+                         ("cox_fence", [sid, stale_token])):
+            head = json.loads(r.fcall(fn, 1, keys.session(sid), *args)[0])
+            assert head.get("error") == "fenced", (fn, head)
+    finally:
+        r.close()
+    # ... and so does versions for a write's keep.
+    assert asyncio.run(_keep_with(stack, sid, api.session(sid)["workspace"], int(stale_token))) == "fenced"
+
+    api.wait_idle(sid)
+    evs = log_of(api, sid)
+    assert evs[-1]["seq"] == seq_before, f"events after the stale runner woke: {evs[seq_before:]}"
+    rep = replay(evs)  # no event of the crashed turn after its turn.end
+    assert rep.starts == [first["message_id"], after["message_id"]]
+    ws = Path(api.session(sid)["workspace"])
+    assert not (ws / "stale.txt").exists(), "the stale runner wrote a file"
+    assert (ws / "after.txt").read_text() == "after"
+    # the woken runner still serves: new turns run to their end
+    for i in range(2):
+        more = ok(api.send(sid, f"one more {i}"))
+        st = api.wait_type(sid, "turn.start", message_id=more["message_id"])
+        assert api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=30)["outcome"] == "completed"
+
+
+async def _keep_with(stack: Stack, sid: str, workspace: str, token: int) -> str:
+    nc = await nats.connect(stack.nats.admin_url)
+    try:
+        req = KeepRequest(sid=sid, workspace=workspace, path="stale.txt", token=token)
+        msg = await nc.request(subjects.rpc(subjects.VERSIONS, "keep"), req.model_dump_json().encode(), timeout=10)
+        return str(json.loads(msg.data).get("error"))
+    finally:
+        await nc.close()
+
+
+def test_stop_on_a_session_whose_runner_died_ends_it_crashed_and_starts_nothing(stack: Stack, api: Api) -> None:
+    sid = api.create("orphan")["id"]
+    first = ok(api.send(sid, script({"tools": [
+        {"name": "write_file", "args": {"path": "Makefile", "content": "all:\n"}},
+        {"name": "run_command", "args": {"command": "echo later"}}]})))
+    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
+    pending = api.wait_type(sid, "approval.pending", timeout=30)
+    victim, _ = holder(stack, start["turn_id"])
+    queued = [ok(api.send(sid, quick(f"w{i}"), mode="queue"))["message_id"] for i in range(2)]
+    stack.kill(victim)
+    try:
+        t0 = time.monotonic()
+        res = ok(api.http.post(f"/v1/sessions/{sid}/stop"), 200)
+        waited = time.monotonic() - t0
+        assert res["turn_id"] == start["turn_id"] and res["discarded"] == queued
+        view = api.session(sid)
+        assert view["busy"] is False, f"Stop answered after {waited:.1f}s with the session still busy"
+        assert view["approvals"] == [], "the dead turn's approval is closed"
+        answer = api.http.post(f"/v1/sessions/{sid}/approvals/{pending['approval_id']}", json={"decision": "allow"})
+        assert answer.status_code == 409 and answer.json()["error"] == "resolved"
+        evs = log_of(api, sid)
+        r = replay(evs)
+        assert r.starts == [first["message_id"]], "no discarded message started"
+        assert r.outcome_of(first["message_id"]) == "crashed"
+        assert r.discarded == [queued]
+        closed = {e["call_id"] for e in evs if e["type"] in ("tool.result", "tool.skipped")}
+        opened = {c["call_id"] for e in evs if e["type"] == "assistant.msg" for c in e.get("tool_calls") or []}
+        assert opened and opened == closed
+        assert not (Path(view["workspace"]) / "Makefile").exists()
+    finally:
+        respawn(stack, victim)
+
+
+def test_at_the_default_lease_takeover_time_and_the_redis_fence_alone(stack: Stack, api: Api) -> None:
+    """Both runners restarted with the default lease TTL and self-fencing off: kill -9 the holder
+    twice (the takeover time), then pause one past its lease: Redis alone refuses it on waking."""
+    for name in stack.runner_names():
+        respawn(stack, name, env={"COX_RUNNER__LEASE_MS": str(DEFAULT_LEASE_MS), "COX_RUNNER__SELF_FENCE": "false"})
+    try:
+        for i in range(2):
+            sid = api.create(f"default-lease-{i}")["id"]
+            first, victim = turn_in_command(stack, api, sid)
+            nxt = ok(api.send(sid, quick("next"), mode="queue"))
+            killed_at = time.time()
+            stack.kill(victim)
+            end = api.wait_type(sid, "turn.end", turn_id=first["turn_id"], timeout=DEFAULT_LEASE_MS / 1000 + 15)
+            took = end["ts"] - killed_at * 1000
+            MEASURED.setdefault(DEFAULT_LEASE_MS, []).append(took)
+            assert end["outcome"] == "crashed"
+            assert took < DEFAULT_LEASE_MS + 3000, f"takeover took {took:.0f} ms"
+            api.wait_type(sid, "turn.start", message_id=nxt["message_id"], timeout=30)
+            api.wait_idle(sid, timeout=30)
+            replay(log_of(api, sid))
+            respawn(stack, victim)
+        paused_past_lease(stack, api, DEFAULT_LEASE_MS, woke=("lease.lost", "drive.lease_lost"),
+                          never=("lease.deadline_passed",))
+    finally:
+        for name in stack.runner_names():
+            respawn(stack, name, env={"COX_RUNNER__LEASE_MS": str(LEASE_MS), "COX_RUNNER__SELF_FENCE": "true"})
+
+
+def test_a_runner_stopped_with_sigterm_hands_its_queue_to_another(stack: Stack, api: Api) -> None:
+    """A graceful restart: the running turn ends ``canceled`` (its open call closed) and the
+    queue goes on, in order, on the other runner."""
+    sid = api.create("sigterm")["id"]
+    first, victim = turn_in_command(stack, api, sid)
+    queued = [ok(api.send(sid, quick(f"h{i}"), mode="queue")) for i in range(3)]
+    stack.signal(victim, signal.SIGTERM)
+    try:
+        stack.procs[victim].wait(30)
+        assert stack.procs[victim].returncode == 0, stack.log(victim)[-3000:]
+        api.wait_type(sid, "turn.start", message_id=queued[-1]["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        evs = log_of(api, sid)
+        r = replay(evs)
+        assert r.starts == [first["message_id"], *(q["message_id"] for q in queued)]
+        assert [r.outcome_of(m) for m in r.starts] == ["canceled", "completed", "completed", "completed"]
+        survivor = the_other(stack, victim)
+        for q in queued:
+            assert holder(stack, r.turn_of[q["message_id"]])[0] == survivor
+    finally:
+        respawn(stack, victim)

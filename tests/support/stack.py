@@ -1,0 +1,359 @@
+"""A whole coxswain system for a test: its own NATS and Redis, every service as a process.
+
+Each :class:`Stack` gets its own servers (so stacks never answer each other's requests or
+claim each other's sessions), its own workspace root and config. Tests reach it only through
+HTTP, the way a client does, and may kill, pause or restart any process.
+
+Docker: when a Docker engine answers (``testcontainers``), NATS and Redis run in containers
+(``tests/support/containers.py``); otherwise, or with ``COX_TEST_DOCKER=0``, the local binaries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from cox.creds import Credentials
+from cox.nats_cluster import NatsCluster
+from cox.redis_cluster import RedisClusterServer
+from cox.servers import NatsServer, RedisServer, free_port
+from coxswain import events
+from coxswain.proc import die_with_parent
+
+from .containers import NatsContainer, RedisContainer, docker_available
+
+TOKEN = "test-token-local"
+OTHER_TOKEN = "test-token-other"
+SERVICES = {"gateway": "cox_gateway", "guard": "cox_guard", "judge": "cox_judge", "versions": "cox_versions"}
+SERVICE_OF = {**{module: name for name, module in SERVICES.items()}, "cox_runner": "turn-runner"}
+
+
+class Stack:
+    def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
+                 lease_ms: int = 2000, runner_env: dict[str, str] | None = None, redis_cluster: bool = False,
+                 nats_cluster: bool = False) -> None:
+        self.tmp = tmp
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.runners = runners
+        self.root = tmp / "workspaces"
+        self.root.mkdir(exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lease_ms = lease_ms
+        self.config_text = config
+        self.extra_env = env or {}
+        self.runner_env = runner_env or {}
+        """Environment only the turn-runners get (e.g. a PATH without bwrap)."""
+        docker = docker_available()
+        # Both servers admit only the stack's users: each service its own, ``admin`` for tests
+        # that talk to a server directly (``stack.nats.admin_url``, ``stack.redis.admin_url``).
+        self.credentials = Credentials.generate()
+        self.nats: Any = (NatsContainer if docker else NatsServer)(tmp / "nats", credentials=self.credentials)
+        self.redis: Any = (RedisContainer if docker else RedisServer)(tmp / "redis", credentials=self.credentials)
+        self.redis_cluster = redis_cluster
+        if redis_cluster:
+            # 3 masters + 3 replicas on loopback; every acknowledged transition waits for a replica
+            self.redis = RedisClusterServer(tmp / "redis-cluster", credentials=self.credentials)
+            self.extra_env = {"COX_REDIS__CLUSTER": "true", "COX_REDIS__WAIT_REPLICAS": "1", **self.extra_env}
+        self.nats_cluster = nats_cluster
+        if nats_cluster:
+            # 3 local nodes (cox.nats_cluster); every service gets every node's URL and the event
+            # stream is kept on all three
+            self.nats = NatsCluster(tmp / "nats-cluster", credentials=self.credentials)
+            self.extra_env = {"COX_NATS__STREAM_REPLICAS": "3", **self.extra_env}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs = tmp / "logs"
+        self.logs.mkdir(exist_ok=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 120.0) -> Stack:
+        self.nats.start()
+        self.redis.start()
+        cfg = self.tmp / "coxswain.toml"
+        cfg.write_text(self.config_text + f'\n[auth]\ntokens = {{ "{OTHER_TOKEN}" = "other" }}\n')
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))},
+            "COX_NATS_URL": self.nats.url, "COX_REDIS_URL": self.redis.url, "COX_TOKEN": TOKEN,
+            "COX_ROOT": str(self.root), "COX_PORT": str(self.port), "COX_CONFIG": str(cfg),
+            "COX_RUNNER__LEASE_MS": str(self.lease_ms), "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+        for name, module in SERVICES.items():
+            self.spawn(name, module)
+        for i in range(1, self.runners + 1):
+            self.spawn(f"turn-runner-{i}", "cox_runner")
+        self.wait_healthy(timeout)
+        self.wait_runners_started(time.monotonic() + timeout)
+        return self
+
+    def wait_runners_started(self, deadline: float) -> None:
+        """Every runner spawned at start is serving: /healthz is 200 with one, and a test that
+        counts on N runners (a takeover, a partition) must not run with fewer."""
+        for name in [n for n in self.procs if n.startswith("turn-runner")]:
+            while '"event": "service.started"' not in self.log(name):
+                p = self.procs[name]
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {p.returncode} at start:\n{self.log(name)[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{name} did not start in time:\n{self.log(name)[-3000:]}")
+                time.sleep(0.1)
+
+    def spawn(self, instance: str, module: str) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{instance}.log", "ab")
+        env = {**self.env, **self.credentials.service_env(SERVICE_OF[module]),
+               **(self.runner_env if module == "cox_runner" else {}), "COX_INSTANCE": instance}
+        proc = subprocess.Popen([sys.executable, "-m", module], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=die_with_parent)
+        log.close()
+        self.procs[instance] = proc
+        return proc
+
+    def wait_healthy(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None and not name.startswith("turn-runner"):
+                    raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.log(name)[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(self.url + "/healthz", timeout=3)
+                if r.status_code == 200:
+                    return
+                last = r.text
+            time.sleep(0.1)
+        raise RuntimeError(f"stack not healthy after {timeout}s: {last}\n{self.all_logs()[-4000:]}")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGCONT)
+                    p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        self.nats.close()
+        self.redis.close()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ processes
+    def runner_names(self) -> list[str]:
+        return [n for n in self.procs if n.startswith("turn-runner")]
+
+    def signal(self, instance: str, sig: int) -> None:
+        self.procs[instance].send_signal(sig)
+
+    def kill(self, instance: str) -> None:
+        p = self.procs[instance]
+        p.kill()
+        p.wait(10)
+
+    def log(self, instance: str) -> str:
+        path = self.logs / f"{instance}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def all_logs(self) -> str:
+        return "\n".join(f"==== {n}\n{self.log(n)[-2000:]}" for n in self.procs)
+
+    # ------------------------------------------------------------------ clients
+    def redis_client(self) -> Any:
+        """A synchronous admin client of the stack's Redis (a cluster client for a cluster)."""
+        import redis
+        import redis.cluster
+
+        if self.redis_cluster:
+            return redis.cluster.RedisCluster.from_url(self.redis.admin_url, decode_responses=True)
+        return redis.Redis.from_url(self.redis.admin_url, decode_responses=True)
+
+    def client(self, token: str = TOKEN, timeout: float = 30.0) -> Api:
+        return Api(self.url, token, timeout)
+
+
+class Api:
+    """A thin HTTP client of the v1 API with the waits tests need (events, idleness)."""
+
+    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create(self, workspace: str = "ws", **kw: Any) -> dict[str, Any]:
+        r = self.http.post("/v1/sessions", json={"workspace": workspace, **kw})
+        assert r.status_code == 201, r.text
+        return dict(r.json())
+
+    def session(self, sid: str) -> dict[str, Any]:
+        r = self.http.get(f"/v1/sessions/{sid}")
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def send(self, sid: str, text: str, mode: str | None = None, **kw: Any) -> httpx.Response:
+        body: dict[str, Any] = {"text": text, **kw}
+        if mode:
+            body["mode"] = mode
+        return self.http.post(f"/v1/sessions/{sid}/messages", json=body)
+
+    def events(self, sid: str, after: int = 0, wait: float = 0.0) -> list[dict[str, Any]]:
+        r = self.http.get(f"/v1/sessions/{sid}/events", params={"format": "json", "after": after, "wait": wait},
+                          timeout=wait + 30)
+        assert r.status_code == 200, r.text
+        out = list(r.json())
+        for e in out:
+            check_event(e)
+        return out
+
+    def all_events(self, sid: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            batch = self.events(sid, after=out[-1]["seq"] if out else 0)
+            if not batch:
+                return out
+            out.extend(batch)
+
+    def wait_for(self, sid: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0,
+                 after: int = 0) -> dict[str, Any]:
+        """The first event after ``after`` for which ``pred`` holds (fails after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        seen = after
+        while time.monotonic() < deadline:
+            batch = self.events(sid, after=seen, wait=min(2.0, max(0.1, deadline - time.monotonic())))
+            for ev in batch:
+                seen = ev["seq"]
+                if pred(ev):
+                    return ev
+        raise AssertionError(f"no matching event within {timeout}s (last seq {seen})")
+
+    def wait_type(self, sid: str, type_: str, timeout: float = 20.0, after: int = 0, **match: Any) -> dict[str, Any]:
+        return self.wait_for(sid, lambda e: e["type"] == type_ and all(e.get(k) == v for k, v in match.items()),
+                             timeout, after)
+
+    def wait_idle(self, sid: str, timeout: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.session(sid)
+            if not s["busy"]:
+                return s
+            time.sleep(0.05)
+        raise AssertionError(f"session {sid} still busy after {timeout}s")
+
+
+def check_event(e: dict[str, Any]) -> None:
+    """Every event any process recorded (the Lua library's included) is one of the union's types
+    with exactly its fields: a field the contract does not know is a bug, not an extra."""
+    parsed = events.EVENT.validate_python(e)
+    unknown = set(e) - set(type(parsed).model_fields)
+    assert not unknown, f"{e['type']} event has fields the contract does not declare: {sorted(unknown)}: {e}"
+
+
+def tool(name: str, **args: Any) -> dict[str, Any]:
+    """One tool call of a script step."""
+    return {"name": name, "args": args}
+
+
+def said(text: str, *steps: dict[str, Any]) -> str:
+    """A message that says ``text``, then holds the script of ``steps``."""
+    return script(*steps, text=text)
+
+
+def script(*steps: dict[str, Any], text: str = "run the script") -> str:
+    """A message holding a ``script`` block for the built-in script model."""
+    return f"{text}\n```script\n{json.dumps(list(steps))}\n```"
+
+
+@contextlib.contextmanager
+def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
+    stack = Stack(tmp, **kw)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+CLUSTER_LEASE_MS = 4000
+"""The lease of a cluster-kind stack built by :func:`stack_fixture` when the module names none."""
+
+
+def library_redis(folder: Path) -> Iterator[Any]:
+    """A bare Redis server in ``folder`` with the runner's function library loaded: a client
+    (admin, strings decoded) for tests of the library itself, no services around it."""
+    import redis
+
+    from cox_runner.store import LIBRARY
+
+    server = RedisServer(folder)
+    server.start()
+    client = redis.Redis.from_url(server.admin_url, decode_responses=True)
+    try:
+        client.function_load(LIBRARY, replace=True)
+        yield client
+    finally:
+        client.close()
+        server.close()
+
+
+def stack_fixture(name: str, *, also_cluster: bool = False, scope: Literal["session", "module"] = "module", **kw: Any) -> Any:
+    """A pytest fixture (module-scoped unless ``scope`` says otherwise) yielding a running
+    :class:`Stack` built with ``kw``.
+
+    ``also_cluster``: the module's tests run twice, on one Redis and one NATS server, and (marked
+    ``cluster``) on a Redis Cluster of 3 masters and 3 replicas with a 3-node NATS cluster
+    (:data:`CLUSTER_KINDS`)."""
+    import pytest
+
+    if not also_cluster:
+        @pytest.fixture(scope=scope)
+        def one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+            with running(tmp_path_factory.mktemp(name), **kw) as s:
+                yield s
+
+        return one
+
+    @pytest.fixture(scope=scope, params=CLUSTER_KINDS)
+    def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+        cluster = request.param == "cluster"
+        # Twelve server processes beside the services on the 2-core test machine: a renewal can
+        # wait over a second for CPU, so the cluster kind gets a longer lease unless one is given.
+        lease = {"lease_ms": kw.get("lease_ms", CLUSTER_LEASE_MS if cluster else 2000)}
+        with running(tmp_path_factory.mktemp(name + ("-cluster" if cluster else "")), redis_cluster=cluster,
+                     nats_cluster=cluster, **{**kw, **lease}) as s:
+            yield s
+
+    return stack
+
+
+def _cluster_kinds() -> list[Any]:
+    import pytest
+
+    return ["single", pytest.param("cluster", marks=pytest.mark.cluster)]
+
+
+CLUSTER_KINDS = _cluster_kinds()
+"""The servers a parametrized stack runs on: one Redis and one NATS server, and (the ``cluster``
+tier) a Redis Cluster of 3 masters + 3 replicas with a 3-node NATS cluster."""
