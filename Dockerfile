@@ -12,13 +12,12 @@ RUN if ! command -v bwrap >/dev/null || ! command -v git >/dev/null; then \
       && rm -rf /var/lib/apt/lists/*; fi
 RUN python -m venv /opt/cox
 ENV PATH=/opt/cox/bin:$PATH
-# The dependencies first, from pyproject.toml alone: this layer is rebuilt only when it changes.
+# The dependencies first, from deploy/images/requirements.txt alone (pyproject.toml's dependencies):
+# this layer is rebuilt only when they change, not when a dev extra or a tool setting does.
 COPY deploy/images/wheels/ /tmp/wheels/
-COPY pyproject.toml ./
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
-print('\n'.join(p['project']['dependencies'] + p['build-system']['requires']))" > /tmp/requirements.txt \
-    && pip install $PIP_ARGS --find-links /tmp/wheels -r /tmp/requirements.txt
-COPY README.md ./
+COPY deploy/images/requirements.txt /tmp/requirements.txt
+RUN pip install $PIP_ARGS --find-links /tmp/wheels -r /tmp/requirements.txt
+COPY pyproject.toml README.md ./
 COPY shared shared
 COPY cli cli
 COPY services services

@@ -85,3 +85,15 @@ def test_compose_servers_admit_only_coxswain_with_passwords_from_the_environment
     readme = (ROOT / "README.md").read_text()
     for var in {v for v, _ in refs}:
         assert var in readme, f"README does not document {var}"
+
+
+def test_the_image_installs_exactly_the_dependencies_of_pyproject() -> None:
+    """The Dockerfile's dependency layer is keyed on deploy/images/requirements.txt, not on
+    pyproject.toml (so a dev extra or a tool setting rebuilds nothing): the two must agree."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    want = project["project"]["dependencies"] + project["build-system"]["requires"]
+    lines = (ROOT / "deploy" / "images" / "requirements.txt").read_text().splitlines()
+    have = [line for line in lines if line.strip() and not line.startswith("#")]
+    assert have == want, "deploy/images/requirements.txt differs from pyproject.toml's dependencies: regenerate it"
