@@ -57,7 +57,8 @@ class Sent(TypedDict):
     message_id: str
     disposition: str
     turn_id: NotRequired[str]
-    token: NotRequired[int]
+    token: NotRequired[str]
+    """The lease's fencing token (a decimal string, as :data:`coxswain.keys.LEASE` holds it)."""
     position: NotRequired[int]
     runner: NotRequired[str | None]
     replay: NotRequired[bool]
@@ -127,7 +128,8 @@ class TurnEnded(TypedDict):
 
 
 class OpBegun(TypedDict):
-    token: int
+    token: str
+    """The short lease's fencing token (a decimal string)."""
 
 
 class ClaimedSession(TypedDict):
