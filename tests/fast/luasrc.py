@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis_lib.lua").read_text()
-
-
+ROOT = Path(__file__).resolve().parents[2]
+LUA = next((ROOT / "services/turn-runner/cox_runner").rglob("redis_lib.lua")).read_text()
+"""The library's source, wherever in the runner's package it lives."""
 
 
 def strip_comments(lua: str) -> str:

@@ -172,3 +172,25 @@ def test_every_field_of_the_session_hash_is_documented_and_used() -> None:
     assert not unused, f"keys.SESSION_FIELDS documents fields nothing reads or writes: {sorted(unused)}"
     assert all(v.strip() and "\n" not in v for v in keys.SESSION_FIELDS.values()), "one line each"
 
+
+# ---------------------------------------------------------------------------------------------
+# Tests call the library through its facade
+
+RAW_CALLS = {
+    "tests/library.py": 2,
+    # the facade on a real server: what Store.call sends, and the facade's own raw publishing calls
+    "tests/test_idempotent.py": 1,
+    # a call without its transition id: no method sends one (the library must refuse it)
+}
+"""Where the tests call the library's functions without the facade (cox_runner.fns), and how often."""
+
+
+def test_the_tests_call_the_library_through_its_facade() -> None:
+    found: dict[str, int] = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        n = len(re.findall(r"\.fcall\(|execute_command\(\s*['\"]FCALL", path.read_text(), re.I))
+        if n:
+            found[str(path.relative_to(ROOT))] = n
+    assert found == RAW_CALLS, (
+        f"raw calls of the library in tests/ (call it through cox_runner.fns, e.g. tests/library.py; a call that "
+        f"sends what no method would may stay raw with a comment saying why, counted in RAW_CALLS): {found}")
