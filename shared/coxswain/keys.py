@@ -20,6 +20,8 @@ a crash between the two leaves a workspace its owner owns without a session, whi
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 from .ids import check_id
@@ -37,6 +39,46 @@ ACTIVE_PREFIX: Final = "cox:active:"
 VERSIONS_MAC_KEY: Final = "cox:versions:mac-key"
 """string: the versions service's HMAC key (hex). Index lines in a workspace's store folder are
 members only with a valid MAC; the key lives here, out of reach of the model's commands."""
+
+SESSION_FIELDS: Final[Mapping[str, str]] = MappingProxyType({
+    # who and where (cox_create, cox_fork)
+    "principal": "who owns the session; every call of a person checks it",
+    "workspace": "the session's workspace folder (an absolute path under the root)",
+    "created": "ms (Redis clock) when the session was created",
+    "model": "the model the session's turns run on",
+    "next_model": "a model chosen while a turn ran: it replaces model before the next turn starts, or at idle",
+    "title": "the session's title ('' none yet)",
+    "title_source": "'manual' (a person's), 'auto' (the runner's) or '' (none yet): auto never overwrites manual",
+    "auto_title": "'1' while the runner may title the session from its first turn, '0' once a person turned it off",
+    "dont_ask": "'1' when the don't-ask switch is on: the runner allows what would ask a person (not security)",
+    # the log and the lease
+    "seq": "the seq of the last event recorded (the outbox's next is seq + 1)",
+    "fence": "the counter lease tokens are drawn from (HINCRBY: a token is never reused)",
+    "busy": "'1' while a turn, or a person's op, holds the session; '0' idle",
+    "runner": "the runner process holding the lease ('' none)",
+    "token": "the lease's fencing token ('' none), as :lease holds it while the lease lives",
+    "op": "the person's write holding the session while idle (cox_op_begin: restore, undo ...; '' none)",
+    # the running turn ('' between turns)
+    "turn_id": "the running turn's id",
+    "message_id": "the message the running turn answers",
+    "task": "the text of that message",
+    "turn_started": "ms (Redis clock) when the running turn started",
+    "stop": "'' or why the running turn must stop: 'stop' (a person's Stop) or 'steer' (a steer waits)",
+    "lead_closed": "'1' once the running turn takes no more Leads (Stop, steer, or its final work)",
+    # what the runner records with its events (cox_emit ops on the session hash)
+    "plan": "JSON of the turn's plan (coxswain.models.Plan), carried to the next turn while steps are open",
+    "mcp": "JSON of the MCP servers' states as the runner last recorded them ([{name, state, ...}])",
+    "usage_requests": "model requests made so far (the session's usage totals)",
+    "usage_input_tokens": "input tokens so far",
+    "usage_output_tokens": "output tokens so far",
+    "usage_cache_read_tokens": "tokens read from a provider's prompt cache so far",
+    "usage_cache_write_tokens": "tokens written to a provider's prompt cache so far",
+    "usage_cost": "USD so far (a float, rounded to 8 places when read)",
+})
+"""The fields of the session hash (:func:`session`), each with what it holds. Every value is a
+string. The Lua library writes most of them; the runner adds ``plan``, ``mcp`` and ``usage_*``
+through ``cox_emit``'s ops. tests/fast/test_contract.py checks that every field the Lua or the
+Python reads or writes by name is here, and that each one here is used."""
 
 # Suffixes of a session's keys (mirrored in the Lua library).
 LEASE: Final = ":lease"

@@ -16,8 +16,9 @@ import nats
 import psutil
 import pytest
 
-from coxswain import keys, subjects
+from coxswain import subjects
 from coxswain.models import KeepRequest
+from tests.support.library import Library
 from tests.support.logcheck import log_of, replay
 from tests.support.runners import holder, records, respawn, wait_log
 from tests.support.stack import CLUSTER_KINDS, Api, Stack, script
@@ -155,12 +156,15 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     r = stack.redis_client()
     try:
         body = json.dumps({"type": "agent.message", "sid": sid, "turn_id": start["turn_id"], "text": "late"})
-        for fn, args in (("cox_emit", [sid, stale_token, "test", "0", body, ""]),
-                         ("cox_turn_end", [sid, stale_token, "test", "", "t_x", "1000", "", "", "", "", ""]),
-                         ("cox_renew", [sid, stale_token, "1000"]),
-                         ("cox_fence", [sid, stale_token])):
-            head = json.loads(r.fcall(fn, 1, keys.session(sid), *args)[0])
-            assert head.get("error") == "fenced", (fn, head)
+        lib = Library(r)
+        for fn, head in (
+                ("cox_emit", lib(lib.fns.emit(sid=sid, token=stale_token, owner="test", ops=[], events=[body]))),
+                ("cox_turn_end", lib(lib.fns.turn_end(sid=sid, token=stale_token, owner="test", end_body="",
+                                                      next_turn_id="t_x", lease_ms=1000, plan="", handoff="",
+                                                      hold_next="", agents_md=""))),
+                ("cox_renew", json.loads(lib.queued(lib.fns.renew, sid=sid, token=stale_token, lease_ms=1000)[0])),
+                ("cox_fence", lib(lib.fns.fence(sid=sid, token=stale_token, call_id="", intent="")))):
+            assert dict(head).get("error") == "fenced", (fn, head)
     finally:
         r.close()
     # ... and so does versions for a write's keep.

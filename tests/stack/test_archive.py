@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from coxswain import archive, keys
+from tests.support.library import Library
 from tests.support.stack import Api, Stack, check_event, library_redis, said, stack_fixture
 
 SFX = list(keys.ARCHIVED)
@@ -39,40 +40,45 @@ def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
 _n = 0
 
 
-def fcall(r: redis.Redis, fn: str, sid: str, *args: str) -> dict[str, Any]:
-    res = r.fcall(fn, 1, keys.session(sid), sid, *args)  # type: ignore[arg-type]
-    return dict(json.loads(res[0]))  # type: ignore[index]
-
-
 def new_session(r: redis.Redis) -> str:
     global _n
     _n += 1
     sid = f"s_arch{_n}"
     body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
-    fcall(r, "cox_create", sid, "p", "/w", "script", "", body, "", "")
+    lib = Library(r)
+    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
     publish_all(r, sid)
     return sid
+
+
+def patch_title(r: redis.Redis, sid: str, title: str) -> None:
+    lib = Library(r)
+    lib(lib.fns.patch(sid=sid, principal="p", owner="", fields=[("title", title)]))
 
 
 def publish_all(r: redis.Redis, sid: str) -> None:
     """What a publisher does once the stream holds the outbox: trim it (cox_pub_done)."""
     base = keys.session(sid)
     r.set(base + keys.PUBLOCK, "o")
-    r.fcall("cox_pub_done", 1, base, sid, "o", r.hget(base, "seq"))  # type: ignore[arg-type]
+    lib = Library(r)
+    lib(lib.fns.pub_done(sid=sid, owner="o", last=int(r.hget(base, "seq") or 0)))
 
 
 def take(r: redis.Redis, sid: str, idle_ms: int = 0) -> dict[str, Any]:
     body = json.dumps({"type": "session.archived", "sid": sid, "idle_ms": idle_ms})
-    return fcall(r, "cox_archive_take", sid, str(idle_ms), "", body, *SFX, "")
+    lib = Library(r)
+    return dict(lib(lib.fns.archive_take(sid=sid, idle_ms=idle_ms, owner="", body=body, suffixes=SFX)))
 
 
 def drop(r: redis.Redis, sid: str, took: dict[str, Any]) -> dict[str, Any]:
-    return fcall(r, "cox_archive_drop", sid, str(took["seq"]), took["sha"], *SFX)
+    lib = Library(r)
+    return dict(lib(lib.fns.archive_drop(sid=sid, seq=took["seq"], sha=took["sha"], suffixes=SFX)))
 
 
 def load(r: redis.Redis, sid: str, took: dict[str, Any]) -> dict[str, Any]:
     body = json.dumps({"type": "session.restored", "sid": sid, "archived_seq": took["seq"]})
-    return fcall(r, "cox_archive_load", sid, took["snapshot"], str(took["seq"]), "", body)
+    lib = Library(r)
+    return dict(lib(lib.fns.archive_load(sid=sid, snapshot=took["snapshot"], seq=took["seq"], owner="", body=body)))
 
 
 def session_keys(r: redis.Redis, sid: str) -> dict[str, Any]:
@@ -102,7 +108,7 @@ def test_a_drop_happens_only_when_nothing_changed_and_a_load_puts_back_exactly_t
     publish_all(r, sid)
     before = session_keys(r, sid)
     # a change between the snapshot and the drop (a patch here): kept
-    fcall(r, "cox_patch", sid, "p", "", "title", "renamed", "")
+    patch_title(r, sid, "renamed")
     publish_all(r, sid)
     assert drop(r, sid, took) == {"dropped": False, "reason": "changed"}
     # a change that records no event still changes the snapshot's sha1
@@ -132,9 +138,11 @@ def test_a_drop_happens_only_when_nothing_changed_and_a_load_puts_back_exactly_t
 def test_a_session_that_runs_waits_or_is_unpublished_is_not_taken(r: redis.Redis) -> None:
     sid = new_session(r)
     base = keys.session(sid)
-    sent = fcall(r, "cox_send", sid, "p", "m_1", "hi", "", "", "r_1", "60000", "t_1", "", "", "", "")
-    assert sent["disposition"] == "started"
-    fcall(r, "cox_send", sid, "p", "m_2", "later", "queue", "", "r_1", "60000", "t_2", "", "", "", "")
+    lib = Library(r)
+    for message_id, text, mode, turn_id in (("m_1", "hi", "", "t_1"), ("m_2", "later", "queue", "t_2")):
+        sent = lib(lib.fns.send(sid=sid, principal="p", message_id=message_id, text=text, mode=mode, client_id="",
+                                runner="r_1", lease_ms=60000, turn_id=turn_id, owner="", models="", agents_md=""))
+        assert sent["disposition"] == ("started" if mode == "" else "queued"), sent
     publish_all(r, sid)
     seq = r.hget(base, "seq")
     assert take(r, sid) == {"error": "not_idle", "detail": "busy"}
@@ -143,7 +151,7 @@ def test_a_session_that_runs_waits_or_is_unpublished_is_not_taken(r: redis.Redis
     sid2 = new_session(r)
     assert take(r, sid2, idle_ms=3_600_000) == {"error": "not_idle", "detail": "used recently"}
     # unpublished events
-    fcall(r, "cox_patch", sid2, "p", "", "title", "x", "")
+    patch_title(r, sid2, "x")
     assert take(r, sid2) == {"error": "not_idle", "detail": "outbox not published"}
     publish_all(r, sid2)
     # a pending approval left behind (a turn's state the archive must not freeze)
@@ -158,10 +166,9 @@ def test_the_idle_scan_answers_only_sessions_idle_long_enough(r: redis.Redis) ->
     old = int(r.zscore(keys.active(b), sid) or 0)
     assert old > 0, "every event records the session's activity"
     r.zadd(keys.active(b), {sid: old - 10_000})
-    found = r.fcall("cox_idle", 1, keys.active(b), "5000", "100")  # type: ignore[arg-type]
-    assert sid in found  # type: ignore[operator]
-    found = r.fcall("cox_idle", 1, keys.active(b), "60000", "100")  # type: ignore[arg-type]
-    assert sid not in found  # type: ignore[operator]
+    lib = Library(r)
+    assert sid in lib.queued(lib.fns.idle, buckets=[b], idle_ms=5000, limit=100)
+    assert sid not in lib.queued(lib.fns.idle, buckets=[b], idle_ms=60000, limit=100)
 
 
 # ---------------------------------------------------------------------------------------------

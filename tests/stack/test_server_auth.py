@@ -37,6 +37,7 @@ from coxswain import access, keys, service, subjects
 from coxswain.errors import Unavailable
 from coxswain.logs import redact_url
 from tests.support.flow import answer, next_approval
+from tests.support.library import Library
 from tests.support.stack import Api, Stack, script, stack_fixture
 
 stack = stack_fixture("auth", runners=1)
@@ -323,7 +324,7 @@ def test_each_redis_user_has_only_what_its_service_does(stack: Stack, api: Api) 
                      lambda: gw.flushall(),
                      lambda: gw.keys("*"),
                      lambda: gw.config_set("appendonly", "no"),
-                     lambda: gw.fcall("cox_renew", 1, session, sid, "1", "1000")):
+                     lambda: Library(gw).queued(Library(gw).fns.renew, sid=sid, token="1", lease_ms=1000)):
             with pytest.raises(refused):
                 deny()
     with redis_as(stack, subjects.VERSIONS) as vs:

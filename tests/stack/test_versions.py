@@ -20,9 +20,10 @@ import nats
 import redis
 
 from cox_versions.changes import build as build_changes
-from coxswain import keys, subjects
+from coxswain import subjects
 from coxswain.models import PREVIEW_LABEL, KeepRequest, RestoreRequest
 from tests.support.flow import answer, call_ids, final_decision, next_approval, result, run_turn
+from tests.support.library import Library
 from tests.support.stack import Api, Stack, script, stack_fixture
 
 CONFIG = """
@@ -282,8 +283,8 @@ def test_changes_lists_the_latest_approved_preview_per_file(stack: Stack, api: A
                 "args": {"path": "old.txt", "content": "o"}}
     old_decision = {"type": "policy.decision", "sid": sid, "call_id": "call_legacy1", "verdict": "allow",
                     "actor": "setting", "reason": "writes go ahead"}
-    rc.fcall("cox_emit", 1, keys.session(sid), sid, "", "", "0", json.dumps(old_call), json.dumps(old_decision),
-             "")  # no transition id (the last argument)
+    lib = Library(rc)  # recorded without a lease (token ''), as a runner records outside a turn
+    lib(lib.fns.emit(sid=sid, token="", owner="", ops=[], events=[json.dumps(old_call), json.dumps(old_decision)]))
     rc.close()
     api.wait_type(sid, "policy.decision", call_id="call_legacy1")
 

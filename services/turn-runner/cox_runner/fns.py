@@ -2,9 +2,12 @@
 
 Each method takes the function's ARGV as named arguments, in the order the Lua function reads
 them, and returns its reply as a typed dict. The wire is the library's: every argument a string,
-the session's key first among KEYS. A no-server test (tests/fast/test_fns.py) checks that every
-registered function has exactly one method here and that each sends as many fixed arguments as
-the function unpacks.
+the session's key first among KEYS. A no-server test (tests/fast/test_fns.py) parses the Lua and
+checks that every registered function has exactly one method here; that each sends the
+function's fixed arguments under the names and in the order the function reads them into its
+locals (a variable tail on both sides or neither); that it passes as many KEYS as the function
+reads; and that the keys of every reply the function builds are its typed dict's, a key missing
+from some reply ``NotRequired``.
 
 Functions that record events go through :meth:`Store.call` (errors raised, outbox published, a
 call whose connection broke retried with its transition id: the library answers a retry whose
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypedDict, TypeVar, cast
+from typing import Any, NotRequired, Protocol, TypedDict, TypeVar, cast
 
 from coxswain import keys
 
@@ -26,128 +29,162 @@ StateOp = tuple[str, str, str, str]
 """A small state write recorded with events: (op, key suffix, field, value); see ``cox_emit``."""
 
 
-def lua(name: str) -> Callable[[F], F]:
-    """Mark a method as the facade of the library function ``name``."""
+def lua(name: str, reply: type | None = None) -> Callable[[F], F]:
+    """Mark a method as the facade of the library function ``name``. ``reply``: the typed dict of
+    the function's JSON head when the method does not return it (a pipelined call, whose caller
+    reads the reply; a publishing call, which answers the batch); by default the method's return
+    annotation. A function that answers a bare array (``cox_dirty``, ``cox_idle``) has neither."""
 
     def mark(fn: F) -> F:
         fn._lua = name  # type: ignore[attr-defined]
+        fn._reply = reply  # type: ignore[attr-defined]
         return fn
 
     return mark
 
 
-class Created(TypedDict, total=False):
+class Created(TypedDict):
     sid: str
     created: int
 
 
-class Patched(TypedDict, total=False):
+class Patched(TypedDict):
     ok: bool
     runner: str | None
 
 
-class Sent(TypedDict, total=False):
+class Sent(TypedDict):
     message_id: str
     disposition: str
-    turn_id: str
-    token: int
-    position: int
-    runner: str | None
-    replay: bool
+    turn_id: NotRequired[str]
+    token: NotRequired[str]
+    """The lease's fencing token (a decimal string, as :data:`coxswain.keys.LEASE` holds it)."""
+    position: NotRequired[int]
+    runner: NotRequired[str | None]
+    replay: NotRequired[bool]
 
 
-class LeadSaved(TypedDict, total=False):
+class LeadSaved(TypedDict):
     lead_id: str
     pending: int
     turn_id: str
-    runner: str | None
-    replay: bool
+    runner: NotRequired[str | None]
+    replay: NotRequired[bool]
 
 
-class Stopped(TypedDict, total=False):
+class Stopped(TypedDict):
     turn_id: str | None
     discarded: Any
     unapplied_leads: Any
     stopped: bool
-    runner: str | None
+    runner: NotRequired[str | None]
 
 
-class Answered(TypedDict, total=False):
+class Answered(TypedDict):
     ok: bool
     runner: str | None
     turn_id: str
 
 
-class Emitted(TypedDict, total=False):
+class Renewed(TypedDict):
+    """What waits for the holder of the turn (read by the lease keeper, cox_runner.drive)."""
+    stop: str
+    leads: int
+    observed: int
+    dont_ask: bool
+
+
+class Emitted(TypedDict):
     first: int
     last: int
     leads: int
     observed: int
 
 
-class FenceOk(TypedDict, total=False):
+class FenceOk(TypedDict):
     ok: bool
 
 
-class Titled(TypedDict, total=False):
+class Titled(TypedDict):
     applied: bool
 
 
-class LeadsTaken(TypedDict, total=False):
+class LeadsTaken(TypedDict):
     leads: Any
     """``[{lead_id, text}]`` (an empty Lua table comes back as ``{}``)."""
 
 
-class LeadsClosed(TypedDict, total=False):
+class LeadsClosed(TypedDict):
     closed: bool
     pending: int
 
 
-class TurnEnded(TypedDict, total=False):
+class TurnEnded(TypedDict):
     next: dict[str, Any] | None
-    turn_id: str
+    turn_id: NotRequired[str]
     ended: str
-    handed_off: bool
-    held: bool
+    handed_off: NotRequired[bool]
+    held: NotRequired[bool]
 
 
-class OpBegun(TypedDict, total=False):
-    token: int
+class OpBegun(TypedDict):
+    token: str
+    """The short lease's fencing token (a decimal string)."""
 
 
-class QueueRemoved(TypedDict, total=False):
+class ClaimedSession(TypedDict):
+    """One entry of ``cox_claim``'s head, a JSON array of the sessions this runner took over."""
+    sid: str
+    token: str
+    turn_id: str
+    old_runner: str
+    open: list[str]
+    """The dead turn's open calls, flat: [call_id, name, ...]."""
+    op: str
+
+
+class PubDone(TypedDict):
+    more: bool
+    """True when the outbox holds more (its next batch follows the head, the lock renewed)."""
+
+
+class PubClaimed(TypedDict):
+    claimed: bool
+
+
+class QueueRemoved(TypedDict):
     message_id: str
     removed: bool
     queue: Any
 
 
-class QueueOrdered(TypedDict, total=False):
+class QueueOrdered(TypedDict):
     queue: Any
     changed: bool
 
 
-class WsClaimed(TypedDict, total=False):
+class WsClaimed(TypedDict):
     owner: str
     created: bool
 
 
-class WsReleased(TypedDict, total=False):
+class WsReleased(TypedDict):
     released: bool
 
 
-class ArchiveTaken(TypedDict, total=False):
+class ArchiveTaken(TypedDict):
     seq: int
     sha: str
     snapshot: str
     principal: str
 
 
-class ArchiveDropped(TypedDict, total=False):
+class ArchiveDropped(TypedDict):
     dropped: bool
-    reason: str
+    reason: NotRequired[str]
 
 
-class ArchiveLoaded(TypedDict, total=False):
+class ArchiveLoaded(TypedDict):
     restored: bool
 
 
@@ -215,7 +252,7 @@ class Fns:
         return cast(Answered, res)
 
     # ------------------------------------------------------------------ the turn's holder
-    @lua("cox_renew")
+    @lua("cox_renew", reply=Renewed)
     def renew(self, pipe: Any, *, sid: str, token: str, lease_ms: int) -> None:
         """Queue a renewal on the lease keeper's pipeline (its reply is read by the caller)."""
         pipe.fcall("cox_renew", 1, keys.session(sid), sid, token, str(lease_ms))
@@ -257,13 +294,13 @@ class Fns:
         return cast(OpBegun, res)
 
     # ------------------------------------------------------------------ takeover, publishing
-    @lua("cox_claim")
+    @lua("cox_claim", reply=ClaimedSession)
     def claim(self, pipe: Any, *, buckets: list[int], runner: str, lease_ms: int, limit: int) -> None:
         """Queue a claim of ``buckets`` on ``pipe`` (one bucket in a cluster: one slot a call); its
         reply is ``[JSON]`` of the claimed sessions (:meth:`cox_runner.store.Store.claim`)."""
         pipe.fcall("cox_claim", len(buckets), *(keys.leases(b) for b in buckets), runner, str(lease_ms), str(limit))
 
-    @lua("cox_pub_done")
+    @lua("cox_pub_done", reply=PubDone)
     async def pub_done(self, *, sid: str, owner: str, last: int) -> list[str]:
         """The next batch of the outbox to publish (empty: done, the lock is freed)."""
         res = await self._raw("cox_pub_done", [keys.session(sid)], [sid, owner, str(last)])
@@ -274,7 +311,7 @@ class Fns:
         """Queue the sweeper's look at ``buckets`` on ``pipe``; its reply is a list of sids."""
         pipe.fcall("cox_dirty", len(buckets), *(keys.dirty(b) for b in buckets), str(min_age_ms), str(limit))
 
-    @lua("cox_pub_claim")
+    @lua("cox_pub_claim", reply=PubClaimed)
     async def pub_claim(self, *, sid: str, owner: str) -> list[str]:
         """The first batch of the outbox when this process took its publish lock, else empty."""
         res = await self._raw("cox_pub_claim", [keys.session(sid)], [sid, owner])

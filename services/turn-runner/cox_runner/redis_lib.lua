@@ -483,14 +483,14 @@ local function cox_emit(keys, args)
                                        observed = redis.call('LLEN', base .. ':observed') }))
 end
 
--- Is token still the lease? For a side effect outside Redis (a file write), checked just before
--- it. ARGV: sid, token
 -- Is token still the lease? ARGV: sid, token[, call_id, intent]. With an intent (a staged file
 -- write: {path, tmp, ...}), it is recorded in :wip under the same check, before the rename: a
 -- takeover finds it there and settles it (cox_runner.drive._settle_writes) before anything else.
 local function cox_fence(keys, args)
-  if not hold(keys[1], args[2]) then return refuse('fenced', 'lease lost') end
-  if args[3] ~= nil and args[3] ~= '' then redis.call('HSET', keys[1] .. ':wip', args[3], args[4]) end
+  local base = keys[1]
+  local sid, token, call_id, intent = args[1], args[2], args[3], args[4]
+  if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  if call_id ~= nil and call_id ~= '' then redis.call('HSET', base .. ':wip', call_id, intent) end
   return { reply({ ok = true }) }
 end
 
@@ -664,12 +664,13 @@ local function cox_pub_done(keys, args)
   return { reply({ more = false }) }
 end
 
--- The members scored longer ago than ARGV[1] ms of the zsets named (at most ARGV[2] in all).
--- Sweeper (cox_dirty): sessions whose outbox has waited longer than min_age_ms, KEYS the dirty
--- indexes of buckets. Archiver (cox_idle): sessions whose last event is older than idle_ms, KEYS
--- the activity indexes. One bucket's index in a cluster; every bucket's on one server.
-local function older_than(keys, args)
-  local cutoff, limit = now_ms() - tonumber(args[1]), tonumber(args[2])
+-- The members scored longer ago than age_ms of the zsets named (at most limit in all): a plain
+-- array of sids. Sweeper (cox_dirty): sessions whose outbox has waited longer than min_age_ms,
+-- KEYS the dirty indexes of buckets. Archiver (cox_idle, below): sessions whose last event is
+-- older than idle_ms, KEYS the activity indexes. One bucket's index in a cluster; every bucket's
+-- on one server.
+local function older_than(keys, age_ms, limit)
+  local cutoff = now_ms() - age_ms
   local out = {}
   for k = 1, #keys do
     if #out >= limit then break end
@@ -677,6 +678,12 @@ local function older_than(keys, args)
     for i = 1, #got do out[#out + 1] = got[i] end
   end
   return out
+end
+
+-- ARGV: min_age_ms, limit
+local function cox_dirty(keys, args)
+  local min_age_ms, limit = tonumber(args[1]), tonumber(args[2])
+  return older_than(keys, min_age_ms, limit)
 end
 
 -- Take the publish lock of a session found by the sweeper. ARGV: sid, owner
@@ -706,7 +713,7 @@ redis.register_function('cox_turn_end', once(cox_turn_end))
 redis.register_function('cox_op_begin', once(cox_op_begin))
 redis.register_function('cox_claim', cox_claim)
 redis.register_function('cox_pub_done', cox_pub_done)
-redis.register_function('cox_dirty', older_than)
+redis.register_function('cox_dirty', cox_dirty)
 redis.register_function('cox_pub_claim', cox_pub_claim)
 
 -- ------------------------------------------------------------------ workspaces
@@ -837,7 +844,7 @@ redis.register_function('cox_queue_order', once(cox_queue_order))
 -- The session's keys (the suffixes named, in that order) as canonical JSON:
 -- [[suffix, type, values], ...], a hash's fields and a set's members sorted, so the same state
 -- always encodes to the same text (its sha1 tells whether anything changed since).
-local function snapshot(base, suffixes)
+local function snapshot_of(base, suffixes)
   local out = {}
   for i = 1, #suffixes do
     local sfx = suffixes[i]
@@ -909,9 +916,9 @@ local function cox_archive_take(keys, args)
     return refuse('not_idle', why)
   end
   local seq = emit(base, sid, body, now)
-  local snap = snapshot(base, suffixes)
-  if snap == nil then return refuse('invalid', 'a session key has an unexpected type') end
-  return with_pub(base, owner, reply({ seq = seq, sha = redis.sha1hex(snap), snapshot = snap,
+  local snapshot = snapshot_of(base, suffixes)
+  if snapshot == nil then return refuse('invalid', 'a session key has an unexpected type') end
+  return with_pub(base, owner, reply({ seq = seq, sha = redis.sha1hex(snapshot), snapshot = snapshot,
                                        principal = redis.call('HGET', base, 'principal') }))
 end
 
@@ -928,8 +935,8 @@ local function cox_archive_drop(keys, args)
   if redis.call('HGET', base, 'seq') ~= seq then return { reply({ dropped = false, reason = 'changed' }) } end
   local why = unarchivable(base)
   if why ~= '' then return { reply({ dropped = false, reason = why }) } end
-  local snap = snapshot(base, suffixes)
-  if snap == nil or redis.sha1hex(snap) ~= sha then return { reply({ dropped = false, reason = 'changed' }) } end
+  local snapshot = snapshot_of(base, suffixes)
+  if snapshot == nil or redis.sha1hex(snapshot) ~= sha then return { reply({ dropped = false, reason = 'changed' }) } end
   for i = 1, #suffixes do redis.call('DEL', base .. suffixes[i]) end
   redis.call('DEL', base .. ':lease', base .. ':outbox', base .. ':publock')
   redis.call('ZREM', active_of(base), sid)
@@ -943,9 +950,9 @@ end
 -- or it was never dropped): then nothing changes. ARGV: sid, snapshot, seq, owner, body
 local function cox_archive_load(keys, args)
   local base = keys[1]
-  local sid, snap, seq, owner, body = unpack(args)
+  local sid, snapshot, seq, owner, body = unpack(args)
   if redis.call('EXISTS', base) == 1 then return { reply({ restored = false }) } end
-  local entries = cjson.decode(snap)
+  local entries = cjson.decode(snapshot)
   for i = 1, #entries do
     local sfx, t, vals = entries[i][1], entries[i][2], entries[i][3]
     local key = base .. sfx
@@ -968,7 +975,13 @@ local function cox_archive_load(keys, args)
   return with_pub(base, owner, reply({ restored = true }))
 end
 
-redis.register_function('cox_idle', older_than)
+-- ARGV: idle_ms, limit
+local function cox_idle(keys, args)
+  local idle_ms, limit = tonumber(args[1]), tonumber(args[2])
+  return older_than(keys, idle_ms, limit)
+end
+
+redis.register_function('cox_idle', cox_idle)
 redis.register_function('cox_archive_take', once(cox_archive_take))
 redis.register_function('cox_archive_drop', cox_archive_drop)
 redis.register_function('cox_archive_load', cox_archive_load)
