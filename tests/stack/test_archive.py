@@ -1,18 +1,16 @@
 """Idle sessions: archived to JetStream KV and dropped from Redis, loaded back on use.
 
-Two parts. The library's archive functions on a real Redis (no runner): what may be archived,
-that a drop refuses once anything changed since the snapshot, and that a load puts back exactly
-what was there. Then a whole stack whose sessions go idle within a second or two (``[sessions]
-idle_days`` as a fraction of a day): an archived session reads, lists and streams from the
-archive, a new message loads it back and its log goes on with no gap or duplicate; a busy or
-queued session is never archived; a send arriving between the archive's put and its drop (the
-archiver paused there by ``COX_FAULT_ARCHIVE_PAUSE_S``) loses nothing.
+A whole stack whose sessions go idle within a second or two (``[sessions] idle_days`` as a
+fraction of a day): an archived session reads, lists and streams from the archive, a new message
+loads it back and its log goes on with no gap or duplicate; a busy or queued session is never
+archived; a send arriving between the archive's put and its drop (the archiver paused there by
+``COX_FAULT_ARCHIVE_PAUSE_S``) loses nothing. (The library's archive functions on a bare Redis:
+tests/redis/test_archive_library.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -20,159 +18,9 @@ from typing import Any
 
 import nats
 import pytest
-import redis
 
 from coxswain import archive, keys
-from tests.support.library import Library
-from tests.support.stack import Api, Stack, check_event, library_redis, said, stack_fixture
-
-SFX = list(keys.ARCHIVED)
-
-# ---------------------------------------------------------------------------------------------
-# The library, on a real Redis
-
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    yield from library_redis(tmp_path_factory.mktemp("archive-redis"))
-
-
-_n = 0
-
-
-def new_session(r: redis.Redis) -> str:
-    global _n
-    _n += 1
-    sid = f"s_arch{_n}"
-    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
-    lib = Library(r)
-    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
-    publish_all(r, sid)
-    return sid
-
-
-def patch_title(r: redis.Redis, sid: str, title: str) -> None:
-    lib = Library(r)
-    lib(lib.fns.patch(sid=sid, principal="p", owner="", fields=[("title", title)]))
-
-
-def publish_all(r: redis.Redis, sid: str) -> None:
-    """What a publisher does once the stream holds the outbox: trim it (cox_pub_done)."""
-    base = keys.session(sid)
-    r.set(base + keys.PUBLOCK, "o")
-    lib = Library(r)
-    lib(lib.fns.pub_done(sid=sid, owner="o", last=int(r.hget(base, "seq") or 0)))
-
-
-def take(r: redis.Redis, sid: str, idle_ms: int = 0) -> dict[str, Any]:
-    body = json.dumps({"type": "session.archived", "sid": sid, "idle_ms": idle_ms})
-    lib = Library(r)
-    return dict(lib(lib.fns.archive_take(sid=sid, idle_ms=idle_ms, owner="", body=body, suffixes=SFX)))
-
-
-def drop(r: redis.Redis, sid: str, took: dict[str, Any]) -> dict[str, Any]:
-    lib = Library(r)
-    return dict(lib(lib.fns.archive_drop(sid=sid, seq=took["seq"], sha=took["sha"], suffixes=SFX)))
-
-
-def load(r: redis.Redis, sid: str, took: dict[str, Any]) -> dict[str, Any]:
-    body = json.dumps({"type": "session.restored", "sid": sid, "archived_seq": took["seq"]})
-    lib = Library(r)
-    return dict(lib(lib.fns.archive_load(sid=sid, snapshot=took["snapshot"], seq=took["seq"], owner="", body=body)))
-
-
-def session_keys(r: redis.Redis, sid: str) -> dict[str, Any]:
-    """Every key of the session but the transition replies, by suffix, with its content."""
-    base = keys.session(sid)
-    out: dict[str, Any] = {}
-    for k in r.scan_iter(match=base + "*"):
-        sfx = k[len(base):]
-        if sfx.startswith(keys.TX):
-            continue
-        t = r.type(k)
-        out[sfx] = (r.hgetall(k) if t == "hash" else r.lrange(k, 0, -1) if t == "list"
-                    else sorted(r.smembers(k)) if t == "set" else r.get(k))
-    return out
-
-
-def test_a_drop_happens_only_when_nothing_changed_and_a_load_puts_back_exactly_that(r: redis.Redis) -> None:
-    sid = new_session(r)
-    base = keys.session(sid)
-    r.sadd(base + keys.STANDING, "git status")
-    r.hset(base + keys.CLIENT_IDS, "c1", json.dumps({"message_id": "m_1", "disposition": "started"}))
-    took = take(r, sid)
-    assert took["seq"] == 2 and took["principal"] == "p"
-    assert json.loads(r.lindex(base + keys.OUTBOX, -1))["type"] == "session.archived"
-    # the session.archived event is not published yet: nothing is dropped
-    assert drop(r, sid, took) == {"dropped": False, "reason": "outbox not published"}
-    publish_all(r, sid)
-    before = session_keys(r, sid)
-    # a change between the snapshot and the drop (a patch here): kept
-    patch_title(r, sid, "renamed")
-    publish_all(r, sid)
-    assert drop(r, sid, took) == {"dropped": False, "reason": "changed"}
-    # a change that records no event still changes the snapshot's sha1
-    took = take(r, sid)
-    publish_all(r, sid)
-    before = session_keys(r, sid)
-    r.sadd(base + keys.STANDING, "ls")
-    assert drop(r, sid, took) == {"dropped": False, "reason": "changed"}
-    r.srem(base + keys.STANDING, "ls")
-    assert drop(r, sid, took) == {"dropped": True}
-    assert session_keys(r, sid) == {}
-    assert r.zscore(keys.active(keys.bucket(sid)), sid) is None
-    # a drop of a session that is gone changes nothing
-    assert drop(r, sid, took) == {"dropped": False, "reason": "gone"}
-    assert load(r, sid, took) == {"restored": True}
-    after = session_keys(r, sid)
-    restored = json.loads(after.pop(keys.OUTBOX)[0])
-    assert restored["type"] == "session.restored" and restored["seq"] == took["seq"] + 1
-    assert after[""].pop("seq") == str(took["seq"] + 1)
-    assert before[""].pop("seq") == str(took["seq"])
-    assert after == before
-    # a second load (a concurrent reload) finds it there and changes nothing
-    assert load(r, sid, took) == {"restored": False}
-    assert r.hget(base, "seq") == str(took["seq"] + 1)
-
-
-def test_a_session_that_runs_waits_or_is_unpublished_is_not_taken(r: redis.Redis) -> None:
-    sid = new_session(r)
-    base = keys.session(sid)
-    lib = Library(r)
-    for message_id, text, mode, turn_id in (("m_1", "hi", "", "t_1"), ("m_2", "later", "queue", "t_2")):
-        sent = lib(lib.fns.send(sid=sid, principal="p", message_id=message_id, text=text, mode=mode, client_id="",
-                                runner="r_1", lease_ms=60000, turn_id=turn_id, owner="", models="", agents_md=""))
-        assert sent["disposition"] == ("started" if mode == "" else "queued"), sent
-    publish_all(r, sid)
-    seq = r.hget(base, "seq")
-    assert take(r, sid) == {"error": "not_idle", "detail": "busy"}
-    assert r.hget(base, "seq") == seq, "a refused take records nothing"
-    # not idle long enough: refused without looking further
-    sid2 = new_session(r)
-    assert take(r, sid2, idle_ms=3_600_000) == {"error": "not_idle", "detail": "used recently"}
-    # unpublished events
-    patch_title(r, sid2, "x")
-    assert take(r, sid2) == {"error": "not_idle", "detail": "outbox not published"}
-    publish_all(r, sid2)
-    # a pending approval left behind (a turn's state the archive must not freeze)
-    r.hset(keys.session(sid2) + keys.APPROVALS, "a_1", json.dumps({"state": "pending", "turn_id": "t"}))
-    assert take(r, sid2) == {"error": "not_idle", "detail": "approval open"}
-    assert take(r, "s_nosuchsession") == {"error": "not_found", "detail": "no such session"}
-
-
-def test_the_idle_scan_answers_only_sessions_idle_long_enough(r: redis.Redis) -> None:
-    sid = new_session(r)
-    b = keys.bucket(sid)
-    old = int(r.zscore(keys.active(b), sid) or 0)
-    assert old > 0, "every event records the session's activity"
-    r.zadd(keys.active(b), {sid: old - 10_000})
-    lib = Library(r)
-    assert sid in lib.queued(lib.fns.idle, buckets=[b], idle_ms=5000, limit=100)
-    assert sid not in lib.queued(lib.fns.idle, buckets=[b], idle_ms=60000, limit=100)
-
-
-# ---------------------------------------------------------------------------------------------
-# A whole stack
+from tests.support.stack import Api, Stack, check_event, said, stack_fixture
 
 IDLE_S = 2.5
 PAUSE_S = 1.5
