@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.checks import finished, last_seq, of_type, one
 from tests.support.stack import OTHER_TOKEN, Api, Stack, script
 
@@ -260,6 +262,7 @@ def test_a_burst_of_leads_racing_the_end_of_turns_is_never_lost(stack: Stack, ap
     assert sorted(via_lead) == sorted(accepted)
 
 
+@pytest.mark.serial  # bounds the median latency: alone, not beside other stacks
 def test_lead_latency_at_a_due_boundary(stack: Stack, api: Api) -> None:
     """A Lead posted while the turn passes boundaries every ~50 ms is applied at the next one."""
     s = api.create("lead-latency")

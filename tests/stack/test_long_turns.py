@@ -15,6 +15,9 @@ from tests.support.fake_providers import FakeModels, Reply
 from tests.support.flow import result, run_turn
 from tests.support.stack import Api, Stack, running, script, stack_fixture, tool
 
+# Stop during a backoff is bounded in time (1.5 s): alone in the serial lane, not beside other stacks.
+pytestmark = pytest.mark.serial
+
 PRICED = '''
 [[model.providers]]
 name = "script-priced"

@@ -25,8 +25,12 @@ import pytest
 from tests.support.flow import result, run_allowing
 from tests.support.stack import Api, Stack, script, stack_fixture, tool
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
-                                reason="bubblewrap is not installed (./dev installs it: apt-get install bubblewrap)")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None,
+                       reason="bubblewrap is not installed (./dev installs it: apt-get install bubblewrap)"),
+    # fork bombs and memory hogs load the whole machine, and the tests bound how long a turn takes
+    pytest.mark.serial,
+]
 
 LIMITS = """[approval]
 commands = "allow"
