@@ -7,9 +7,11 @@ notes that go with their state, rename on blur, the composer's keys from its but
 names its write, explicit new workspaces, script errors, safe Markdown, turn status, queue
 management and accessibility (axe-core, from the axe-playwright-python wheel's axe.min.js).
 
-Every test runs at 400, 800 and 1400 px (the ``width`` fixture). Below 1000 px the sessions and
-the inspector are drawers: a test opens the one its item lives in with the real toggle, as a
-person would. One stack and one browser serve the whole module.
+A scenario whose outcome depends on the width (the layout, approval buttons in the viewport, the
+drawers of notes and workspaces) runs at 400, 800 and 1400 px (``AT_EVERY_WIDTH``); the others
+once, at 1400. Below 1000 px the sessions and the inspector are drawers: a test opens the one
+its item lives in with the real toggle, as a person would. One stack and one browser serve the
+whole module.
 """
 
 from __future__ import annotations
@@ -77,9 +79,15 @@ def open_page(browser: BrowserContext, up: CoxUp, width: int = 1400, path: str =
     return pg, errors
 
 
-@pytest.fixture(params=WIDTHS)
+@pytest.fixture
 def width(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
+    """1400 px, or each of :data:`WIDTHS` for a test marked :data:`AT_EVERY_WIDTH`."""
+    return int(getattr(request, "param", 1400))
+
+
+AT_EVERY_WIDTH = pytest.mark.parametrize("width", WIDTHS, indirect=True)
+"""For a scenario whose outcome depends on the width (layout, drawers, what is in the viewport);
+the others run once, at 1400 px."""
 
 
 @pytest.fixture
@@ -130,6 +138,7 @@ def start_session(page: Page, workspace: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- item 1
+@AT_EVERY_WIDTH
 def test_no_key_press_in_a_text_box_answers_an_approval(page: Page, up: CoxUp, width: int) -> None:
     ws = f"appr-{width}"
     sid = start_session(page, "appr")
@@ -187,6 +196,7 @@ def test_a_security_confirm_shows_the_diff_it_allows_and_enter_does_not_allow_it
 
 
 # ---------------------------------------------------------------------------------- item 2
+@AT_EVERY_WIDTH
 def test_the_layout_is_usable_at_every_width(page: Page, up: CoxUp, width: int) -> None:
     start_session(page, "layout")
     page.fill("#draft", said("Wait for me", {"text": "Thinking about it.",
@@ -334,6 +344,7 @@ def test_back_forward_reopen_the_session_and_a_reload_names_discarded_messages(p
 
 
 # ---------------------------------------------------------------------------------- item 6
+@AT_EVERY_WIDTH
 def test_notes_keys_rename_and_workspaces(page: Page, up: CoxUp, width: int) -> None:
     existing, typo = f"existing-ws-{width}", f"exsiting-ws-{width}"
     (up.root / existing).mkdir(parents=True, exist_ok=True)
