@@ -42,6 +42,7 @@ class CoxUp:
         self.runners = runners
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
+        self._pumping: threading.Thread | None = None
         self.err_path = tmp / "cox-up.stderr"
         """cox up's own structured log lines (child.exited, server.restarted, ...)."""
 
@@ -54,7 +55,8 @@ class CoxUp:
                  "--no-demo"],
                 cwd=self.tmp, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
             )
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._pumping = threading.Thread(target=self._pump, daemon=True)
+        self._pumping.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(line.startswith("ready:") for line in self.lines):
@@ -69,18 +71,20 @@ class CoxUp:
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+        with self.proc.stdout:  # closed at cox up's end of output, not by the garbage collector
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self._pumping is not None:
+            self._pumping.join(10)
 
     def said(self) -> list[dict[str, Any]]:
         """cox up's log records so far."""
