@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 import redis
+
 from coxswain import keys
 from tests.support.library import Library
 from tests.support.stack import library_redis

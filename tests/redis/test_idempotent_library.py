@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from redis.crc import key_slot
 
-import redis
 from cox_runner.fns import Sent, StateOp
 from cox_runner.store import LIBRARY
 from coxswain import keys
