@@ -14,6 +14,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 from fastapi import Path as PathParam
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from nats.aio.client import Client
 from pydantic import BaseModel
 
@@ -56,7 +57,12 @@ def of(request: Request) -> Deps:
     return deps
 
 
-async def _principal(request: Request) -> str:
+BEARER = HTTPBearer(auto_error=False, description="A token of `[auth] tokens` (or `COX_TOKEN`): it names a principal")
+"""Only so the OpenAPI document says every /v1 call needs a bearer token; :class:`.auth.Auth` checks it."""
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+
+
+async def _principal(request: Request, _: Bearer) -> str:
     """The principal the bearer token names (401 otherwise)."""
     return of(request).auth.principal(request)
 

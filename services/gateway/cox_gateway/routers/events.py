@@ -11,14 +11,20 @@ from fastapi.responses import JSONResponse
 from coxswain import eventlog
 from coxswain.errors import Invalid
 
+from .. import errors
 from ..deps import Principal, ReadsDep, Sid, StreamsDep
 from ..streams import EventStream
 
-router = APIRouter()
+router = APIRouter(responses=errors.responses(401, 404, 422, 429, 503))
 MAX_WAIT_S = 60.0
+EVENTS = {"description": "`text/event-stream` (the default): the backlog after `after`, then live events, "
+                         "each `id: seq`, `event: type`, `data: event`; with `format=json`, a JSON array of events",
+          "content": {"text/event-stream": {"schema": {"type": "string"}},
+                      "application/json": {"schema": {"type": "array", "items": {
+                          "type": "object", "required": ["seq", "type"]}}}}}
 
 
-@router.get("/v1/sessions/{sid}/events", response_model=None)
+@router.get("/v1/sessions/{sid}/events", response_model=None, responses={200: EVENTS})
 async def events(
     sid: Sid, request: Request, reads: ReadsDep, streams: StreamsDep, who: Principal,
     after: Annotated[int | None, Query(ge=0)] = None,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from coxswain import __version__, rpc, subjects
 from coxswain.errors import Unavailable
@@ -18,9 +18,11 @@ from ..deps import NotifierDep, Services, ServicesDep, SettingsDep
 
 router = APIRouter()
 STATIC = Path(__file__).parent.parent / "static"
+UNHEALTHY = {"description": "A service does not answer over NATS: the same body, with `ok: false`",
+             "content": {"application/json": {"schema": {"type": "object"}}}}
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses={503: UNHEALTHY})
 async def healthz(services: ServicesDep, settings: SettingsDep, notifier: NotifierDep) -> JSONResponse:
     checks = await asyncio.gather(*(_health(services, s) for s in subjects.SERVICES))
     ok = all(c.get("ok") for c in checks)
@@ -36,7 +38,8 @@ async def healthz(services: ServicesDep, settings: SettingsDep, notifier: Notifi
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "The Prometheus text format"}})
 async def prometheus() -> Response:
     return metrics.render()
 

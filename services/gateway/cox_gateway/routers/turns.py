@@ -18,9 +18,10 @@ from coxswain.models import (
     Session,
 )
 
+from .. import errors
 from ..deps import Principal, ServicesDep, Sid
 
-router = APIRouter()
+router = APIRouter(responses=errors.responses(400, 401, 404, 409, 413, 422, 503))
 
 
 @router.post("/v1/sessions/{sid}/compact")
@@ -30,13 +31,13 @@ async def compact(sid: Sid, services: ServicesDep, who: Principal, body: Compact
     return await services.call(rpc.RUNNER_COMPACT, CompactCmd(principal=who, sid=sid, focus=focus))
 
 
-@router.post("/v1/sessions/{sid}/fork", status_code=201)
+@router.post("/v1/sessions/{sid}/fork", status_code=201, responses=errors.responses(410, 500))
 async def fork(sid: Sid, body: ForkBody, services: ServicesDep, who: Principal) -> Session:
     """A new session: the transcript up to the end of turn ``at_turn``, the files as they were then."""
     return await services.call(rpc.RUNNER_FORK, ForkCmd(principal=who, sid=sid, **body.model_dump()))
 
 
-@router.post("/v1/sessions/{sid}/rewind")
+@router.post("/v1/sessions/{sid}/rewind", responses=errors.responses(410))
 async def rewind(sid: Sid, body: RewindBody, services: ServicesDep, who: Principal) -> RewindResult:
     """Between turns: back to the end of turn ``to_turn`` (``session.rewound``); 409 ``busy`` during a turn."""
     return await services.call(rpc.RUNNER_REWIND, RewindCmd(principal=who, sid=sid, **body.model_dump()))

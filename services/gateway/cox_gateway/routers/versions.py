@@ -22,9 +22,10 @@ from coxswain.models import (
     WriteOutcome,
 )
 
+from .. import errors
 from ..deps import Principal, ReadsDep, ServicesDep, Sid, VersionId
 
-router = APIRouter()
+router = APIRouter(responses=errors.responses(401, 404, 422, 503))
 
 
 @router.get("/v1/sessions/{sid}/changes")
@@ -41,13 +42,13 @@ async def list_versions(sid: Sid, services: ServicesDep, reads: ReadsDep, who: P
     return await services.call(rpc.VERSIONS_LIST, ListVersionsRequest(sid=sid, workspace=h["workspace"], path=path))
 
 
-@router.get("/v1/sessions/{sid}/versions/{vid}/diff")
+@router.get("/v1/sessions/{sid}/versions/{vid}/diff", responses=errors.responses(403, 410))
 async def diff(sid: Sid, vid: VersionId, services: ServicesDep, reads: ReadsDep, who: Principal) -> DiffResult:
     h = await reads.owned(sid, who)
     return await services.call(rpc.VERSIONS_DIFF, DiffRequest(sid=sid, workspace=h["workspace"], version_id=vid))
 
 
-@router.post("/v1/sessions/{sid}/versions/{vid}/restore")
+@router.post("/v1/sessions/{sid}/versions/{vid}/restore", responses=errors.responses(403, 409, 410))
 async def restore(sid: Sid, vid: VersionId, services: ServicesDep, who: Principal) -> WriteOutcome:
     return await services.call(rpc.RUNNER_RESTORE, RestoreCmd(principal=who, sid=sid, version_id=vid))
 
@@ -59,6 +60,6 @@ async def undo_target(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Pri
     return await services.call(rpc.VERSIONS_UNDO_TARGET, UndoRequest(sid=sid, workspace=h["workspace"]))
 
 
-@router.post("/v1/sessions/{sid}/undo")
+@router.post("/v1/sessions/{sid}/undo", responses=errors.responses(403, 409, 410))
 async def undo(sid: Sid, services: ServicesDep, who: Principal) -> WriteOutcome:
     return await services.call(rpc.RUNNER_UNDO, UndoCmd(principal=who, sid=sid))
