@@ -25,7 +25,8 @@ def _utf8(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_utf8)]
+Text = Annotated[str, AfterValidator(_utf8), Field(json_schema_extra={"pattern": "^[^\\u0000]*$"})]
+"""(The pattern only tells the JSON Schema, so the gateway's OpenAPI document, that NUL is refused.)"""
 Id = Annotated[str, Field(pattern=ID_RE.pattern)]
 Mode = Literal["queue", "steer"]
 

@@ -3,19 +3,26 @@
 Besides the domain errors (:mod:`coxswain.errors`), the gateway's own reads of Redis (a session,
 its owner) and of JetStream (the event log) may find their server down or restarting: those are
 503 ``unavailable``, never a 500, so a client knows to retry.
+
+:class:`ErrorBody` is that envelope as the OpenAPI document declares it; :func:`responses` is
+what a route declares for each error status it may answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats.errors
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coxswain.errors import CoxError, without_paths
@@ -25,8 +32,49 @@ STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: 
                 422: "invalid", 429: "too_many_requests", 503: "unavailable"}
 
 
+WHEN = {400: "The body is not UTF-8 JSON (`bad_json`).",
+        401: "No bearer token, or an unknown one (`unauthorized`; with `WWW-Authenticate: Bearer`).",
+        403: "Policy or an integrity check refused it (`refused`).",
+        404: "No such session (or another principal's), or no such thing in it (`not_found`).",
+        409: "The session's state does not allow it now (`busy`, `conflict` or a more specific code).",
+        410: "The retention policy removed a version this needs (`collected`).",
+        413: "The body is over `max_body`, or what it holds is over a bound (`too_large`).",
+        422: "The body, query or path does not fit (`invalid`, `workspace_invalid`).",
+        429: "Too many at once (`too_many_pending`, `too_many_streams`).",
+        500: "A fork could not copy an entry of the workspace (`copy_failed`).",
+        503: "Redis, NATS or a service is down or stopping (`unavailable`, with `Retry-After: 1`); retry."}
+
+
+class ErrorBody(BaseModel):
+    """Every error the gateway answers (docs/api.md, "Errors")."""
+
+    error: str = Field(description="the error code: `not_found`, `busy`, `invalid`, ... (docs/api.md, Errors)")
+    detail: str = Field(description="what went wrong, for a person; it names no host path")
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of these error statuses: each the envelope, with when it happens."""
+    return {s: {"model": ErrorBody, "description": WHEN[s]} for s in statuses}
+
+
 def body(code: str, detail: str) -> dict[str, str]:
     return {"error": code, "detail": detail}
+
+
+def _routes(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    for route in routes:
+        included = getattr(route, "original_router", None)  # FastAPI keeps an included router whole
+        yield from _routes(included.routes) if included is not None else (route,)
+
+
+def allowed(request: Request) -> str:
+    """Every method of every route of this path (Starlette's 405 names the first route's only)."""
+    methods: set[str] = set()
+    for route in _routes(request.app.router.routes):
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 class BodyTooLarge(HTTPException):
@@ -105,7 +153,11 @@ def install(app: FastAPI, max_body: int | None = None, root: Path | None = None)
         if exc.status_code == 400:
             # FastAPI's only 400: a body it could not parse (invalid UTF-8, a broken encoding).
             code, detail = "bad_json", f"the body is not valid UTF-8 JSON ({detail})"
-        return JSONResponse(body(code, detail), status_code=exc.status_code, headers=exc.headers)
+        headers = exc.headers
+        allow = allowed(request) if exc.status_code == 405 else ""
+        if allow:  # (a mount, /static, has no methods of its own: its own Allow stands)
+            headers = {**(headers or {}), "Allow": allow}
+        return JSONResponse(body(code, detail), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)

@@ -10,24 +10,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 from nats.aio.msg import Msg
-from nats.js.kv import KeyValue
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
-from coxswain import archive, eventlog, keys, subjects
+from coxswain import eventlog, subjects
 from coxswain.config import Settings
 from coxswain.service import Service
 
 from . import metrics
 from .app import create_app
 from .auth import Auth
+from .deps import Deps, Services
 from .notifier import Notifier, SecretMissing
-from .streams import HttpProtocol, Slots
+from .reads import SessionReads
+from .streams import HttpProtocol, Streams
 
 
 class _Server(uvicorn.Server):
@@ -45,25 +46,27 @@ class Gateway(Service):
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.auth = Auth(settings.principals())
-        self._archive_kv: KeyValue | None = None
 
     async def start(self) -> None:
         # The gateway only reads Redis, so a read may be retried: a pooled connection that a Redis
         # restart closed fails once and is replaced; Redis down is a 503 after the last retry.
         self.redis.set_retry(Retry(ExponentialBackoff(cap=0.5, base=0.05), 3))
         self.js = self.nc.jetstream()
-        self.hub = eventlog.Hub(self.nc)
-        self.slots = Slots(self.settings.gateway.max_streams_per_principal)
-        metrics.SUBSCRIPTIONS.set_function(lambda: self.hub.subscriptions)
+        hub = eventlog.Hub(self.nc)
+        metrics.SUBSCRIPTIONS.set_function(lambda: hub.subscriptions)
         self._usage_sub = await self.nc.subscribe(subjects.USAGE_METRICS, queue=subjects.USAGE_METRICS_GROUP,
                                                   cb=self._on_usage)
-        self.app = create_app(self)
         # Webhooks: each a durable consumer of the event log that every gateway replica shares.
         try:
             self.notifier = Notifier(self.settings.notify, self.js, self.log)
         except SecretMissing as exc:
             self.log.error("notify.secret_missing", error=str(exc))
             raise
+        # What the routes use, and nothing else of the service (cox_gateway.deps)
+        streams = Streams(hub, self.js, self.settings.gateway, self.log, lambda: self.stopping)
+        self.app = create_app(Deps(settings=self.settings, auth=self.auth, services=Services(self.nc),
+                                   reads=SessionReads(self.redis, self.js, self.settings), streams=streams,
+                                   notifier=self.notifier))
         for hook in self.notifier.webhooks:
             self.spawn(hook.run(), f"notify:{hook.name}")
 
@@ -74,26 +77,6 @@ class Gateway(Service):
                 metrics.count_usage(sample)
         except ValueError as exc:
             self.log.warning("metrics.bad_usage_sample", error=repr(exc))
-
-    def seq_now(self, sid: str) -> Callable[[], Awaitable[int]]:
-        """The session's latest seq as Redis has it (where events are recorded first), or as the
-        archive has it for an archived session."""
-
-        async def seq() -> int:
-            now = await self.redis.hget(keys.session(sid), "seq")
-            if now is None:  # archived (docs/operations.md, "Idle sessions"): its log ends at the entry's seq
-                entry = await self.archived(sid)
-                now = entry.seq if entry is not None else await self.redis.hget(keys.session(sid), "seq")
-            return int(now or 0)
-
-        return seq
-
-    async def archived(self, sid: str) -> archive.Entry | None:
-        """The archive's entry of a session Redis does not hold (docs/operations.md, "Idle
-        sessions"): read, never loaded back (a change through a turn-runner does that)."""
-        if self._archive_kv is None:
-            self._archive_kv = await archive.bucket(self.js)  # None until a runner made it
-        return await archive.read(self._archive_kv, sid)
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()

@@ -21,21 +21,20 @@ import contextlib
 import json
 import socket
 from collections import Counter
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import anyio
+from nats.js import JetStreamContext
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from coxswain import eventlog
+from coxswain.config import GatewayConfig
 from coxswain.errors import TooManyStreams
 
 from . import metrics
-
-if TYPE_CHECKING:
-    from .service import Gateway
 
 TRANSPORT = "cox.transport"
 """The scope key under which :class:`HttpProtocol` puts the connection's transport."""
@@ -90,6 +89,23 @@ class Slots:
             del self.open[who]
 
 
+class Streams:
+    """What this gateway's event streams share: the live subscriptions (one per session), the
+    event log, the slots per principal, the limits of ``[gateway]``."""
+
+    def __init__(self, hub: eventlog.Hub, js: JetStreamContext, settings: GatewayConfig, log: Any,
+                 stopping: Callable[[], bool]) -> None:
+        self.hub = hub
+        self.js = js
+        self.settings = settings
+        self.log = log
+        self.stopping = stopping
+        self.slots = Slots(settings.max_streams_per_principal)
+
+    def tail(self, sid: str, after: int, seq_now: Callable[[], Awaitable[int]], **kw: Any) -> eventlog.Tail:
+        return eventlog.Tail(self.hub, self.js, sid, after, seq_now, **kw)
+
+
 def frame(ev: dict[str, Any]) -> str:
     data = json.dumps(ev, ensure_ascii=False, separators=(",", ":"))
     return f"id: {ev['seq']}\nevent: {ev['type']}\ndata: {data}\n\n"
@@ -100,11 +116,13 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, gw: Gateway, sid: str, after: int, who: str) -> None:
+    def __init__(self, streams: Streams, sid: str, after: int, who: str,
+                 seq_now: Callable[[], Awaitable[int]]) -> None:
         self.status_code = 200
         self.background = None
         self.init_headers({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        self.gw = gw
+        self.streams = streams
+        self.seq_now = seq_now
         self.sid = sid
         self.after = after
         self.who = who
@@ -116,7 +134,7 @@ class EventStream(Response):
             return
         self.dropped = reason
         metrics.STREAMS_DROPPED.labels(reason).inc()
-        self.gw.log.info("stream.dropped", sid=self.sid, principal=self.who, reason=reason, seq=seq)
+        self.streams.log.info("stream.dropped", sid=self.sid, principal=self.who, reason=reason, seq=seq)
         if self._transport is not None:
             self._transport.abort()  # a write waiting on the socket returns at once (uvicorn sees it gone)
 
@@ -140,11 +158,11 @@ class EventStream(Response):
                 tg.start_soon(stream)
                 await disconnected()
         finally:
-            self.gw.slots.give(self.who)
+            self.streams.slots.give(self.who)
 
     async def _stream(self, send: Send) -> None:
-        gw = self.gw
-        settings = gw.settings.gateway
+        streams = self.streams
+        settings = streams.settings
         metrics.STREAMS.inc()
         tail: eventlog.Tail | None = None
 
@@ -163,10 +181,10 @@ class EventStream(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if not await write(b"retry: 1000\n\n"):
                 return
-            tail = eventlog.Tail(gw.hub, gw.js, self.sid, self.after, gw.seq_now(self.sid),
-                                 max_bytes=settings.stream_buffer_bytes, on_overflow=overflow)
+            tail = streams.tail(self.sid, self.after, self.seq_now, max_bytes=settings.stream_buffer_bytes,
+                                on_overflow=overflow)
             async with tail:
-                while not gw.stopping and not self.dropped:
+                while not streams.stopping() and not self.dropped:
                     batch = await tail.next(timeout=HEARTBEAT_S, limit=BACKLOG_BATCH, max_bytes=CHUNK_BYTES)
                     if self.dropped:
                         return

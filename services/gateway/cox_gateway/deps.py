@@ -1,0 +1,98 @@
+"""What the routes need, built once when the gateway starts and reached through FastAPI
+dependencies: a route names the parts it uses (``services: ServicesDep``, ``who: Principal``), never the
+whole service.
+
+``Deps`` lives in ``app.state.deps``; each ``...Dep`` below is an ``Annotated`` type whose
+dependency returns one part of it. The dependencies are ``async`` (FastAPI runs a plain ``def``
+dependency in a worker thread).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+from fastapi import Path as PathParam
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from nats.aio.client import Client
+from pydantic import BaseModel
+
+from coxswain import rpc
+from coxswain.config import Settings
+from coxswain.ids import ID_RE
+
+from .auth import Auth
+from .notifier import Notifier
+from .reads import SessionReads
+from .streams import Streams
+
+Q = TypeVar("Q", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+
+
+class Services:
+    """Requests over NATS to the other services (``coxswain.rpc``): every change a route asks
+    for, and the reads of the versions store."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+
+    async def call(self, op: rpc.Op[Q, R], request: Q) -> R:
+        return await rpc.call(self.nc, op, request)
+
+
+@dataclass(frozen=True)
+class Deps:
+    settings: Settings
+    auth: Auth
+    services: Services
+    reads: SessionReads
+    streams: Streams
+    notifier: Notifier
+
+
+def of(request: Request) -> Deps:
+    deps: Deps = request.app.state.deps
+    return deps
+
+
+BEARER = HTTPBearer(auto_error=False, description="A token of `[auth] tokens` (or `COX_TOKEN`): it names a principal")
+"""Only so the OpenAPI document says every /v1 call needs a bearer token; :class:`.auth.Auth` checks it."""
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+
+
+async def _principal(request: Request, _: Bearer) -> str:
+    """The principal the bearer token names (401 otherwise)."""
+    return of(request).auth.principal(request)
+
+
+async def _settings(request: Request) -> Settings:
+    return of(request).settings
+
+
+async def _services(request: Request) -> Services:
+    return of(request).services
+
+
+async def _reads(request: Request) -> SessionReads:
+    return of(request).reads
+
+
+async def _streams(request: Request) -> Streams:
+    return of(request).streams
+
+
+async def _notifier(request: Request) -> Notifier:
+    return of(request).notifier
+
+
+Principal = Annotated[str, Depends(_principal)]
+SettingsDep = Annotated[Settings, Depends(_settings)]
+ServicesDep = Annotated[Services, Depends(_services)]
+ReadsDep = Annotated[SessionReads, Depends(_reads)]
+StreamsDep = Annotated[Streams, Depends(_streams)]
+NotifierDep = Annotated[Notifier, Depends(_notifier)]
+
+Sid = Annotated[str, PathParam(pattern=ID_RE.pattern, description="session id")]
+VersionId = Annotated[str, PathParam(pattern=ID_RE.pattern)]

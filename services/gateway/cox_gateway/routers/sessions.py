@@ -1,0 +1,61 @@
+"""Sessions: list, create, read, change one; and what a new session may choose (its model,
+its workspace)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from coxswain import rpc
+from coxswain.errors import NotFound
+from coxswain.models import (
+    CreateCmd,
+    CreateSession,
+    PatchCmd,
+    PatchSession,
+    Session,
+    WorkspacesCmd,
+    WorkspacesResult,
+)
+
+from .. import errors
+from ..deps import Principal, ReadsDep, ServicesDep, SettingsDep, Sid
+
+router = APIRouter(responses=errors.responses(401))
+
+
+@router.get("/v1/sessions", responses=errors.responses(422, 503))
+async def list_sessions(reads: ReadsDep, who: Principal,
+                        limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[Session]:
+    return await reads.listed(who, limit)
+
+
+@router.get("/v1/models")
+async def list_models(settings: SettingsDep, who: Principal) -> dict[str, Any]:
+    """The model names a session may choose (for a client's model picker) and the default."""
+    return {"default": settings.model.default, "models": sorted(settings.model.names())}
+
+
+@router.post("/v1/sessions", status_code=201, responses=errors.responses(400, 404, 409, 413, 422, 503))
+async def create_session(body: CreateSession, services: ServicesDep, who: Principal) -> Session:
+    return await services.call(rpc.RUNNER_CREATE, CreateCmd(principal=who, **body.model_dump()))
+
+
+@router.get("/v1/sessions/{sid}", responses=errors.responses(404, 422, 503))
+async def get_session(sid: Sid, reads: ReadsDep, who: Principal) -> Session:
+    view = await reads.view(sid, who)
+    if view is None:
+        raise NotFound("no such session")
+    return view
+
+
+@router.patch("/v1/sessions/{sid}", responses=errors.responses(400, 404, 413, 422, 503))
+async def patch_session(sid: Sid, body: PatchSession, services: ServicesDep, who: Principal) -> Session:
+    return await services.call(rpc.RUNNER_PATCH, PatchCmd(principal=who, sid=sid, **body.model_dump()))
+
+
+@router.get("/v1/workspaces", responses=errors.responses(503))
+async def list_workspaces(services: ServicesDep, who: Principal) -> WorkspacesResult:
+    """The folders under the root a new session may use (so a typo need not make a new one)."""
+    return await services.call(rpc.RUNNER_WORKSPACES, WorkspacesCmd(principal=who))

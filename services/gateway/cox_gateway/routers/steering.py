@@ -1,0 +1,74 @@
+"""Steering a session while it works: a message (now, queued or as the next turn), a Lead into
+the running turn, Stop, an approval's answer, the queue, a command the person ran (observe)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from coxswain import rpc
+from coxswain.events import check_text
+from coxswain.models import (
+    ApprovalAnswer,
+    ApprovalCmd,
+    LeadCmd,
+    LeadMessage,
+    LeadResult,
+    ObserveBody,
+    ObserveCmd,
+    QueueOrder,
+    QueueOrderCmd,
+    QueueRemoveCmd,
+    QueueResult,
+    SendCmd,
+    SendMessage,
+    SendResult,
+    StopCmd,
+    StopResult,
+)
+
+from .. import errors
+from ..deps import Principal, ServicesDep, Sid, VersionId
+
+router = APIRouter(responses=errors.responses(401, 404, 422, 503))
+
+
+@router.post("/v1/sessions/{sid}/messages", status_code=202, responses=errors.responses(400, 409, 413))
+async def send(sid: Sid, body: SendMessage, services: ServicesDep, who: Principal) -> SendResult:
+    check_text(body.text)  # 413 before it travels: what is accepted must be recordable
+    return await services.call(rpc.RUNNER_SEND, SendCmd(principal=who, sid=sid, **body.model_dump()))
+
+
+@router.post("/v1/sessions/{sid}/lead", status_code=202, responses=errors.responses(400, 409, 413, 429))
+async def lead(sid: Sid, body: LeadMessage, services: ServicesDep, who: Principal) -> LeadResult:
+    return await services.call(rpc.RUNNER_LEAD, LeadCmd(principal=who, sid=sid, **body.model_dump()))
+
+
+@router.post("/v1/sessions/{sid}/stop")
+async def stop(sid: Sid, services: ServicesDep, who: Principal) -> StopResult:
+    return await services.call(rpc.RUNNER_STOP, StopCmd(principal=who, sid=sid))
+
+
+@router.post("/v1/sessions/{sid}/approvals/{aid}", responses=errors.responses(400, 409, 413))
+async def answer(sid: Sid, aid: VersionId, body: ApprovalAnswer, services: ServicesDep, who: Principal) -> dict[str, Any]:
+    await services.call(rpc.RUNNER_ANSWER, ApprovalCmd(principal=who, sid=sid, approval_id=aid, **body.model_dump()))
+    return {"ok": True, "approval_id": aid, "decision": body.decision}
+
+
+@router.delete("/v1/sessions/{sid}/queue/{mid}", responses=errors.responses(409))
+async def queue_remove(sid: Sid, mid: VersionId, services: ServicesDep, who: Principal) -> QueueResult:
+    """Remove a queued message before it starts (recorded as ``queue.removed``); 409 ``not_queued`` after."""
+    return await services.call(rpc.RUNNER_QUEUE_REMOVE, QueueRemoveCmd(principal=who, sid=sid, message_id=mid))
+
+
+@router.put("/v1/sessions/{sid}/queue/order", responses=errors.responses(400, 409, 413))
+async def queue_order(sid: Sid, body: QueueOrder, services: ServicesDep, who: Principal) -> QueueResult:
+    """Reorder the queue: every queued message id once, in the new order (``queue.reordered``)."""
+    return await services.call(rpc.RUNNER_QUEUE_ORDER, QueueOrderCmd(principal=who, sid=sid, **body.model_dump()))
+
+
+@router.post("/v1/sessions/{sid}/observe", status_code=202, responses=errors.responses(400, 413))
+async def observe(sid: Sid, body: ObserveBody, services: ServicesDep, who: Principal) -> dict[str, Any]:
+    await services.call(rpc.RUNNER_OBSERVE, ObserveCmd(principal=who, sid=sid, **body.model_dump()))
+    return {"ok": True}
