@@ -18,7 +18,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from cox_runner.store import LIBRARY
+from cox_runner.redis.store import LIBRARY
 from coxswain import keys
 
 from .logcheck import log_of, replay
@@ -35,7 +35,7 @@ def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
 
 
 def call(r: redis.Redis, fn: str, sid: str, *args: str, tx: str = "") -> list[str]:
-    """One FCALL, the transition id last (as cox_runner.store sends it)."""
+    """One FCALL, the transition id last (as cox_runner.redis.store sends it)."""
     return list(r.fcall(fn, 1, keys.session(sid), sid, *args, tx))  # type: ignore[arg-type]
 
 

@@ -12,10 +12,10 @@ import re
 from pathlib import Path
 
 from cox.chat_state import HANDLERS as CHAT
-from cox_runner import store
+from cox_runner.redis import store
 from coxswain import contract, errors, events, keys
 
-LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis_lib.lua").read_text()
+LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis/redis_lib.lua").read_text()
 SUFFIXES = {v for k, v in vars(keys).items() if k.isupper() and isinstance(v, str) and v.startswith(":")}
 
 

@@ -1,4 +1,4 @@
-"""The Redis library's facade (cox_runner.fns): one method per registered function, each sending
+"""The Redis library's facade (cox_runner.redis.fns): one method per registered function, each sending
 as many fixed arguments as the Lua function reads (no server: the Lua source is parsed)."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from cox_runner.faults import DropReplies, parse
-from cox_runner.fns import Fns
-from cox_runner.store import HOLDER_FNS, TX_FNS
+from cox_runner.redis.faults import DropReplies, parse
+from cox_runner.redis.fns import Fns
+from cox_runner.redis.store import HOLDER_FNS, TX_FNS
 
-LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis_lib.lua").read_text()
+LUA = (Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner/redis/redis_lib.lua").read_text()
 
 
 def _functions() -> dict[str, tuple[int, bool]]:
     """Each registered function: (how many ARGV slots it reads by position, reads more after them).
     A function registered through ``once`` reads them after the transition id was taken off the
-    end (the store appends it: cox_runner.store.TX_FNS), so its method sends just those."""
+    end (the store appends it: cox_runner.redis.store.TX_FNS), so its method sends just those."""
     bodies = dict(re.findall(r"local function (\w+)\(keys, args\)\n(.*?)\nend\n", LUA, re.S))
     out: dict[str, tuple[int, bool]] = {}
     for name, local in re.findall(r"redis\.register_function\('(\w+)', (?:once\()?(\w+)\)?\)", LUA):

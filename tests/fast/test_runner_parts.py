@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from cox_runner import handlers, tools
+from cox_runner import handlers
 from cox_runner.budget import Budget
+from cox_runner.workspace import tools
 from coxswain.config import LimitsConfig, SoftLimits
 
 PKG = Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner"

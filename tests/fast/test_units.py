@@ -10,9 +10,9 @@ import pytest
 from cox_guard import policy
 from cox_judge import rules
 from cox_judge.service import confined_only
-from cox_runner import sandbox, tools
 from cox_runner.errors import SandboxUnavailable
-from cox_runner.script_model import ScriptError, parse_script
+from cox_runner.model.script_model import ScriptError, parse_script
+from cox_runner.workspace import sandbox, tools
 from coxswain.config import SandboxConfig, Settings
 from coxswain.models import STANDING_NETWORK, CallSpec, GuardRequest, JudgeRequest, JudgeResult
 

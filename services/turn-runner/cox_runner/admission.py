@@ -42,12 +42,14 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, compaction, egress, instructions, tools, transcript, usage
+from . import cmdversions, compaction, instructions, transcript
 from .deps import Deps
-from .egress import Request
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
-from .store import as_list
+from .model import usage
+from .redis.store import as_list
+from .workspace import egress, tools
+from .workspace.egress import Request
 from .workspaces import Workspaces
 
 STOP_SETTLE_S = 10.0

@@ -17,9 +17,9 @@ from coxswain.config import Settings
 
 from .clients import Clients
 from .leases import Drive, Leases
-from .providers import Models
-from .sandbox import Sandbox
-from .store import Store
+from .model.providers import Models
+from .redis.store import Store
+from .workspace.sandbox import Sandbox
 
 
 @dataclass

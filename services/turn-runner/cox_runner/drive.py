@@ -37,8 +37,8 @@ from .deps import Deps
 from .errors import LeaseLost, StoreDown
 from .leases import Drive, cancel
 from .loop import TurnLoop
-from .mcp_servers import McpServers
 from .turn import Ending, Turn
+from .workspace.mcp_servers import McpServers
 
 CRASH_TEXT = ("Cancelled: the runner running this turn stopped before the call finished "
               "(the turn ended as crashed).")

@@ -42,12 +42,13 @@ from coxswain.models import (
     Plan,
 )
 
-from . import infra, usage
+from . import infra
 from .budget import Budget
 from .deps import Deps
 from .errors import StopRequested
+from .model import usage
+from .model.script_model import SCRIPT_RE
 from .recorder import Recorder
-from .script_model import SCRIPT_RE
 from .turn import Turn
 
 APPROVAL_POLL_S = 1.0

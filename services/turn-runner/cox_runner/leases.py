@@ -40,7 +40,7 @@ class Drive:
     shutting_down: bool = False
     self_fence: bool = True
     mcp: Any = None
-    """The session's MCP servers while this drive holds it (:mod:`cox_runner.mcp_servers`)."""
+    """The session's MCP servers while this drive holds it (:mod:`cox_runner.workspace.mcp_servers`)."""
     _timer: asyncio.TimerHandle | None = None
     _on_expire: Any = None
 

@@ -57,15 +57,17 @@ from coxswain.errors import CoxError, Fenced, describe
 from coxswain.ids import new_id
 from coxswain.models import CallSpec, Plan
 
-from . import handlers, hooks, instructions, retry, tools, transcript, usage
+from . import handlers, hooks, instructions, transcript
 from .budget import Budget
 from .compaction import Compactor
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
 from .gate import Gate, Taint
 from .handlers import PlanState, ToolContext
+from .model import retry, usage
 from .recorder import Recorder
 from .turn import SKIP_FOR_OUTCOME, STOP_OUTCOME, Ending, EndTurn, Turn, guarded, stopped_by
+from .workspace import tools
 
 T = TypeVar("T")
 
@@ -315,7 +317,7 @@ class TurnLoop:
         return response
 
     def _cost(self, response: ModelResponse) -> float:
-        """USD this response counts against the turn's spend (:func:`cox_runner.usage.spend_cost`)."""
+        """USD this response counts against the turn's spend (:func:`cox_runner.model.usage.spend_cost`)."""
         return usage.spend_cost(self.deps.models.prices(self.turn.model), response)
 
     async def _request(self, model: Any, messages: list[Any], params: ModelRequestParameters,

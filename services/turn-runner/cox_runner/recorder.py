@@ -19,10 +19,11 @@ from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import Fenced
 
-from . import tools, transcript
+from . import transcript
 from .deps import Deps
 from .errors import LeaseLost
 from .turn import Turn
+from .workspace import tools
 
 OBSERVED_BATCH = 50
 Op = tuple[str, str, str, str]

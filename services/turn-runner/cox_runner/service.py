@@ -31,19 +31,19 @@ from coxswain.ids import new_id
 from coxswain.service import Service
 
 from . import drive as drives_mod
-from . import limits
 from .admission import Admission
-from .archive import Archiver
 from .clients import Clients
 from .deps import Deps
 from .errors import StopRequested
-from .faults import DropReplies
 from .forks import Forks
 from .leases import Drive, Leases
-from .providers import Models
+from .model.providers import Models
 from .queue_ops import QueueOps
-from .sandbox import Sandbox
-from .store import Store
+from .redis.archive import Archiver
+from .redis.faults import DropReplies
+from .redis.store import Store
+from .workspace import limits
+from .workspace.sandbox import Sandbox
 
 SHUTDOWN_GRACE_S = 8.0
 INFRA_CHECK_S = 0.2

@@ -11,7 +11,7 @@ What a sandboxed command sees:
 - nothing else: no home folder, no other workspace, no ``.cox/`` state, no project checkout;
 - no network (its own network namespace: not even the host's loopback, so neither the stack's
   Redis nor its NATS). Granted the network, it keeps that namespace and reaches the network only
-  through coxswain's egress proxy (:mod:`cox_runner.egress`: one Unix socket bound in, a
+  through coxswain's egress proxy (:mod:`cox_runner.workspace.egress`: one Unix socket bound in, a
   forwarder on its own ``127.0.0.1``, the proxy variables set), which refuses non-public
   addresses and records every connection;
 - no capabilities, ``no_new_privs``, its own session (no terminal to inject into), and it dies
@@ -31,7 +31,7 @@ What a sandboxed command sees:
   every sandboxed process (and, as root, hands to the sandbox user whatever the runner or
   anyone else left there that is not its, before the first process of a drive).
 
-The environment is the scrubbed one :func:`cox_runner.tools.command_env` builds (``PATH`` the
+The environment is the scrubbed one :func:`cox_runner.workspace.tools.command_env` builds (``PATH`` the
 system folders only); only descriptors 0-2 are inherited.
 
 Fail closed: when bwrap is missing or cannot make its namespaces, :meth:`Sandbox.argv` raises
@@ -56,8 +56,8 @@ from coxswain import safefs, sandbox_user
 from coxswain.config import SandboxConfig
 from coxswain.sandbox_user import Owner, SandboxUserMissing
 
+from ..errors import SandboxUnavailable
 from . import egress as egress_mod
-from .errors import SandboxUnavailable
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 """Read-only as they are on the host; on a merged-/usr system most are links into /usr."""
@@ -289,7 +289,7 @@ class Sandbox:
              offline: bool = False) -> list[str]:
         """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined.
         Granted the network (``network`` or ``[sandbox] network``), ``egress`` is the proxy socket
-        of :meth:`cox_runner.egress.Egress.grant` (without one it is refused). ``offline`` (a
+        of :meth:`cox_runner.workspace.egress.Egress.grant` (without one it is refused). ``offline`` (a
         hook): no network whatever ``[sandbox] network`` says."""
         shell = ["/bin/bash", "-c", command]
         if self.cfg.mode == "none":

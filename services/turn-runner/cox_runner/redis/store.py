@@ -35,11 +35,11 @@ from nats.js import JetStreamContext
 from coxswain import errors, eventlog, keys
 from coxswain.ids import new_id
 
-from .errors import StoreDown
+from ..errors import StoreDown
 from .faults import DropReplies
 from .fns import Fns
 
-LIBRARY = resources.files("cox_runner").joinpath("redis_lib.lua").read_text()
+LIBRARY = resources.files("cox_runner.redis").joinpath("redis_lib.lua").read_text()
 
 
 # Functions only the holder of a turn's lease calls (with its token).
@@ -160,7 +160,7 @@ class Store:
                    publish: bool = True) -> dict[str, Any]:
         """Run ``fn``; raise the error it answered; publish any outbox batch it handed over.
 
-        Called by :class:`cox_runner.fns.Fns`, which names and types each function's arguments."""
+        Called by :class:`cox_runner.redis.fns.Fns`, which names and types each function's arguments."""
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
         tx = ""
