@@ -1,0 +1,52 @@
+"""The turn-runner service (``python -m cox_runner``): admits every person's action and runs turns.
+
+Layers, top to bottom. A module imports only from the layers below its own, never from its own
+layer or one above (``tests/fast/test_layers.py`` reads this list and holds every import to it,
+those inside functions and ``TYPE_CHECKING`` blocks too). A subpackage is one entry here and
+orders its own modules the same way in its ``__init__``.
+
+1. The process
+   - ``__main__``: ``python -m cox_runner``.
+2. The service
+   - ``service``: the ``Runner``: its endpoints, the lease keeper, the claimer, the sweeper, the
+     archiver, doorbells, shutdown; builds the :class:`~cox_runner.deps.Deps`.
+3. Fork and rewind
+   - ``forks``: a session copied at a turn (fork) or cut back to one (rewind).
+4. A person's actions
+   - ``admission``: each person's action (create, patch, send, Lead, Stop, answer, observe,
+     restore, undo, compact) as one atomic Redis transition.
+   - ``queue_ops``: remove or reorder queued messages; the principal's workspaces.
+5. Drives and workspaces' owners
+   - ``drive``: a drive: this runner holding a session's lease and running its turns in turn.
+   - ``workspaces``: which principal owns a workspace, and resolving a workspace's name.
+6. The turn loop
+   - ``loop``: one turn from its first model request to its end.
+7. What a tool call does
+   - ``handlers``: one function per tool, run once the gate allowed the call.
+   - ``hooks``: the workspace's hooks at the five points of the turn loop.
+8. Deciding and versioning
+   - ``gate``: a tool call's approval: guard, the judge, the person.
+   - ``cmdversions``: what a command changes, versioned like a write.
+9. Out of a turn
+   - ``infra``: waiting for the services a turn needs (guard, the judge, versions).
+   - ``recorder``: a turn's events out, its open calls, its transcript.
+10. The parts' resources
+   - ``deps``: what the parts need from the process, handed down instead of the ``Runner``.
+11. Leases
+   - ``leases``: the drives this runner holds, one per session, and their deadlines.
+12. The transcript
+   - ``transcript``: the model's view of a session, rebuilt from its event log.
+13. Compaction
+   - ``compaction``: keeps a long turn's transcript inside the model's context window.
+14. A turn's state
+   - ``turn``: a running turn's identity and the signals (Stop, Lead, doorbell) sent to it.
+   - ``budget``: a turn's use against its limits (pure).
+15. The leaves: Redis, the model, the workspace, the other services
+   - ``redis``: Redis state (the Lua library, its facade, the store, the archive).
+   - ``model``: the model (providers, the script model, retries, usage).
+   - ``workspace``: workspace I/O (tools, the walk, the sandbox, its limits and egress, MCP).
+   - ``clients``: typed calls to guard, the judge and versions over NATS.
+   - ``instructions``: ``AGENTS.md`` at the workspace root.
+16. Errors
+   - ``errors``: the runner's own errors (LeaseLost, StoreDown, StopRequested, SandboxUnavailable).
+"""

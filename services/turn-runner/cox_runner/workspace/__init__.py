@@ -1,2 +1,15 @@
 """Workspace I/O: the tools on the workspace's files and commands, the folder walk, the command
-sandbox (bubblewrap) with its resource limits and egress proxy, and the MCP tool servers."""
+sandbox (bubblewrap) with its resource limits and egress proxy, and the MCP tool servers.
+
+Layers, top to bottom (as in :mod:`cox_runner`):
+
+1. Tools and tool servers
+   - ``tools``: the model's tools: their definitions and how the workspace ones run.
+   - ``mcp_servers``: a session's MCP tool servers.
+2. The sandbox
+   - ``sandbox``: every command, hook and MCP stdio server inside bubblewrap.
+3. Its leaves
+   - ``egress``: the egress proxy, the only way a command granted the network reaches it.
+   - ``limits``: resource limits per command (rlimits, cgroups).
+   - ``walk``: walking a workspace for ``find_files`` and ``search_text``.
+"""
