@@ -9,7 +9,7 @@ orders its own modules the same way in its ``__init__``.
    - ``__main__``: ``python -m cox_runner``.
 2. The service
    - ``service``: the ``Runner``: its endpoints, the lease keeper, the claimer, the sweeper, the
-     archiver, doorbells, shutdown; builds the :class:`~cox_runner.deps.Deps`.
+     archiver, the doorbell subscription, shutdown; builds the :class:`~cox_runner.deps.Deps`.
 3. Fork and rewind
    - ``forks``: a session copied at a turn (fork) or cut back to one (rewind).
 4. A person's actions
@@ -31,22 +31,27 @@ orders its own modules the same way in its ``__init__``.
    - ``infra``: waiting for the services a turn needs (guard, the judge, versions).
    - ``recorder``: a turn's events out, its open calls, its transcript.
 10. The parts' resources
-   - ``deps``: what the parts need from the process, handed down instead of the ``Runner``.
-11. Leases
-   - ``leases``: the drives this runner holds, one per session, and their deadlines.
-12. The transcript
+   - ``deps``: the resources the parts share, handed down instead of the ``Runner``.
+11. Reading a session, ringing its holder
+   - ``logreader``: a session's whole log (the outbox flushed, then JetStream read).
+   - ``doorbell``: tells the runner holding a session to look again.
+12. Leases
+   - ``leases``: the drives this runner holds, one per session, their deadlines, the lease check
+     before a file write.
+13. The transcript
    - ``transcript``: the model's view of a session, rebuilt from its event log.
-13. Compaction
+14. Compaction
    - ``compaction``: keeps a long turn's transcript inside the model's context window.
-14. A turn's state
+15. A turn's state
    - ``turn``: a running turn's identity and the signals (Stop, Lead, doorbell) sent to it.
    - ``budget``: a turn's use against its limits (pure).
-15. The leaves: Redis, the model, the workspace, the other services
+16. The leaves: Redis, the model, the workspace, the other services
    - ``redis``: Redis state (the Lua library, its facade, the store, the archive).
    - ``model``: the model (providers, the script model, retries, usage).
    - ``workspace``: workspace I/O (tools, the walk, the sandbox, its limits and egress, MCP).
-   - ``clients``: typed calls to guard, the judge and versions over NATS.
+   - ``clients``: typed calls to guard, the judge and versions over NATS; usage samples out.
+   - ``health``: whether the services a turn needs answer now.
    - ``instructions``: ``AGENTS.md`` at the workspace root.
-16. Errors
+17. Errors
    - ``errors``: the runner's own errors (LeaseLost, StoreDown, StopRequested, SandboxUnavailable).
 """

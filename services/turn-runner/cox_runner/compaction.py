@@ -445,7 +445,7 @@ class Compactor:
             self.budget.add_response(s.tokens, s.cost)
             await self.rec.emit(ev.Usage(**self.rec.e(), purpose="compaction", model=name, **s.usage),
                                 ops=usage.totals_ops(s.usage))
-            await self.deps.usage_seen({"model": name, "purpose": "compaction", **s.usage})
+            await self.deps.clients.usage_seen({"model": name, "purpose": "compaction", **s.usage})
             return str(s.text)
 
         keep = keep_budget(self.rec.history, instructions, target)

@@ -229,7 +229,7 @@ class Gate:
         model = str(j.usage.get("model") or "judge")
         await self.rec.emit(ev.Usage(**self.rec.e(), purpose="judge", model=model, **fields),
                             ops=usage.totals_ops(fields))
-        await self.deps.usage_seen({"model": model, "purpose": "judge", **fields})
+        await self.deps.clients.usage_seen({"model": model, "purpose": "judge", **fields})
 
     async def ask_person(self, call: CallSpec, g: GuardResult | None, judge_info: dict[str, Any] | None, *,
                          reason: str | None = None, security: bool | None = None) -> GateOutcome:

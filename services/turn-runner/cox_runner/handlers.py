@@ -188,7 +188,7 @@ async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str, sa
     added, removed = textdiff.counts(old, data)
     intent = json.dumps({"path": rel, "tmp": tmp, "bytes": len(data), "added": added, "removed": removed,
                          "version_id": kept.version_id, "store": kept.store, "kept_path": kept.path})
-    fence = asyncio.ensure_future(ctx.deps.ensure_lease(t.sid, t.token, call.tool_call_id, intent))
+    fence = asyncio.ensure_future(ctx.deps.leases.ensure(ctx.deps.store.fns, t.sid, t.token, call.tool_call_id, intent))
     try:
         await asyncio.shield(fence)
     except BaseException:

@@ -167,8 +167,8 @@ class TurnLoop:
             self.rec.history = self.carried
             self.rec.history.user(t.text, t.via)
         else:
-            # read_events flushes the outbox and reads the log up to the session's seq.
-            self.rec.history = transcript.build(await self.deps.read_events(t.sid))
+            # events.read flushes the outbox and reads the log up to the session's seq.
+            self.rec.history = transcript.build(await self.deps.events.read(t.sid))
         await self.deps.models.load(t.model)
         found = await asyncio.to_thread(instructions.read_agents_md, t.workspace)
         if found is not None:
@@ -303,7 +303,7 @@ class TurnLoop:
                             tool_calls=refs, provider_finish_reason=_raw_finish(response)),
             ops=[*(("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls), *self._usage_ops],
         )
-        await self.deps.usage_seen(used.model_dump(include=USAGE_SAMPLE))
+        await self.deps.clients.usage_seen(used.model_dump(include=USAGE_SAMPLE))
         rec.open = {c.tool_call_id: c for c in calls}
         rec.history.assistant(text, [r.model_dump() for r in refs], response.finish_reason)
         b = self.budget
@@ -383,7 +383,7 @@ class TurnLoop:
             return
         used = self._usage("title", resp)
         await self.rec.emit(used, ops=self._usage_ops)
-        await self.deps.usage_seen(used.model_dump(include=USAGE_SAMPLE))
+        await self.deps.clients.usage_seen(used.model_dump(include=USAGE_SAMPLE))
         title = _clean_title("".join(p.content for p in resp.parts if isinstance(p, TextPart)))
         if not title:
             return

@@ -24,7 +24,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -80,8 +80,7 @@ class Store:
     """Calls into the Redis function library; one per runner process."""
 
     def __init__(self, redis: Any, js: JetStreamContext, owner: str, log: Any, *, wait_replicas: int = 0,
-                 wait_ms: int = 1000, retry_s: float = 1.0, on_down: Callable[[], Awaitable[None]] | None = None,
-                 faults: DropReplies | None = None) -> None:
+                 wait_ms: int = 1000, retry_s: float = 1.0, faults: DropReplies | None = None) -> None:
         self.redis = redis
         self.wait_replicas = wait_replicas
         self.wait_ms = wait_ms
@@ -95,8 +94,6 @@ class Store:
         self.log = log
         self.retry_s = retry_s
         """How long after its first attempt a call whose connection broke may still be retried."""
-        self.on_down = on_down
-        """Called before each retry (the runner drops its idle pooled connections)."""
         self.faults = faults or DropReplies()
         self._publishers: dict[str, asyncio.Task[None]] = {}
         self._cursors: eventlog.Cursors = {}
@@ -123,6 +120,13 @@ class Store:
                     self.log.warning("redis.load_retry", error=type(e).__name__, retry_in_s=pause)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
+
+    async def drop_idle(self) -> None:
+        """Redis failed a call: drop the idle pooled connections, so that once it is back (a
+        restart) no call goes out on a socket the old server closed (a retry would fail on it
+        for nothing). Before each retry here, and by the runner after a failure of its own."""
+        with contextlib.suppress(Exception):
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
 
     def node_of(self, key: str) -> str:
         """The name of the Redis master serving ``key`` ('' without a cluster)."""
@@ -187,8 +191,7 @@ class Store:
                 pause = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
                 self.log.warning("redis.call_retry", fn=fn, sid=sid, tx=tx or None, attempt=attempt,
                                  error=repr(exc))
-                if self.on_down is not None:
-                    await self.on_down()
+                await self.drop_idle()
                 await asyncio.sleep(min(pause, max(0.0, self.retry_s - waited)))
         head = json.loads(res[0])
         batch = list(res[1:])
