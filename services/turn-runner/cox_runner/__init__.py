@@ -20,38 +20,46 @@ orders its own modules the same way in its ``__init__``.
    - ``drive``: a drive: this runner holding a session's lease and running its turns in turn.
    - ``workspaces``: which principal owns a workspace, and resolving a workspace's name.
 6. The turn loop
-   - ``loop``: one turn from its first model request to its end.
-7. What a tool call does
+   - ``loop``: one turn from its first model request to its end: load, the loop, the hooks at its
+     start and end, every call closed on the way out.
+7. A turn's steps
+   - ``step``: one model request (built, streamed, retried, its usage and limits) and the title.
+   - ``calls``: a response's tool calls in order: the limits, the argument check, the gate, the
+     handler, the PostToolUse hooks.
+8. Boundaries and checkpoints
+   - ``leads``: Leads at the safe boundaries, and closing Lead admission before the turn ends.
+   - ``checkpoints``: the limits during a turn: hard ones end it, soft ones ask, warnings.
+9. What a tool call does
    - ``handlers``: one function per tool, run once the gate allowed the call.
    - ``hooks``: the workspace's hooks at the five points of the turn loop.
-8. Deciding and versioning
+10. Deciding and versioning
    - ``gate``: a tool call's approval: guard, the judge, the person.
    - ``cmdversions``: what a command changes, versioned like a write.
-9. Out of a turn
+11. Out of a turn
    - ``infra``: waiting for the services a turn needs (guard, the judge, versions).
    - ``recorder``: a turn's events out, its open calls, its transcript.
-10. The parts' resources
+12. The parts' resources
    - ``deps``: the resources the parts share, handed down instead of the ``Runner``.
-11. Reading a session, ringing its holder
+13. Reading a session, ringing its holder
    - ``logreader``: a session's whole log (the outbox flushed, then JetStream read).
    - ``doorbell``: tells the runner holding a session to look again.
-12. Leases
+14. Leases
    - ``leases``: the drives this runner holds, one per session, their deadlines, the lease check
      before a file write.
-13. The transcript
+15. The transcript
    - ``transcript``: the model's view of a session, rebuilt from its event log.
-14. Compaction
+16. Compaction
    - ``compaction``: keeps a long turn's transcript inside the model's context window.
-15. A turn's state
+17. A turn's state
    - ``turn``: a running turn's identity and the signals (Stop, Lead, doorbell) sent to it.
    - ``budget``: a turn's use against its limits (pure).
-16. The leaves: Redis, the model, the workspace, the other services
+18. The leaves: Redis, the model, the workspace, the other services
    - ``redis``: Redis state (the Lua library, its facade, the store, the archive).
    - ``model``: the model (providers, the script model, retries, usage).
    - ``workspace``: workspace I/O (tools, the walk, the sandbox, its limits and egress, MCP).
    - ``clients``: typed calls to guard, the judge and versions over NATS; usage samples out.
    - ``health``: whether the services a turn needs answer now.
    - ``instructions``: ``AGENTS.md`` at the workspace root.
-17. Errors
+19. Errors
    - ``errors``: the runner's own errors (LeaseLost, StoreDown, StopRequested, SandboxUnavailable).
 """
