@@ -40,7 +40,7 @@ class LogReader:
             if d is not None and d.turn is not None and d.turn.stopping:
                 raise StopRequested(d.turn.stop_reason or "stop")
             try:
-                await self.store.flush(sid, timeout=2.0)
+                await self.store.outbox.flush(sid, timeout=2.0)
                 out.extend(await eventlog.backlog(self.js, sid, out[-1]["seq"] if out else 0, target,
                                                   limit=LOG_LIMIT, timeout=2.0))
                 if (out[-1]["seq"] if out else 0) >= target:

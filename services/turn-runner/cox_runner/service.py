@@ -215,7 +215,7 @@ class Runner(Service):
         tasks = [d.task for d in self.leases if d.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
-        await self.store.close()
+        await self.store.outbox.close()
 
 
 def main() -> None:

@@ -1,9 +1,8 @@
-"""The runner's handle on Redis: the function library, its calls, and publishing the outbox.
+"""The runner's handle on Redis: the function library, its calls, takeover and sweeper passes.
 
 Every state change is one ``FCALL`` into ``redis_lib.lua``. A call that recorded events may hand
-back a batch of the session's outbox together with its publish lock; this module then publishes
-the batch to JetStream in order and asks for the next one until the outbox is empty. Publishing
-runs in a kept background task so an HTTP reply or the turn loop does not wait on JetStream.
+back a batch of the session's outbox together with its publish lock; the store's
+:class:`~cox_runner.redis.outbox.Outbox` then publishes it (outbox.py).
 
 Calls are never retried by the Redis client (the runner turns its retries off): a transition
 whose connection broke may or may not have run, and running it blindly twice would record it
@@ -32,12 +31,14 @@ import redis.asyncio.cluster as aiocluster
 import redis.exceptions
 from nats.js import JetStreamContext
 
-from coxswain import errors, eventlog, keys
+from coxswain import errors, keys
 from coxswain.ids import new_id
 
 from ..errors import StoreDown
 from .faults import DropReplies
 from .fns import Fns
+from .outbox import Outbox
+from .replicas import Replicas
 
 LIBRARY = resources.files("cox_runner.redis").joinpath("redis_lib.lua").read_text()
 
@@ -53,8 +54,6 @@ LOAD_WAIT_S = 30.0
 """How long a starting runner waits for Redis to take the library (transient errors only)."""
 SWEEP_SHARE = 4
 """In a cluster, the sweeper's passes (one a second) look at every bucket within this many."""
-PUB_LOCK_MS = 5000
-"""The publish lock's lifetime (``PUB_LOCK_MS`` in the library)."""
 RETRY_ATTEMPTS = 5
 """Attempts of one call whose connection broke (the first included), within ``retry_s``."""
 RETRY_FIRST_S = 0.02
@@ -95,11 +94,11 @@ class Store:
         self.retry_s = retry_s
         """How long after its first attempt a call whose connection broke may still be retried."""
         self.faults = faults or DropReplies()
-        self._publishers: dict[str, asyncio.Task[None]] = {}
-        self._cursors: eventlog.Cursors = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         self.fns = Fns(self)
         """One typed method per library function: what the rest of the runner calls."""
+        self.replicas = Replicas(redis, wait_replicas, wait_ms)
+        self.outbox = Outbox(redis, js, self.fns, owner, log, self.replicas)
+        """Publishing the outbox batches calls hand back (and ``flush``, to read a log in full)."""
 
     async def load(self) -> None:
         """Load the library; in a cluster on every master (a replica gets it by replication, so a
@@ -132,16 +131,6 @@ class Store:
         """The name of the Redis master serving ``key`` ('' without a cluster)."""
         return str(self.redis.get_node_from_key(key).name) if self.cluster else ""
 
-    def _queue_wait(self, pipe: Any, key: str) -> None:
-        """Queue ``WAIT`` on ``pipe`` after the write it must cover. ``WAIT`` counts the replicas
-        that hold this connection's writes, so it goes on the same pipeline (one connection), and
-        in a cluster to the master of ``key``'s slot."""
-        if self.cluster:
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms,
-                                 target_nodes=self.redis.get_node_from_key(key))
-        else:
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
-
     async def _fcall(self, fn: str, ks: list[str], argv: list[str]) -> tuple[Any, bool]:
         """Run ``fn``; with ``wait_replicas``, also wait for the replicas. Returns (reply, held):
         ``held`` is False when fewer replicas than asked answered in time."""
@@ -149,7 +138,7 @@ class Store:
             return await self.redis.fcall(fn, len(ks), *ks, *argv), True
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.fcall(fn, len(ks), *ks, *argv)
-            self._queue_wait(pipe, ks[0])
+            self.replicas.queue_wait(pipe, ks[0])
             res, acked = await pipe.execute(raise_on_error=False)
         if isinstance(res, Exception):
             raise res
@@ -197,7 +186,7 @@ class Store:
         batch = list(res[1:])
         if batch and sid is not None:
             if publish:
-                self._start_publish(sid, batch)
+                self.outbox.start(sid, batch)
         if not held:
             # It ran on the master, but no replica confirmed it in time: a failover could lose it,
             # so it is not acknowledged. The person's retry is idempotent (client_id).
@@ -224,56 +213,6 @@ class Store:
             raise redis.exceptions.ConnectionError(f"fault injection: the reply of {fn} was dropped after it ran")
         return res, held
 
-    # ------------------------------------------------------------------ publishing
-    def _start_publish(self, sid: str, batch: list[str]) -> None:
-        # Redis handed this process the session's publish lock, so no other publisher of the
-        # session runs here (or anywhere) until this one has drained the outbox.
-        task = asyncio.create_task(self._publish(sid, batch), name=f"publish:{sid}")
-        self._tasks.add(task)
-        self._publishers[sid] = task
-
-        def done(t: asyncio.Task[None]) -> None:
-            self._tasks.discard(t)
-            if self._publishers.get(sid) is t:
-                del self._publishers[sid]
-
-        task.add_done_callback(done)
-
-    async def _replicated(self, sid: str) -> bool:
-        """With ``wait_replicas``: True once that many replicas hold everything the session's
-        master has written so far (the batch about to be published included).
-
-        ``WAIT`` counts the replicas that reached this connection's last write, and the
-        replication stream is one ordered stream per master: so a write here (the publish lock's
-        expiry pushed on; we hold the lock) followed by ``WAIT`` covers every earlier write of that
-        master, whichever connection made it. Without this an event could reach the stream,
-        then be lost with its master before a replica had it: the promoted replica would hand
-        its seq to a new event, which the stream would drop as a duplicate."""
-        if not self.wait_replicas:
-            return True
-        key = keys.of(sid, keys.PUBLOCK)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.pexpire(key, PUB_LOCK_MS)
-            self._queue_wait(pipe, key)
-            held, acked = await pipe.execute(raise_on_error=False)
-        if isinstance(held, Exception) or isinstance(acked, Exception) or not held:
-            return False  # the lock is gone (another publisher) or the master is: nothing to publish here
-        return int(acked) >= self.wait_replicas
-
-    async def _publish(self, sid: str, batch: list[str]) -> None:
-        try:
-            while batch:
-                if not await self._replicated(sid):
-                    # Not on a replica yet: publish nothing. The lock lapses and the sweeper
-                    # tries again (the events stay in the outbox, in order).
-                    self.log.warning("outbox.not_replicated", sid=sid, wait_ms=self.wait_ms)
-                    return
-                last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
-                batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
-            self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
 
     async def _scan(self, queue: Callable[[Any, list[int]], None], wait: bool = False,
                     buckets: list[int] | None = None) -> list[Any]:
@@ -295,7 +234,7 @@ class Store:
                 masters = {self.redis.get_node_from_key(keys.leases(b)).name: b for b in todo} if self.cluster \
                     else {"": 0}
                 for b in masters.values():
-                    self._queue_wait(pipe, keys.leases(b))
+                    self.replicas.queue_wait(pipe, keys.leases(b))
                 waits = len(masters)
             res = await pipe.execute(raise_on_error=False)
         if waits:
@@ -350,39 +289,8 @@ class Store:
                 continue
             if batch:
                 claimed += 1
-                await self._publish(sid, batch)
+                await self.outbox.publish(sid, batch)
         return claimed
-
-    async def flush(self, sid: str, timeout: float = 5.0) -> bool:
-        """Wait until the session's outbox is published (so the log can be read in full)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        base = keys.session(sid)
-        while loop.time() < deadline:
-            mine = self._publishers.get(sid)
-            if mine is not None:
-                # This process publishes the session's outbox: wait for it, do not poll.
-                await asyncio.wait({mine}, timeout=max(0.0, deadline - loop.time()))
-                continue
-            if await self.redis.llen(base + keys.OUTBOX) == 0:
-                return True
-            with contextlib.suppress(redis.exceptions.ResponseError):
-                batch = await self.fns.pub_claim(sid=sid, owner=self.owner)
-                if batch:
-                    await self._publish(sid, batch)
-                    continue
-            await asyncio.sleep(0.002)  # another process holds the lock and is publishing
-        return False
-
-    async def close(self) -> None:
-        """Let publishing in flight finish (bounded), then cancel the rest."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=3)
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
 
 _STATUS = {"not_found": 404, "busy": 409, "not_accepting": 409, "no_turn": 409, "lead_closed": 409,
            "resolved": 409, "fenced": 409, "conflict": 409, "too_many_pending": 429, "invalid": 422,
