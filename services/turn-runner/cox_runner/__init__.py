@@ -17,7 +17,8 @@ orders its own modules the same way in its ``__init__``.
      restore, undo, compact) as one atomic Redis transition.
    - ``queue_ops``: remove or reorder queued messages; the principal's workspaces.
 5. Drives and workspaces' owners
-   - ``drive``: a drive: this runner holding a session's lease and running its turns in turn.
+   - ``drive``: a drive: this runner holding a session's lease and running its turns one after
+     another; starting one, ending a person's operation.
    - ``workspaces``: which principal owns a workspace, and resolving a workspace's name.
 6. The turn loop
    - ``loop``: one turn from its first model request to its end: load, the loop, the hooks at its
