@@ -1,7 +1,7 @@
-"""What the resource limits cost per command (cox_runner.limits): ``true`` through bubblewrap
+"""What the resource limits cost per command (cox_runner.workspace.limits): ``true`` through bubblewrap
 with cgroups + rlimits, with rlimits only, and with neither, alternated (A B C, B C A, C A B, ...).
 
-Same code path (:func:`cox_runner.tools.run_command`); the variants differ only in the limiter:
+Same code path (:func:`cox_runner.workspace.tools.run_command`); the variants differ only in the limiter:
 the full one makes and removes the command's cgroups (one per v1 hierarchy) and prefixes the
 cgroup join (``/bin/sh``) and ``prlimit``; "rlimits" prefixes ``prlimit`` only; "none" nothing.
 Also the runner-side cost alone: make + configure + remove a command's cgroups.
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cox_runner import limits, tools
-from cox_runner.sandbox import Sandbox
+from cox_runner.workspace import limits, tools
+from cox_runner.workspace.sandbox import Sandbox
 from coxswain.config import SandboxConfig
 
 from .stats import ratio, summary

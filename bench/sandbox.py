@@ -1,7 +1,7 @@
 """What the command sandbox costs per command: ``true`` through bubblewrap vs bare.
 
-Both go through the runner's own code path (:func:`cox_runner.tools.run_command` with a
-:class:`cox_runner.sandbox.Sandbox` in mode ``bwrap`` and in mode ``none``), alternating A B A B
+Both go through the runner's own code path (:func:`cox_runner.workspace.tools.run_command` with a
+:class:`cox_runner.workspace.sandbox.Sandbox` in mode ``bwrap`` and in mode ``none``), alternating A B A B
 so drift on a shared machine hits both alike. The floor is the bare command: spawning bash
 with the scrubbed environment, reading its output and reaping it.
 """
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cox_runner import tools
-from cox_runner.sandbox import Sandbox
+from cox_runner.workspace import tools
+from cox_runner.workspace.sandbox import Sandbox
 from coxswain.config import SandboxConfig
 
 from .stats import ratio, summary

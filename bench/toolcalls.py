@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from cox_runner import tools
+from cox_runner.workspace import tools
 
 from . import session
 from .client import Pool, Watch

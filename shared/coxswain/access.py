@@ -87,7 +87,7 @@ _ARCHIVE = "KV_COX_ARCHIVE"  # coxswain.archive.STREAM (not imported: archive im
 READ_ARCHIVE: Final = (f"{_JS}.STREAM.INFO.{_ARCHIVE}", f"{_JS}.DIRECT.GET.{_ARCHIVE}.$KV.COX_ARCHIVE.*")
 """``coxswain.archive``: an archived session's entry (the bucket's info, a direct get by key)."""
 OWN_ARCHIVE: Final = (f"{_JS}.STREAM.CREATE.{_ARCHIVE}", "$KV.COX_ARCHIVE.*")
-"""``cox_runner.archive``: make the bucket, put and delete entries (a publish to the key)."""
+"""``cox_runner.redis.archive``: make the bucket, put and delete entries (a publish to the key)."""
 
 NATS: Final[Mapping[str, NatsPermissions]] = {
     GATEWAY: NatsPermissions(

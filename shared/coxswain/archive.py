@@ -1,7 +1,7 @@
 """The archive of idle sessions: a JetStream KV bucket, one entry per archived session.
 
 A session idle for ``[sessions] idle_days`` has its Redis keys saved here and dropped
-(``cox_runner.archive``); its next change loads them back. An entry (key = the session id) is
+(``cox_runner.redis.archive``); its next change loads them back. An entry (key = the session id) is
 zlib-compressed JSON (:func:`encode`)::
 
     {"v": 1, "sid": ..., "principal": ..., "seq": <seq of its session.archived event>,

@@ -201,7 +201,7 @@ class SandboxConfig(_Section):
     network: bool = False
     """Every command may use the network (else only a command the person allowed it for). A
     granted command still has no host network: it reaches the network only through coxswain's
-    egress proxy (:mod:`cox_runner.egress`), which refuses loopback, private, link-local and
+    egress proxy (:mod:`cox_runner.workspace.egress`), which refuses loopback, private, link-local and
     other non-public addresses after resolving the name."""
     allow_hosts: list[str] = Field(default_factory=list)
     """Host patterns a granted command may reach through the proxy (``pypi.org``,
@@ -228,7 +228,7 @@ class SandboxConfig(_Section):
     ``/proc`` (the process namespace stays its own). For a runner in a container whose ``/proc``
     Docker masks (the default; ``systempaths=unconfined`` lifts it, which Compose cannot pass):
     the kernel refuses such a container a fresh ``/proc``."""
-    # Resource limits per command, hook and MCP stdio server (cox_runner.limits; 0 = no limit).
+    # Resource limits per command, hook and MCP stdio server (cox_runner.workspace.limits; 0 = no limit).
     max_processes: int = Field(1024, ge=0)
     """Processes (and threads) alive at once in one command (the pids cgroup)."""
     memory_mb: int = Field(4096, ge=0)

@@ -1,7 +1,7 @@
 """What the egress proxy lets a granted command reach: host patterns and address ranges.
 
 Pure functions (no I/O), shared by the config's validation and the proxy
-(:mod:`cox_runner.egress`), and unit-tested on their own.
+(:mod:`cox_runner.workspace.egress`), and unit-tested on their own.
 
 Names: ``[sandbox] allow_hosts`` / ``deny_hosts`` hold patterns. ``pypi.org`` matches that name
 only; ``*.pythonhosted.org`` matches every name under it (``files.pythonhosted.org``,

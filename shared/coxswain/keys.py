@@ -3,7 +3,7 @@
 Sessions hash into a fixed number of buckets (``[redis] buckets``, fixed at first start and kept
 in :data:`META`): ``bucket = crc32(sid) mod buckets``. Every key of a session, and its bucket's
 lease and dirty indexes, carry the bucket's hash tag ``{b<n>}``, so one function call only ever
-touches keys of one Redis Cluster slot. The Lua library (``cox_runner/redis_lib.lua``) derives
+touches keys of one Redis Cluster slot. The Lua library (``cox_runner/redis/redis_lib.lua``) derives
 the suffixed keys and the bucket's indexes from the session key, so the suffixes and index
 prefixes below are mirrored there: change both.
 

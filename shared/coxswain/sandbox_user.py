@@ -1,7 +1,7 @@
 """The unprivileged host user sandboxed processes run as when the runner is root (``[sandbox] user``).
 
 A root runner never lets a command, a hook or an MCP stdio server keep uid 0: each one runs as
-this user (:mod:`cox_runner.sandbox`). The workspace must then belong to that user, so the
+this user (:mod:`cox_runner.workspace.sandbox`). The workspace must then belong to that user, so the
 runner's and the versions service's writes into a workspace (:mod:`coxswain.safefs` with an
 ``owner``) create files owned by it, and :func:`settle` walks a workspace before and after each
 sandboxed process:

@@ -1,4 +1,4 @@
-"""Reading the Redis library (``cox_runner/redis_lib.lua``) with no Lua at hand: just enough of
+"""Reading the Redis library (``cox_runner/redis/redis_lib.lua``) with no Lua at hand: just enough of
 the language for how the library is written, for the fast contract tests (test_fns.py,
 test_contract.py). Each reader asserts when the source is not as it expects, and
 test_fns.py::test_the_parser_reads_what_it_must checks it finds what it should: a contract check

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
 
 from cox_runner import compaction, transcript
-from cox_runner.script_model import plan_for
+from cox_runner.model.script_model import plan_for
 from coxswain.config import ModelConfig, ProviderConfig
 
 SCRIPT = "do it\n```script\n" + json.dumps([{"tools": [{"name": "list_dir", "args": {"path": "."}}]}] * 60) + "\n```"
@@ -154,7 +154,7 @@ def test_nothing_to_summarize_in_a_fresh_turn() -> None:
 
 
 def test_context_windows_by_model() -> None:
-    from cox_runner.providers import Models
+    from cox_runner.model.providers import Models
 
     cfg = ModelConfig(providers=[ProviderConfig(name="a", kind="openai", context_window=1234),
                                  ProviderConfig(name="b", kind="openai"),

@@ -13,13 +13,13 @@ import re
 from pathlib import Path
 
 from cox.chat_state import HANDLERS as CHAT
-from cox_runner import store
+from cox_runner.redis import store
 from coxswain import contract, errors, events, keys
 
 from .luasrc import session_fields_lua
 
 ROOT = Path(__file__).resolve().parents[2]
-LUA = (ROOT / "services/turn-runner/cox_runner/redis_lib.lua").read_text()
+LUA = (ROOT / "services/turn-runner/cox_runner/redis/redis_lib.lua").read_text()
 SUFFIXES = {v for k, v in vars(keys).items() if k.isupper() and isinstance(v, str) and v.startswith(":")}
 
 
@@ -182,7 +182,7 @@ RAW_CALLS = {
     "tests/redis/test_idempotent_library.py": 1,
     # a call without its transition id: no method sends one (the library must refuse it)
 }
-"""Where the tests call the library's functions without the facade (cox_runner.fns), and how often."""
+"""Where the tests call the library's functions without the facade (cox_runner.redis.fns), and how often."""
 
 
 def test_the_tests_call_the_library_through_its_facade() -> None:
@@ -192,5 +192,5 @@ def test_the_tests_call_the_library_through_its_facade() -> None:
         if n:
             found[str(path.relative_to(ROOT))] = n
     assert found == RAW_CALLS, (
-        f"raw calls of the library in tests/ (call it through cox_runner.fns, e.g. tests/support/library.py; a call that "
+        f"raw calls of the library in tests/ (call it through cox_runner.redis.fns, e.g. tests/support/library.py; a call that "
         f"sends what no method would may stay raw with a comment saying why, counted in RAW_CALLS): {found}")

@@ -1,4 +1,4 @@
-"""The Redis library's facade (cox_runner.fns) against the library itself (no server: the Lua
+"""The Redis library's facade (cox_runner.redis.fns) against the library itself (no server: the Lua
 source is parsed): one method per registered function; each sends the function's ARGV under the
 names and in the order the function reads them into its locals, and as many KEYS as it reads;
 the keys of every reply the function builds are those of the method's typed dict (a key some
@@ -16,9 +16,9 @@ from typing import Any, NotRequired, get_args, get_origin, get_type_hints, is_ty
 
 import pytest
 
-from cox_runner.faults import DropReplies, parse
-from cox_runner.fns import Fns
-from cox_runner.store import HOLDER_FNS, TX_FNS
+from cox_runner.redis.faults import DropReplies, parse
+from cox_runner.redis.fns import Fns
+from cox_runner.redis.store import HOLDER_FNS, TX_FNS
 from coxswain import keys
 
 from .luasrc import BODIES, LUA, REGISTERED, lua_argv, lua_keys, lua_replies, session_fields_lua

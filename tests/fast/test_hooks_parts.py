@@ -17,7 +17,7 @@ import pytest
 from cox_guard.policy import check
 from cox_runner import hooks
 from cox_runner.hooks import Raw, parse_answer
-from cox_runner.sandbox import Sandbox
+from cox_runner.workspace.sandbox import Sandbox
 from coxswain import hookspec
 from coxswain.config import HooksConfig, SandboxConfig, Settings
 from coxswain.models import CallSpec, GuardRequest

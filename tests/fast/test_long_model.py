@@ -14,7 +14,7 @@ from pydantic_ai import exceptions as pe
 from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.usage import RequestUsage
 
-from cox_runner import retry, usage
+from cox_runner.model import retry, usage
 from coxswain import events
 from coxswain.config import ModelConfig, ProviderConfig, Settings
 

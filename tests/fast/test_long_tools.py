@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cox_guard import policy
-from cox_runner import instructions, tools, walk
+from cox_runner import instructions
+from cox_runner.workspace import tools, walk
 from coxswain import textedit
 from coxswain.config import ApprovalConfig, Settings
 from coxswain.errors import Invalid

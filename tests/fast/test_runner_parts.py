@@ -1,51 +1,12 @@
-"""The runner's parts: no import cycle (TYPE_CHECKING imports included), a handler for every
-tool, and the pure budget's rules."""
+"""The runner's parts: a handler for every tool, and the pure budget's rules (the imports' order,
+which rules out a cycle, is tests/fast/test_layers.py)."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
-from cox_runner import handlers, tools
+from cox_runner import handlers
 from cox_runner.budget import Budget
+from cox_runner.workspace import tools
 from coxswain.config import LimitsConfig, SoftLimits
-
-PKG = Path(__file__).resolve().parents[2] / "services/turn-runner/cox_runner"
-
-
-def _imports(path: Path) -> set[str]:
-    """The package's own modules ``path`` imports, anywhere in the file (TYPE_CHECKING too)."""
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                out.add(node.module.split(".")[0])
-            else:
-                out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cox_runner"):
-            parts = (node.module or "").split(".")
-            out.update([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
-    return out
-
-
-def test_the_runner_has_no_import_cycle() -> None:
-    graph = {p.stem: _imports(p) & {q.stem for q in PKG.glob("*.py")} for p in PKG.glob("*.py")}
-    assert graph["loop"] and "loop" in graph["drive"], "the test no longer reads the imports"
-    seen: dict[str, int] = {}  # 1 on the path, 2 done
-
-    def visit(node: str, path: list[str]) -> None:
-        seen[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            assert seen.get(nxt) != 1, f"import cycle: {' -> '.join([*path, node, nxt])}"
-            if nxt not in seen:
-                visit(nxt, [*path, node])
-        seen[node] = 2
-
-    for mod in sorted(graph):
-        if mod not in seen:
-            visit(mod, [])
-    assert "service" not in set().union(*(v for k, v in graph.items() if k != "__main__")), \
-        "no part may import the service"
 
 
 def test_every_tool_has_a_handler() -> None:

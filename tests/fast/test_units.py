@@ -10,9 +10,9 @@ import pytest
 from cox_guard import policy
 from cox_judge import rules
 from cox_judge.service import confined_only
-from cox_runner import sandbox, tools
 from cox_runner.errors import SandboxUnavailable
-from cox_runner.script_model import ScriptError, parse_script
+from cox_runner.model.script_model import ScriptError, parse_script
+from cox_runner.workspace import bwrap, sandbox, tools
 from coxswain.config import SandboxConfig, Settings
 from coxswain.models import STANDING_NETWORK, CallSpec, GuardRequest, JudgeRequest, JudgeResult
 
@@ -91,7 +91,7 @@ def test_the_sandbox_hides_what_others_may_not_read_in_etc(tmp_path: Path) -> No
     (etc / "open" / "secret.key").chmod(0o600)
     (etc / "closed").mkdir()
     (etc / "closed").chmod(0o700)
-    dirs, files = sandbox.hidden_in_etc(str(etc))
+    dirs, files = bwrap.hidden_in_etc(str(etc))
     assert dirs == [str(etc / "closed")]
     assert files == [str(etc / "open" / "secret.key")]
 

@@ -14,8 +14,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from cox_runner.fns import Sent, StateOp
-from cox_runner.store import LIBRARY
+from cox_runner.redis.fns import Sent, StateOp
+from cox_runner.redis.store import LIBRARY
 from coxswain import keys
 from tests.support.library import Library
 from tests.support.stack import library_redis
@@ -137,7 +137,7 @@ def test_a_call_that_forgot_its_transition_id_is_refused_not_cut_short(r: redis.
     sid, token = busy_session(lib)
     ev = json.dumps({"type": "agent.message", "sid": sid, "turn_id": "t_1", "text": "last"})
     seq = r.hget(keys.session(sid), "seq")
-    # Raw on purpose: the facade (and cox_runner.store) always sends the id; this is the library's
+    # Raw on purpose: the facade (and cox_runner.redis.store) always sends the id; this is the library's
     # own check of a caller that does not (counted in tests/fast/test_contract.py).
     res = r.fcall("cox_emit", 1, keys.session(sid), sid, token, "", "0", ev)  # type: ignore[arg-type]
     assert json.loads(res[0]).get("error") == "invalid"

@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 import pydantic
 import pytest
 
-from cox_runner import egress, tools
-from cox_runner.egress import Egress, Request
 from cox_runner.errors import SandboxUnavailable
-from cox_runner.sandbox import Sandbox
+from cox_runner.workspace import egress, tools
+from cox_runner.workspace.egress import Egress, Request
+from cox_runner.workspace.sandbox import Sandbox
 from coxswain import hostpatterns
 from coxswain.config import SandboxConfig
 from tests.support import MCP_SERVERS, netns
@@ -439,7 +439,7 @@ async def test_allow_and_deny_hosts_hold_for_a_sandboxed_command(tmp_path: Path)
 async def test_a_stdio_mcp_server_granted_the_network_goes_through_the_proxy(tmp_path: Path) -> None:
     import structlog
 
-    from cox_runner.mcp_servers import McpServers
+    from cox_runner.workspace.mcp_servers import McpServers
     from coxswain.config import Settings
 
     tiny = MCP_SERVERS / "tiny.py"

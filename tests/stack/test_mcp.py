@@ -524,8 +524,8 @@ def test_a_runner_that_dies_mid_call_takes_its_server_along_and_the_call_is_clos
 def _servers(tmp_path: Path, delay: float, start_timeout: float) -> Any:
     import structlog
 
-    from cox_runner.mcp_servers import McpServers
-    from cox_runner.sandbox import Sandbox
+    from cox_runner.workspace.mcp_servers import McpServers
+    from cox_runner.workspace.sandbox import Sandbox
     from coxswain.config import Settings
 
     settings = Settings(root=tmp_path, sandbox={"extra_ro": sorted({sys.prefix, sys.base_prefix, str(TINY.parent)})},
@@ -540,7 +540,7 @@ def _tiny_running(tmp_path: Path) -> list[psutil.Process]:
 
 
 async def test_a_server_slower_than_its_start_timeout_fails_and_is_stopped(tmp_path: Path) -> None:
-    from cox_runner.tools import command_env
+    from cox_runner.workspace.tools import command_env
 
     m = _servers(tmp_path, delay=30, start_timeout=1.5)
     await m.start(tmp_path, command_env(tmp_path))
@@ -554,7 +554,7 @@ async def test_a_server_slower_than_its_start_timeout_fails_and_is_stopped(tmp_p
 async def test_stop_during_the_start_leaves_nothing_behind_and_the_next_start_works(tmp_path: Path) -> None:
     import asyncio
 
-    from cox_runner.tools import command_env
+    from cox_runner.workspace.tools import command_env
 
     m = _servers(tmp_path, delay=2, start_timeout=30)
     task = asyncio.ensure_future(m.start(tmp_path, command_env(tmp_path)))

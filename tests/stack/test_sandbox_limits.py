@@ -1,5 +1,5 @@
 """Resource limits per command (``[sandbox]`` max_processes, memory_mb, cpu_seconds, file_mb,
-workspace_mb, workspace_files; cox_runner.limits): the attacks first.
+workspace_mb, workspace_files; cox_runner.workspace.limits): the attacks first.
 
 Real stacks, real bubblewrap, real cgroups where the machine has them (v1 on CI). Each attack
 is a command the model runs (the script model) with ``commands = "allow"``: only the limits
@@ -315,8 +315,8 @@ NOBODY = """
 import asyncio, json, sys, tempfile
 from pathlib import Path
 from coxswain.config import SandboxConfig
-from cox_runner import limits, tools
-from cox_runner.sandbox import Sandbox
+from cox_runner.workspace import limits, tools
+from cox_runner.workspace.sandbox import Sandbox
 
 async def main():
     sb = Sandbox(SandboxConfig(mode="none", file_mb=1, cpu_seconds=2), ".coxswain")

@@ -1,7 +1,7 @@
-"""The Redis library on a real server, called through its typed facade (:class:`cox_runner.fns.Fns`).
+"""The Redis library on a real server, called through its typed facade (:class:`cox_runner.redis.fns.Fns`).
 
 For the tests of the library itself (no runner around it) and for a test that writes into a
-running stack's Redis behind the runner's back. A call sends what :meth:`cox_runner.store.Store.call`
+running stack's Redis behind the runner's back. A call sends what :meth:`cox_runner.redis.store.Store.call`
 sends (the session's key first, the facade's other KEYS after it, every argument a string, the
 transition id last for the functions registered through ``once``: ``tx``, '' by default), and
 none of what it adds: no retry, no error raised, nothing published. So a test reads the head as
@@ -25,8 +25,8 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from cox_runner.fns import Fns
-from cox_runner.store import TX_FNS
+from cox_runner.redis.fns import Fns
+from cox_runner.redis.store import TX_FNS
 from coxswain import keys
 
 T = TypeVar("T")

@@ -305,7 +305,7 @@ def library_redis(folder: Path) -> Iterator[Any]:
     (admin, strings decoded) for tests of the library itself, no services around it."""
     import redis
 
-    from cox_runner.store import LIBRARY
+    from cox_runner.redis.store import LIBRARY
 
     server = RedisServer(folder)
     server.start()

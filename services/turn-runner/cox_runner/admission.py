@@ -42,12 +42,14 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, compaction, egress, instructions, tools, transcript, usage
+from . import cmdversions, compaction, drive, instructions, transcript
 from .deps import Deps
-from .egress import Request
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
-from .store import as_list
+from .model import usage
+from .redis.store import as_list
+from .workspace import egress, tools
+from .workspace.egress import Request
 from .workspaces import Workspaces
 
 STOP_SETTLE_S = 10.0
@@ -96,7 +98,7 @@ class Admission:
         res = await self.r.store.fns.patch(sid=cmd.sid, principal=cmd.principal, owner=self.r.owner, fields=fields)
         if cmd.dont_ask is not None:
             # the holder re-reads its settings; turned on, it also answers a pending approval
-            await self.r.ring(res.get("runner"), cmd.sid, "approval")
+            await self.r.doorbell.ring(res.get("runner"), cmd.sid, "approval")
         view = await session_view.load(self.r.redis, cmd.sid, cmd.principal, self.r.settings.sandbox, self.r.settings.mcp)
         if view is None:
             raise NotFound("no such session")
@@ -105,7 +107,7 @@ class Admission:
     # ------------------------------------------------------------------ messages
     async def send(self, cmd: SendCmd) -> SendResult:
         r = self.r
-        if r.stopping():
+        if r.process.stopping:
             # A turn started here now would be cancelled by the shutdown at once: let the person's
             # retry reach a runner that stays (nothing was recorded).
             raise Unavailable("this turn-runner is shutting down; send again")
@@ -125,11 +127,11 @@ class Admission:
         )
         if not res.get("replay"):
             if res.get("disposition") == "started":
-                r.start_drive(Drive(sid=cmd.sid, token=str(res["token"]), acquired=sent, first={
+                drive.start_drive(r, Drive(sid=cmd.sid, token=str(res["token"]), acquired=sent, first={
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
                 }))
             elif res.get("disposition") == "steered":
-                await r.ring(res.get("runner"), cmd.sid, "steer")
+                await r.doorbell.ring(res.get("runner"), cmd.sid, "steer")
         return SendResult(message_id=res["message_id"], disposition=res["disposition"],
                           position=res.get("position"))
 
@@ -155,7 +157,7 @@ class Admission:
             max_pending=r.settings.lead.max_pending, owner=r.owner, want_turn=cmd.turn_id or "",
         )
         if not res.get("replay"):
-            await r.ring(res.get("runner"), cmd.sid, "lead")
+            await r.doorbell.ring(res.get("runner"), cmd.sid, "lead")
         return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]), turn_id=res.get("turn_id"))
 
     async def stop(self, cmd: StopCmd) -> StopResult:
@@ -163,7 +165,7 @@ class Admission:
         res = await r.store.fns.stop(sid=cmd.sid, principal=cmd.principal, owner=r.owner)
         turn_id = res.get("turn_id")
         if res.get("stopped"):
-            await r.ring(res.get("runner"), cmd.sid, "stop")
+            await r.doorbell.ring(res.get("runner"), cmd.sid, "stop")
             await self._settle(cmd.sid, turn_id)
         return StopResult(turn_id=turn_id, discarded=as_list(res.get("discarded")),
                           unapplied_leads=as_list(res.get("unapplied_leads")))
@@ -185,7 +187,7 @@ class Admission:
             sid=cmd.sid, principal=cmd.principal, aid=cmd.approval_id, decision=cmd.decision, scope=cmd.scope,
             message=cmd.message or "", owner=r.owner, actor="", why="",
         )
-        await r.ring(res.get("runner"), cmd.sid, "approval")
+        await r.doorbell.ring(res.get("runner"), cmd.sid, "approval")
         return Accepted()
 
     async def observe(self, cmd: ObserveCmd) -> Accepted:
@@ -234,7 +236,7 @@ class Admission:
                                        *(ev.body(e) for e in kept),
                                        ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id, command=cmd.command,
                                                            output=output, exit_code=exit_code))])
-        await r.ring(runner_id, cmd.sid, "observe")
+        await r.doorbell.ring(runner_id, cmd.sid, "observe")
         return Accepted()
 
     @contextlib.asynccontextmanager
@@ -293,7 +295,7 @@ class Admission:
         r = self.r
         async with self._op_lease(cmd.sid, cmd.principal, "compact") as token:
             model = await r.redis.hget(keys.session(cmd.sid), "model") or "script"
-            b = transcript.build(await r.read_events(cmd.sid))
+            b = transcript.build(await r.events.read(cmd.sid))
             window = r.models.window(model) or compaction.DEFAULT_WINDOW
             name = r.settings.model.compactor or model
             used: list[dict[str, Any]] = []
@@ -319,7 +321,7 @@ class Admission:
             ops = [op for u in used for op in usage.totals_ops(u)]
             await r.store.fns.emit(sid=cmd.sid, token=token, owner=r.owner, ops=ops, events=[ev.body(e) for e in evs])
             for u in used:
-                await r.usage_seen({"model": name, "purpose": "compaction", **u})
+                await r.clients.usage_seen({"model": name, "purpose": "compaction", **u})
             return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
                                  summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
 
@@ -349,7 +351,7 @@ class Admission:
         r.leases.release(d)
         d.disarm()
         try:
-            await r.finish_op(d)
+            await drive.finish_op(r, d)
         except LeaseLost as exc:
             # The lease lapsed (Redis gone or this runner stalled): a takeover releases the
             # session or runs what was queued meanwhile.

@@ -1,11 +1,16 @@
 """Typed calls from the runner to guard, judge and versions over NATS request-reply
-(the operations and their time-outs are :mod:`coxswain.rpc`'s)."""
+(the operations and their time-outs are :mod:`coxswain.rpc`'s), and the usage samples it sends
+the gateways."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+from typing import Any
+
 from nats.aio.client import Client
 
-from coxswain import rpc
+from coxswain import rpc, subjects
 from coxswain.config import Settings
 from coxswain.models import (
     CommandChangesRequest,
@@ -64,3 +69,9 @@ class Clients:
 
     async def rewind_files(self, req: RewindFilesRequest) -> RewindFilesResult:
         return await rpc.call(self.nc, rpc.VERSIONS_REWIND, req)
+
+    async def usage_seen(self, sample: dict[str, Any]) -> None:
+        """One model request's usage (a ``usage`` event's fields), for the gateways' ``/metrics``
+        (core NATS, best effort)."""
+        with contextlib.suppress(Exception):
+            await self.nc.publish(subjects.USAGE_METRICS, json.dumps(sample).encode())

@@ -44,10 +44,11 @@ from pydantic_ai.messages import (
 from coxswain import events as ev
 from coxswain.errors import CoxError
 
-from . import tools, usage
 from .budget import Budget
 from .errors import LeaseLost, StopRequested
+from .model import usage
 from .turn import Ending, EndTurn, Turn
+from .workspace import tools
 
 COMPACT_MARK = "You are compacting a conversation"
 COMPACT_PROMPT = (
@@ -314,7 +315,7 @@ class Summary:
     tokens: int
     cost: float
     usage: dict[str, Any]
-    """The request's ``usage`` event fields (:func:`cox_runner.usage.usage_of`)."""
+    """The request's ``usage`` event fields (:func:`cox_runner.model.usage.usage_of`)."""
 
 
 async def summarize(deps: Any, model_name: str, text: str, focus: str | None = None) -> Summary:
@@ -444,7 +445,7 @@ class Compactor:
             self.budget.add_response(s.tokens, s.cost)
             await self.rec.emit(ev.Usage(**self.rec.e(), purpose="compaction", model=name, **s.usage),
                                 ops=usage.totals_ops(s.usage))
-            await self.deps.usage_seen({"model": name, "purpose": "compaction", **s.usage})
+            await self.deps.clients.usage_seen({"model": name, "purpose": "compaction", **s.usage})
             return str(s.text)
 
         keep = keep_budget(self.rec.history, instructions, target)

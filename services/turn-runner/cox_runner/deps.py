@@ -1,25 +1,49 @@
 """What the runner's parts need from the process, handed down instead of the whole ``Runner``.
 
 The service builds one :class:`Deps` at start and gives it to admission, drives and turns.
-Nothing here imports the service: the direction of every import in the runner is downwards
-(``service`` → ``admission`` → ``drive`` → ``loop`` → its parts → ``deps``, ``store``, ``tools``).
-The few things only the process can do (ring another runner's doorbell, start a drive, read a
-session's whole log, check the lease before a file write) are callables on it.
+Nothing here imports the service: every import in the runner points downwards (the layers are
+listed in ``cox_runner/__init__.py``). Deps holds resources, each an object with its own home,
+and the parts take what they use:
+
+- ``store`` (Redis, its pooled connections dropped after a failure: ``Store.drop_idle``),
+  ``leases`` (the drives held here; ``Leases.ensure`` checks a lease before a file write),
+  ``clients`` (guard, the judge, versions; ``Clients.usage_seen`` for the gateways' metrics);
+- ``events`` (:class:`LogReader`: a session's whole log), ``doorbell`` (:class:`Doorbell`: ring
+  the holder of a session), ``health`` (:class:`Health`: the services a turn needs);
+- ``process``: the one narrow handle on the process itself (:class:`Process`): whether it is
+  shutting down, and a task it keeps (a drive runs as one).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from coxswain.config import Settings
 
 from .clients import Clients
-from .leases import Drive, Leases
-from .providers import Models
-from .sandbox import Sandbox
-from .store import Store
+from .doorbell import Doorbell
+from .health import Health
+from .leases import Leases
+from .logreader import LogReader
+from .model.providers import Models
+from .redis.store import Store
+from .workspace.sandbox import Sandbox
+
+
+class Process(Protocol):
+    """What a part may ask of the process (a :class:`coxswain.service.Service`)."""
+
+    @property
+    def stopping(self) -> bool:
+        """The process is shutting down: hand the queue on instead of starting the next turn."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str, *, critical: bool = False) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task the process keeps, cancels and awaits on stop (a drive)."""
+        ...
 
 
 @dataclass
@@ -35,24 +59,7 @@ class Deps:
     owner: str
     """This runner's id: the owner name its Redis calls carry."""
     leases: Leases
-    read_events: Callable[[str], Awaitable[list[dict[str, Any]]]]
-    """A session's whole log, at least up to the last event recorded when called."""
-    ensure_lease: Callable[[str, str, str, str], Awaitable[None]]
-    """(sid, token, call_id, intent): raise LeaseLost unless the lease is still ours; records a
-    file write's intent under the token in the same call."""
-    redis_failed: Callable[[], Awaitable[None]]
-    """Drop idle pooled Redis connections after a failure (a restarted server closed them)."""
-    stopping: Callable[[], bool]
-    """The process is shutting down: hand the queue on instead of starting the next turn."""
-    ring: Callable[[Any, str, str], Awaitable[None]]
-    """(runner_id, sid, kind): tell the runner holding ``sid`` to look again (a doorbell)."""
-    start_drive: Callable[[Drive], None]
-    """Hold a session here and run its turns (a task of the process)."""
-    finish_op: Callable[[Drive], Awaitable[None]]
-    """End a person's operation: release the session, or run what was queued meanwhile."""
-    infra_failed: Callable[[], None]
-    """A turn met a service or the bus unavailable: look before starting the next turn."""
-    usage_seen: Callable[[dict[str, Any]], Awaitable[None]]
-    """Pass one model request's usage (a ``usage`` event's fields) on to the gateways' metrics."""
-    services_missing: Callable[[], Awaitable[str | None]]
-    """What a turn needs that does not answer now (the bus, guard, versions, the judge), or None."""
+    events: LogReader
+    doorbell: Doorbell
+    health: Health
+    process: Process

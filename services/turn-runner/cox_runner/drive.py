@@ -28,7 +28,7 @@ import redis.exceptions
 
 from coxswain import events as ev
 from coxswain import keys, safefs
-from coxswain.errors import CoxError, Fenced, describe
+from coxswain.errors import Fenced, describe
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
@@ -37,8 +37,8 @@ from .deps import Deps
 from .errors import LeaseLost, StoreDown
 from .leases import Drive, cancel
 from .loop import TurnLoop
-from .mcp_servers import McpServers
 from .turn import Ending, Turn
+from .workspace.mcp_servers import McpServers
 
 CRASH_TEXT = ("Cancelled: the runner running this turn stopped before the call finished "
               "(the turn ended as crashed).")
@@ -50,6 +50,20 @@ def _expired(deps: Deps) -> Any:
             deps.log.error("lease.deadline_passed", sid=d.sid, token=d.token)
 
     return on_expire
+
+
+def start_drive(deps: Deps, d: Drive) -> None:
+    """Hold ``d``'s session here and run its turns (a task the process keeps)."""
+    deps.leases.hold(d)
+    d.task = deps.process.spawn(run_drive(deps, d), f"drive:{d.sid}")
+
+
+async def finish_op(deps: Deps, d: Drive) -> None:
+    """End a person's operation (restore, undo, ``!command``): release the session, or run what
+    was queued meanwhile."""
+    nxt = await turn_end_call(deps, d, "", "", may_hold=False)
+    if nxt is not None:
+        start_drive(deps, Drive(sid=d.sid, token=d.token, first=nxt))
 
 
 async def run_drive(deps: Deps, d: Drive) -> None:
@@ -65,13 +79,13 @@ async def run_drive(deps: Deps, d: Drive) -> None:
             nxt = await _end_turn(deps, d, ending, plan)
     except StoreDown as exc:
         log.warning("drive.store_down", error=str(exc))
-        await deps.redis_failed()
+        await deps.store.drop_idle()
     except (LeaseLost, Fenced) as exc:
         log.warning("drive.lease_lost", detail=str(exc))
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         # Redis failed under a read: write nothing more; the lease lapses and a takeover ends the turn.
         log.warning("drive.store_down", error=repr(exc))
-        await deps.redis_failed()
+        await deps.store.drop_idle()
     except asyncio.CancelledError:
         log.info("drive.cancelled")
         raise
@@ -178,8 +192,8 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     this drive's lease, its messages waiting in order) until they answer (:func:`_hold`).
     """
     next_turn = new_id("t")
-    handoff = "1" if (d.shutting_down or deps.stopping()) else ""
-    hold = "1" if may_hold and not handoff and await deps.services_missing() is not None else ""
+    handoff = "1" if (d.shutting_down or deps.process.stopping) else ""
+    hold = "1" if may_hold and not handoff and await deps.health.missing() is not None else ""
     ws = str(d.turn.workspace) if d.turn is not None else await deps.redis.hget(keys.session(d.sid), "workspace")
     agents = await instructions.agents_md_hash(ws)  # for the next turn's turn.start, if one starts
     lease_ms = deps.settings.runner.lease_ms
@@ -208,17 +222,17 @@ async def _hold(deps: Deps, d: Drive) -> dict[str, Any] | None:
     The lease is renewed meanwhile like any drive's; nothing is bounded here because nothing is
     consumed: the messages wait in Redis, in order."""
     t0 = time.monotonic()
-    missing = await deps.services_missing()
+    missing = await deps.health.missing()
     deps.log.warning("drive.holding", sid=d.sid, missing=missing)
     pause = 0.05
     while missing is not None:
-        if d.shutting_down or deps.stopping():
+        if d.shutting_down or deps.process.stopping:
             break
         if await deps.redis.hget(keys.session(d.sid), "stop") == "stop":
             break
         await asyncio.sleep(pause)
         pause = min(1.0, pause * 2)
-        missing = await deps.services_missing()
+        missing = await deps.health.missing()
     deps.log.info("drive.resumed", sid=d.sid, held_s=round(time.monotonic() - t0, 3), missing=missing)
     return await turn_end_call(deps, d, "", "", may_hold=False)
 
@@ -280,7 +294,7 @@ async def renew_all(deps: Deps) -> None:
                                                    timeout=rc.renew_every_ms / 1000))
         except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
             deps.log.warning("lease.renew_failed", error=repr(exc), drives=len(group))
-            await deps.redis_failed()
+            await deps.store.drop_idle()
             return [None] * len(group)
 
     replies = await asyncio.gather(*(renew(g) for g in groups.values()))
@@ -311,22 +325,6 @@ async def renew_all(deps: Deps) -> None:
             t.observed_waiting = True
         if t.policy_inputs is not None and t.policy_inputs[1] != bool(head.get("dont_ask")):
             t.policy_inputs = None
-
-
-async def ensure_lease(deps: Deps, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
-    """Raise :class:`LeaseLost` unless this runner still holds ``sid`` under ``token``.
-
-    For a side effect Redis cannot fence (writing a file): checked just before it, against the
-    local deadline and against Redis. With ``intent`` (a staged write), Redis records it under
-    the same check, so that whoever takes the session over settles it (:func:`_settle_writes`).
-    """
-    d = deps.leases.get(sid)
-    if d is None or d.token != token or (d.self_fence and time.monotonic() >= d.deadline):
-        raise LeaseLost("the lease is past its deadline or no longer held")
-    try:
-        await deps.store.fns.fence(sid=sid, token=token, call_id=call_id, intent=intent)
-    except Fenced as exc:
-        raise LeaseLost(str(exc)) from exc
 
 
 async def _settle_writes(deps: Deps, sid: str, turn_id: str, outcome: str) -> tuple[dict[str, list[ev._Event]], Any]:
@@ -371,24 +369,3 @@ async def _settle_writes(deps: Deps, sid: str, turn_id: str, outcome: str) -> tu
                 await asyncio.to_thread(safefs.discard, ws, path, tmp)
 
     return landed, cleanup
-
-
-async def ring_local(deps: Deps, sid: str, kind: str) -> None:
-    """A doorbell for a session this runner holds: re-read what changed."""
-    d = deps.leases.get(sid)
-    if d is None or d.turn is None:
-        return
-    t = d.turn
-    if kind in ("stop", "steer"):
-        with contextlib.suppress(CoxError, OSError, redis.exceptions.RedisError):
-            stop = await deps.redis.hget(keys.session(sid), "stop")
-            if stop:
-                t.request_stop(stop)
-    elif kind == "lead":
-        t.leads_waiting = True
-        t.ring()
-    elif kind == "observe":
-        t.observed_waiting = True
-        t.ring()
-    else:
-        t.ring()

@@ -125,7 +125,7 @@ class Forks:
     async def fork(self, cmd: ForkCmd) -> Session:
         r = self.r
         h = await self._owned(cmd.sid, cmd.principal)
-        events = await r.read_events(cmd.sid)
+        events = await r.events.read(cmd.sid)
         span = _turn(turns(events), cmd.at_turn)
         through = int(span.end_seq or 0)
         _files_reachable(events, through, cmd.at_turn)
@@ -186,7 +186,7 @@ class Forks:
     async def rewind(self, cmd: RewindCmd) -> RewindResult:
         r = self.r
         async with self.a._op_lease(cmd.sid, cmd.principal, "rewind") as token:
-            events = await r.read_events(cmd.sid)
+            events = await r.events.read(cmd.sid)
             span = _turn(turns(events), cmd.to_turn)
             through = int(span.end_seq or 0)
             restored: list[Any] = []

@@ -42,12 +42,13 @@ from coxswain.models import (
     Plan,
 )
 
-from . import infra, usage
+from . import infra
 from .budget import Budget
 from .deps import Deps
 from .errors import StopRequested
+from .model import usage
+from .model.script_model import SCRIPT_RE
 from .recorder import Recorder
-from .script_model import SCRIPT_RE
 from .turn import Turn
 
 APPROVAL_POLL_S = 1.0
@@ -228,7 +229,7 @@ class Gate:
         model = str(j.usage.get("model") or "judge")
         await self.rec.emit(ev.Usage(**self.rec.e(), purpose="judge", model=model, **fields),
                             ops=usage.totals_ops(fields))
-        await self.deps.usage_seen({"model": model, "purpose": "judge", **fields})
+        await self.deps.clients.usage_seen({"model": model, "purpose": "judge", **fields})
 
     async def ask_person(self, call: CallSpec, g: GuardResult | None, judge_info: dict[str, Any] | None, *,
                          reason: str | None = None, security: bool | None = None) -> GateOutcome:

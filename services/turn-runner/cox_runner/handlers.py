@@ -1,6 +1,6 @@
 """What each tool does once the gate allowed the call: one small function per tool, in a table.
 
-A new tool is its definition in :mod:`cox_runner.tools`, guard's policy for it, and one entry in
+A new tool is its definition in :mod:`cox_runner.workspace.tools`, guard's policy for it, and one entry in
 :data:`HANDLERS` here. A handler records the call's result (or raises to end the turn); errors
 a tool meets (a missing file, a refused path) become an ``Error: ...`` result in
 :func:`execute`. Handlers get a :class:`ToolContext`, never the turn loop.
@@ -23,15 +23,16 @@ from coxswain import safefs, sandbox_user, textdiff
 from coxswain.errors import CoxError
 from coxswain.models import KeepRequest, Plan
 
-from . import cmdversions, egress, infra, limits, tools
+from . import cmdversions, infra
 from .budget import Budget
 from .deps import Deps
-from .egress import Request
 from .errors import LeaseLost, StopRequested
 from .gate import GateOutcome, Taint
-from .mcp_servers import McpDown
 from .recorder import Recorder
 from .turn import EndTurn, Turn, stopped_by
+from .workspace import egress, limits, tools
+from .workspace.egress import Request
+from .workspace.mcp_servers import McpDown
 
 T = TypeVar("T")
 
@@ -187,7 +188,7 @@ async def write(ctx: ToolContext, call: ToolCallPart, rel: str, content: str, sa
     added, removed = textdiff.counts(old, data)
     intent = json.dumps({"path": rel, "tmp": tmp, "bytes": len(data), "added": added, "removed": removed,
                          "version_id": kept.version_id, "store": kept.store, "kept_path": kept.path})
-    fence = asyncio.ensure_future(ctx.deps.ensure_lease(t.sid, t.token, call.tool_call_id, intent))
+    fence = asyncio.ensure_future(ctx.deps.leases.ensure(ctx.deps.store.fns, t.sid, t.token, call.tool_call_id, intent))
     try:
         await asyncio.shield(fence)
     except BaseException:
@@ -350,5 +351,5 @@ HANDLERS: dict[str, Handler] = {
     "plan_write": plan_write,
     "plan_step": plan_step,
 }
-"""One entry per tool in :data:`cox_runner.tools.TOOLS` (a no-server test checks they match); an
+"""One entry per tool in :data:`cox_runner.workspace.tools.TOOLS` (a no-server test checks they match); an
 MCP server's tools (``<server>__<tool>``) all go to :func:`mcp_call`."""

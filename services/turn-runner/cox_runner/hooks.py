@@ -43,13 +43,13 @@ from coxswain.hookspec import HookCommand, HooksSpec
 from coxswain.models import CallSpec, GuardResult
 from coxswain.proc import die_with_parent
 
-from . import limits, tools
 from .deps import Deps
 from .errors import SandboxUnavailable
 from .gate import Gate, GateOutcome
 from .recorder import Recorder
-from .sandbox import Sandbox
 from .turn import Turn
+from .workspace import limits, tools
+from .workspace.sandbox import Sandbox
 
 MAX_OUTPUT = 64 * 1024
 """Bytes of a hook's stdout (and of its stderr) kept; the rest is read and dropped."""

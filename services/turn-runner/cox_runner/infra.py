@@ -37,7 +37,7 @@ async def call(deps: Deps, turn: Turn, budget: Budget, log: Any, service: str,
         try:
             return await fn(attempt)
         except Unavailable as exc:
-            deps.infra_failed()
+            deps.health.failed()
             waited = time.monotonic() - t0
             if waited >= bound:
                 log.warning("infra.gave_up", service=service, waited_s=round(waited, 3), error=exc.detail)

@@ -13,10 +13,16 @@ import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from coxswain.errors import Fenced
 
 from . import transcript
+from .errors import LeaseLost
 from .turn import Turn
+
+if TYPE_CHECKING:
+    from .redis.fns import Fns
 
 DEADLINE_SHARE = 0.9
 """A drive stops itself this far into a lease it could not renew, before anyone can claim it."""
@@ -40,7 +46,7 @@ class Drive:
     shutting_down: bool = False
     self_fence: bool = True
     mcp: Any = None
-    """The session's MCP servers while this drive holds it (:mod:`cox_runner.mcp_servers`)."""
+    """The session's MCP servers while this drive holds it (:mod:`cox_runner.workspace.mcp_servers`)."""
     _timer: asyncio.TimerHandle | None = None
     _on_expire: Any = None
 
@@ -108,6 +114,22 @@ class Leases:
     def active(self) -> list[Drive]:
         """The drives whose task still runs (or that have none: a person's operation)."""
         return [d for d in self._by_sid.values() if d.task is None or not d.task.done()]
+
+    async def ensure(self, fns: Fns, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
+        """Raise :class:`LeaseLost` unless this runner still holds ``sid`` under ``token``.
+
+        For a side effect Redis cannot fence (writing a file): checked just before it, against the
+        local deadline and against Redis (``fns.fence``). With ``intent`` (a staged write), Redis
+        records it under the same check, so that whoever takes the session over settles it
+        (:func:`cox_runner.drive._settle_writes`).
+        """
+        d = self.get(sid)
+        if d is None or d.token != token or (d.self_fence and time.monotonic() >= d.deadline):
+            raise LeaseLost("the lease is past its deadline or no longer held")
+        try:
+            await fns.fence(sid=sid, token=token, call_id=call_id, intent=intent)
+        except Fenced as exc:
+            raise LeaseLost(str(exc)) from exc
 
     def __iter__(self) -> Iterator[Drive]:
         return iter(list(self._by_sid.values()))

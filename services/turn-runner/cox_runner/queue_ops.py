@@ -11,7 +11,7 @@ from __future__ import annotations
 from coxswain.models import QueueOrderCmd, QueueRemoveCmd, QueueResult, WorkspacesCmd, WorkspacesResult
 
 from .deps import Deps
-from .store import as_list
+from .redis.store import as_list
 from .workspaces import Workspaces
 
 

@@ -19,10 +19,11 @@ from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import Fenced
 
-from . import tools, transcript
+from . import transcript
 from .deps import Deps
 from .errors import LeaseLost
 from .turn import Turn
+from .workspace import tools
 
 OBSERVED_BATCH = 50
 Op = tuple[str, str, str, str]
@@ -128,3 +129,11 @@ class Recorder:
             self.history.user(text, via)
         self.pending_user.clear()
         self.notes.clear()
+
+
+def args_for_log(call: ToolCallPart) -> Any:
+    """A call's arguments as the log records them: the parsed object, else the text as sent."""
+    try:
+        return call.args_as_dict(raise_if_invalid=True)
+    except Exception:  # noqa: BLE001
+        return call.args if isinstance(call.args, str) else str(call.args)

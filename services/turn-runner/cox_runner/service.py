@@ -24,31 +24,29 @@ from nats.aio.msg import Msg
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from coxswain import eventlog, keys, rpc, subjects
+from coxswain import eventlog, rpc, subjects
 from coxswain.config import Settings
-from coxswain.errors import CoxError
 from coxswain.ids import new_id
 from coxswain.service import Service
 
 from . import drive as drives_mod
-from . import limits
 from .admission import Admission
-from .archive import Archiver
 from .clients import Clients
 from .deps import Deps
-from .errors import StopRequested
-from .faults import DropReplies
+from .doorbell import Doorbell
 from .forks import Forks
+from .health import Health
 from .leases import Drive, Leases
-from .providers import Models
+from .logreader import LogReader
+from .model.providers import Models
 from .queue_ops import QueueOps
-from .sandbox import Sandbox
-from .store import Store
+from .redis.archive import Archiver
+from .redis.faults import DropReplies
+from .redis.store import Store
+from .workspace import limits
+from .workspace.sandbox import Sandbox
 
 SHUTDOWN_GRACE_S = 8.0
-INFRA_CHECK_S = 0.2
-"""How long one look at the services' health serves every drive that asks."""
-LOG_LIMIT = 10_000_000
 STORE_RETRY_MAX_S = 10.0
 
 
@@ -72,10 +70,6 @@ class Runner(Service):
         self.leases = Leases(self.log)
         self.models = Models(settings.model)
         self.sandbox = Sandbox(settings.sandbox, settings.store_dir)
-        self._infra_suspect = False
-        self._infra_checked: tuple[float, str | None] | None = None
-        self._needed = (subjects.GUARD, subjects.VERSIONS) + (
-            (subjects.JUDGE,) if settings.approval.commands == "judge" else ())
 
     async def start(self) -> None:
         # Never let the client resend a call whose connection broke: a transition may have run.
@@ -85,17 +79,17 @@ class Runner(Service):
         await eventlog.ensure_stream(self.js, self.settings.nats.stream_replicas)
         self.store = Store(self.redis, self.js, self.owner, self.log, wait_replicas=self.settings.redis.wait_replicas,
                            wait_ms=self.settings.redis.wait_ms, retry_s=store_retry_s(self.settings),
-                           on_down=self.redis_failed, faults=DropReplies.from_env(os.environ, self.log))
+                           faults=DropReplies.from_env(os.environ, self.log))
         await self.store.load()
         await self._check_durability()
         await self._check_sandbox()
         self.clients = Clients(self.nc, self.settings)
+        self.doorbell = Doorbell(self.nc, self.runner_id, self.leases, self.redis)
         self.deps = Deps(
             settings=self.settings, log=self.log, redis=self.redis, store=self.store, clients=self.clients,
             models=self.models, sandbox=self.sandbox, owner=self.owner, leases=self.leases,
-            read_events=self.read_events, ensure_lease=self.ensure_lease, redis_failed=self.redis_failed,
-            stopping=lambda: self.stopping, ring=self.ring, start_drive=self.start_drive, finish_op=self.finish_op,
-            infra_failed=self.infra_failed, services_missing=self.services_missing, usage_seen=self.usage_seen,
+            events=LogReader(self.redis, self.store, self.js, self.leases, self.log), doorbell=self.doorbell,
+            health=Health(self.nc, self.settings), process=self,
         )
         self.admission = Admission(self.deps)
         self.archiver = Archiver(self.settings, self.store, self.js, self.log, self.owner)
@@ -163,108 +157,11 @@ class Runner(Service):
                 "sandbox": {**self.sandbox.status().as_dict(),
                             "limits": limits.of(self.sandbox).status().as_dict(self.settings.sandbox)}}
 
-    # ------------------------------------------------------------------ drives
-    def start_drive(self, d: Drive) -> None:
-        self.leases.hold(d)
-        d.task = self.spawn(drives_mod.run_drive(self.deps, d), f"drive:{d.sid}")
-
-    async def finish_op(self, d: Drive) -> None:
-        """End a person's write: release the session, or run what was queued meanwhile."""
-        nxt = await drives_mod.turn_end_call(self.deps, d, "", "", may_hold=False)
-        if nxt is not None:
-            self.start_drive(Drive(sid=d.sid, token=d.token, first=nxt))
-
-    async def redis_failed(self) -> None:
-        """Redis failed a call: drop the idle pooled connections, so that once it is back (a
-        restart) no call goes out on a socket the old server closed (a retry would fail on it
-        for nothing, see store.py)."""
-        with contextlib.suppress(Exception):
-            await self.redis.connection_pool.disconnect(inuse_connections=False)
-
-    async def ensure_lease(self, sid: str, token: str, call_id: str = "", intent: str = "") -> None:
-        """Raise LeaseLost unless this runner still holds ``sid``; record a staged write's intent."""
-        await drives_mod.ensure_lease(self.deps, sid, token, call_id, intent)
-
-    async def usage_seen(self, sample: dict[str, Any]) -> None:
-        """One model request's usage, for the gateways' ``/metrics`` (core NATS, best effort)."""
-        with contextlib.suppress(Exception):
-            await self.nc.publish(subjects.USAGE_METRICS, json.dumps(sample).encode())
-
-    # ------------------------------------------------------------------ the services a turn needs
-    def infra_failed(self) -> None:
-        """A turn met a service or the bus unavailable: look before starting the next turn."""
-        self._infra_suspect = True
-
-    async def services_missing(self) -> str | None:
-        """What a turn needs that does not answer now (the bus, guard, versions, the judge when
-        commands go to it), or None. Cheap while nothing has failed: only the bus's state is
-        looked at; after a failure each service's health is asked (shared for a moment by every
-        drive asking at once)."""
-        if not self.nc.is_connected:
-            self._infra_suspect = True
-            return "the message bus"
-        if not self._infra_suspect:
-            return None
-        now = time.monotonic()
-        if self._infra_checked is not None and now - self._infra_checked[0] < INFRA_CHECK_S:
-            return self._infra_checked[1]
-        missing: str | None = None
-        for svc in self._needed:
-            try:
-                await rpc.call(self.nc, rpc.HEALTH[svc], rpc.NoRequest())
-            except CoxError:
-                missing = svc
-                break
-        self._infra_checked = (time.monotonic(), missing)
-        if missing is None:
-            self._infra_suspect = False
-        return missing
-
-    async def read_events(self, sid: str) -> list[dict[str, Any]]:
-        """The session's whole log, at least up to the last event recorded when called.
-
-        Events are recorded in Redis first and published after, so the outbox is flushed and the
-        log read until it holds that seq: a turn never starts from a partial transcript. While
-        NATS is down this waits (retrying) rather than run on what it has; Stop still ends it.
-        """
-        target = int(await self.redis.hget(keys.session(sid), "seq") or 0)
-        out: list[dict[str, Any]] = []
-        pause = 0.05
-        while True:
-            d = self.leases.get(sid)
-            if d is not None and d.turn is not None and d.turn.stopping:
-                raise StopRequested(d.turn.stop_reason or "stop")
-            try:
-                await self.store.flush(sid, timeout=2.0)
-                out.extend(await eventlog.backlog(self.js, sid, out[-1]["seq"] if out else 0, target,
-                                                  limit=LOG_LIMIT, timeout=2.0))
-                if (out[-1]["seq"] if out else 0) >= target:
-                    return out
-                self.log.warning("log.behind", sid=sid, have=out[-1]["seq"] if out else 0, want=target)
-            except (asyncio.CancelledError, StopRequested):
-                raise
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - NATS down or restarting: wait for it
-                self.log.warning("log.unreadable", sid=sid, error=repr(exc))
-            await asyncio.sleep(pause)
-            pause = min(1.0, pause * 2)
-
     # ------------------------------------------------------------------ doorbells
-    async def ring(self, runner_id: Any, sid: str, kind: str) -> None:
-        """Tell the runner holding ``sid`` to look again (it also learns on its next renewal)."""
-        if not runner_id:
-            return
-        if runner_id == self.runner_id:
-            await drives_mod.ring_local(self.deps, sid, kind)
-            return
-        with contextlib.suppress(Exception):
-            await self.nc.publish(subjects.control(str(runner_id)), json.dumps({"sid": sid, "kind": kind}).encode())
-
     async def _on_control(self, msg: Msg) -> None:
         try:
             data = json.loads(msg.data)
-            await drives_mod.ring_local(self.deps, str(data["sid"]), str(data.get("kind", "")))
+            await self.doorbell.answer(str(data["sid"]), str(data.get("kind", "")))
         except Exception as exc:  # noqa: BLE001 - a bad doorbell is logged, never fatal
             self.log.warning("control.bad_message", error=repr(exc))
 
@@ -280,7 +177,7 @@ class Runner(Service):
             except Exception as exc:  # noqa: BLE001 - Redis/NATS hiccups must not kill the loop
                 self.log.warning("loop.error", loop=fn.__name__, error=repr(exc))
                 if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-                    await self.redis_failed()
+                    await self.store.drop_idle()
             await asyncio.sleep(period)
 
     async def _renew(self) -> None:
@@ -298,7 +195,7 @@ class Runner(Service):
             sid = str(c["sid"])
             self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"),
                              token=c.get("token"))
-            self.start_drive(Drive(sid=sid, token=str(c["token"]), crashed=c, acquired=sent))
+            drives_mod.start_drive(self.deps, Drive(sid=sid, token=str(c["token"]), crashed=c, acquired=sent))
 
     async def _sweep(self) -> None:
         await self.store.sweep()
@@ -318,7 +215,7 @@ class Runner(Service):
         tasks = [d.task for d in self.leases if d.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
-        await self.store.close()
+        await self.store.outbox.close()
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ class Turn:
     turn_standing: set[str] = field(default_factory=set)
     info: dict[str, Any] = field(default_factory=dict)
     mcp: Any = None
-    """The drive's MCP servers (:class:`cox_runner.mcp_servers.McpServers`), or None."""
+    """The drive's MCP servers (:class:`cox_runner.workspace.mcp_servers.McpServers`), or None."""
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None or reason == "stop":

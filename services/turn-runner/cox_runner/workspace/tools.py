@@ -450,7 +450,7 @@ class CommandResult:
 async def run_command(workspace: Path, command: str, timeout_s: float, limit: int, sandbox: Sandbox,
                       network: bool = False, *, requests: list[Request] | None = None) -> CommandResult:
     """Run ``command`` with bash in the sandbox, in its own process group and its own cgroups
-    (:mod:`cox_runner.limits`); a limit reached, a time-out or a cancel kills the whole tree.
+    (:mod:`cox_runner.workspace.limits`); a limit reached, a time-out or a cancel kills the whole tree.
     Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
     cannot start. Granted the network, it gets a proxy socket of its own for its run; every
     connection it asked for is appended to ``requests`` (to record as ``network.request``)."""

@@ -1,9 +1,8 @@
-"""The runner's handle on Redis: the function library, its calls, and publishing the outbox.
+"""The runner's handle on Redis: the function library, its calls, takeover and sweeper passes.
 
 Every state change is one ``FCALL`` into ``redis_lib.lua``. A call that recorded events may hand
-back a batch of the session's outbox together with its publish lock; this module then publishes
-the batch to JetStream in order and asks for the next one until the outbox is empty. Publishing
-runs in a kept background task so an HTTP reply or the turn loop does not wait on JetStream.
+back a batch of the session's outbox together with its publish lock; the store's
+:class:`~cox_runner.redis.outbox.Outbox` then publishes it (outbox.py).
 
 Calls are never retried by the Redis client (the runner turns its retries off): a transition
 whose connection broke may or may not have run, and running it blindly twice would record it
@@ -24,7 +23,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -32,14 +31,16 @@ import redis.asyncio.cluster as aiocluster
 import redis.exceptions
 from nats.js import JetStreamContext
 
-from coxswain import errors, eventlog, keys
+from coxswain import errors, keys
 from coxswain.ids import new_id
 
-from .errors import StoreDown
+from ..errors import StoreDown
 from .faults import DropReplies
 from .fns import Fns
+from .outbox import Outbox
+from .replicas import Replicas
 
-LIBRARY = resources.files("cox_runner").joinpath("redis_lib.lua").read_text()
+LIBRARY = resources.files("cox_runner.redis").joinpath("redis_lib.lua").read_text()
 
 
 # Functions only the holder of a turn's lease calls (with its token).
@@ -53,8 +54,6 @@ LOAD_WAIT_S = 30.0
 """How long a starting runner waits for Redis to take the library (transient errors only)."""
 SWEEP_SHARE = 4
 """In a cluster, the sweeper's passes (one a second) look at every bucket within this many."""
-PUB_LOCK_MS = 5000
-"""The publish lock's lifetime (``PUB_LOCK_MS`` in the library)."""
 RETRY_ATTEMPTS = 5
 """Attempts of one call whose connection broke (the first included), within ``retry_s``."""
 RETRY_FIRST_S = 0.02
@@ -80,8 +79,7 @@ class Store:
     """Calls into the Redis function library; one per runner process."""
 
     def __init__(self, redis: Any, js: JetStreamContext, owner: str, log: Any, *, wait_replicas: int = 0,
-                 wait_ms: int = 1000, retry_s: float = 1.0, on_down: Callable[[], Awaitable[None]] | None = None,
-                 faults: DropReplies | None = None) -> None:
+                 wait_ms: int = 1000, retry_s: float = 1.0, faults: DropReplies | None = None) -> None:
         self.redis = redis
         self.wait_replicas = wait_replicas
         self.wait_ms = wait_ms
@@ -95,14 +93,12 @@ class Store:
         self.log = log
         self.retry_s = retry_s
         """How long after its first attempt a call whose connection broke may still be retried."""
-        self.on_down = on_down
-        """Called before each retry (the runner drops its idle pooled connections)."""
         self.faults = faults or DropReplies()
-        self._publishers: dict[str, asyncio.Task[None]] = {}
-        self._cursors: eventlog.Cursors = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         self.fns = Fns(self)
         """One typed method per library function: what the rest of the runner calls."""
+        self.replicas = Replicas(redis, wait_replicas, wait_ms)
+        self.outbox = Outbox(redis, js, self.fns, owner, log, self.replicas)
+        """Publishing the outbox batches calls hand back (and ``flush``, to read a log in full)."""
 
     async def load(self) -> None:
         """Load the library; in a cluster on every master (a replica gets it by replication, so a
@@ -124,19 +120,16 @@ class Store:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
+    async def drop_idle(self) -> None:
+        """Redis failed a call: drop the idle pooled connections, so that once it is back (a
+        restart) no call goes out on a socket the old server closed (a retry would fail on it
+        for nothing). Before each retry here, and by the runner after a failure of its own."""
+        with contextlib.suppress(Exception):
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
+
     def node_of(self, key: str) -> str:
         """The name of the Redis master serving ``key`` ('' without a cluster)."""
         return str(self.redis.get_node_from_key(key).name) if self.cluster else ""
-
-    def _queue_wait(self, pipe: Any, key: str) -> None:
-        """Queue ``WAIT`` on ``pipe`` after the write it must cover. ``WAIT`` counts the replicas
-        that hold this connection's writes, so it goes on the same pipeline (one connection), and
-        in a cluster to the master of ``key``'s slot."""
-        if self.cluster:
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms,
-                                 target_nodes=self.redis.get_node_from_key(key))
-        else:
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
 
     async def _fcall(self, fn: str, ks: list[str], argv: list[str]) -> tuple[Any, bool]:
         """Run ``fn``; with ``wait_replicas``, also wait for the replicas. Returns (reply, held):
@@ -145,7 +138,7 @@ class Store:
             return await self.redis.fcall(fn, len(ks), *ks, *argv), True
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.fcall(fn, len(ks), *ks, *argv)
-            self._queue_wait(pipe, ks[0])
+            self.replicas.queue_wait(pipe, ks[0])
             res, acked = await pipe.execute(raise_on_error=False)
         if isinstance(res, Exception):
             raise res
@@ -160,7 +153,7 @@ class Store:
                    publish: bool = True) -> dict[str, Any]:
         """Run ``fn``; raise the error it answered; publish any outbox batch it handed over.
 
-        Called by :class:`cox_runner.fns.Fns`, which names and types each function's arguments."""
+        Called by :class:`cox_runner.redis.fns.Fns`, which names and types each function's arguments."""
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
         tx = ""
@@ -187,14 +180,13 @@ class Store:
                 pause = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
                 self.log.warning("redis.call_retry", fn=fn, sid=sid, tx=tx or None, attempt=attempt,
                                  error=repr(exc))
-                if self.on_down is not None:
-                    await self.on_down()
+                await self.drop_idle()
                 await asyncio.sleep(min(pause, max(0.0, self.retry_s - waited)))
         head = json.loads(res[0])
         batch = list(res[1:])
         if batch and sid is not None:
             if publish:
-                self._start_publish(sid, batch)
+                self.outbox.start(sid, batch)
         if not held:
             # It ran on the master, but no replica confirmed it in time: a failover could lose it,
             # so it is not acknowledged. The person's retry is idempotent (client_id).
@@ -221,56 +213,6 @@ class Store:
             raise redis.exceptions.ConnectionError(f"fault injection: the reply of {fn} was dropped after it ran")
         return res, held
 
-    # ------------------------------------------------------------------ publishing
-    def _start_publish(self, sid: str, batch: list[str]) -> None:
-        # Redis handed this process the session's publish lock, so no other publisher of the
-        # session runs here (or anywhere) until this one has drained the outbox.
-        task = asyncio.create_task(self._publish(sid, batch), name=f"publish:{sid}")
-        self._tasks.add(task)
-        self._publishers[sid] = task
-
-        def done(t: asyncio.Task[None]) -> None:
-            self._tasks.discard(t)
-            if self._publishers.get(sid) is t:
-                del self._publishers[sid]
-
-        task.add_done_callback(done)
-
-    async def _replicated(self, sid: str) -> bool:
-        """With ``wait_replicas``: True once that many replicas hold everything the session's
-        master has written so far (the batch about to be published included).
-
-        ``WAIT`` counts the replicas that reached this connection's last write, and the
-        replication stream is one ordered stream per master: so a write here (the publish lock's
-        expiry pushed on; we hold the lock) followed by ``WAIT`` covers every earlier write of that
-        master, whichever connection made it. Without this an event could reach the stream,
-        then be lost with its master before a replica had it: the promoted replica would hand
-        its seq to a new event, which the stream would drop as a duplicate."""
-        if not self.wait_replicas:
-            return True
-        key = keys.of(sid, keys.PUBLOCK)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.pexpire(key, PUB_LOCK_MS)
-            self._queue_wait(pipe, key)
-            held, acked = await pipe.execute(raise_on_error=False)
-        if isinstance(held, Exception) or isinstance(acked, Exception) or not held:
-            return False  # the lock is gone (another publisher) or the master is: nothing to publish here
-        return int(acked) >= self.wait_replicas
-
-    async def _publish(self, sid: str, batch: list[str]) -> None:
-        try:
-            while batch:
-                if not await self._replicated(sid):
-                    # Not on a replica yet: publish nothing. The lock lapses and the sweeper
-                    # tries again (the events stay in the outbox, in order).
-                    self.log.warning("outbox.not_replicated", sid=sid, wait_ms=self.wait_ms)
-                    return
-                last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
-                batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
-            self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
 
     async def _scan(self, queue: Callable[[Any, list[int]], None], wait: bool = False,
                     buckets: list[int] | None = None) -> list[Any]:
@@ -292,7 +234,7 @@ class Store:
                 masters = {self.redis.get_node_from_key(keys.leases(b)).name: b for b in todo} if self.cluster \
                     else {"": 0}
                 for b in masters.values():
-                    self._queue_wait(pipe, keys.leases(b))
+                    self.replicas.queue_wait(pipe, keys.leases(b))
                 waits = len(masters)
             res = await pipe.execute(raise_on_error=False)
         if waits:
@@ -347,39 +289,8 @@ class Store:
                 continue
             if batch:
                 claimed += 1
-                await self._publish(sid, batch)
+                await self.outbox.publish(sid, batch)
         return claimed
-
-    async def flush(self, sid: str, timeout: float = 5.0) -> bool:
-        """Wait until the session's outbox is published (so the log can be read in full)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        base = keys.session(sid)
-        while loop.time() < deadline:
-            mine = self._publishers.get(sid)
-            if mine is not None:
-                # This process publishes the session's outbox: wait for it, do not poll.
-                await asyncio.wait({mine}, timeout=max(0.0, deadline - loop.time()))
-                continue
-            if await self.redis.llen(base + keys.OUTBOX) == 0:
-                return True
-            with contextlib.suppress(redis.exceptions.ResponseError):
-                batch = await self.fns.pub_claim(sid=sid, owner=self.owner)
-                if batch:
-                    await self._publish(sid, batch)
-                    continue
-            await asyncio.sleep(0.002)  # another process holds the lock and is publishing
-        return False
-
-    async def close(self) -> None:
-        """Let publishing in flight finish (bounded), then cancel the rest."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=3)
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
 
 _STATUS = {"not_found": 404, "busy": 409, "not_accepting": 409, "no_turn": 409, "lead_closed": 409,
            "resolved": 409, "fenced": 409, "conflict": 409, "too_many_pending": 429, "invalid": 422,

@@ -189,7 +189,7 @@ class ArchiveLoaded(TypedDict):
 
 
 class Caller(Protocol):
-    """What the facade calls through: :class:`cox_runner.store.Store`."""
+    """What the facade calls through: :class:`cox_runner.redis.store.Store`."""
 
     redis: Any
 
@@ -297,7 +297,7 @@ class Fns:
     @lua("cox_claim", reply=ClaimedSession)
     def claim(self, pipe: Any, *, buckets: list[int], runner: str, lease_ms: int, limit: int) -> None:
         """Queue a claim of ``buckets`` on ``pipe`` (one bucket in a cluster: one slot a call); its
-        reply is ``[JSON]`` of the claimed sessions (:meth:`cox_runner.store.Store.claim`)."""
+        reply is ``[JSON]`` of the claimed sessions (:meth:`cox_runner.redis.store.Store.claim`)."""
         pipe.fcall("cox_claim", len(buckets), *(keys.leases(b) for b in buckets), runner, str(lease_ms), str(limit))
 
     @lua("cox_pub_done", reply=PubDone)
@@ -328,7 +328,7 @@ class Fns:
         res = await self.store.call("cox_queue_order", sid, [sid, principal, owner, *message_ids])
         return cast(QueueOrdered, res)
 
-    # ------------------------------------------------------------------ idle sessions (cox_runner.archive)
+    # ------------------------------------------------------------------ idle sessions (cox_runner.redis.archive)
     @lua("cox_idle")
     def idle(self, pipe: Any, *, buckets: list[int], idle_ms: int, limit: int) -> None:
         """Queue the archiver's look at ``buckets`` on ``pipe``; its reply is a list of sids."""

@@ -8,7 +8,7 @@ sandbox-runtime does on Linux:
 - for each command, :meth:`Egress.grant` opens a Unix socket in a private (0700) folder of its
   own and serves HTTP (``CONNECT host:port`` and absolute-form ``GET http://...``) and SOCKS5
   (``CONNECT``, names resolved here: ``socks5h``) on it, telling the two apart by the first byte;
-- :mod:`cox_runner.sandbox` binds that socket (only it) into the sandbox at :data:`SOCKET_IN_SANDBOX`
+- :mod:`cox_runner.workspace.sandbox` binds that socket (only it) into the sandbox at :data:`SOCKET_IN_SANDBOX`
   and starts the command through :data:`FORWARDER`, a small script of the system's python3
   that listens on ``127.0.0.1:``:data:`PORT` in the sandbox's own namespace, forks itself off
   as a forwarder to the socket and execs the command; ``HTTP(S)_PROXY``/``ALL_PROXY`` (and the

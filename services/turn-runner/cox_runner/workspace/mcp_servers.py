@@ -2,7 +2,7 @@
 
 One :class:`McpServers` belongs to a drive (this runner holding one session): its servers start
 with the drive's first turn and stop when the drive ends. A stdio server runs inside the command
-sandbox (:meth:`cox_runner.sandbox.Sandbox.wrap`) with the workspace as its folder and the
+sandbox (:meth:`cox_runner.workspace.sandbox.Sandbox.wrap`) with the workspace as its folder and the
 scrubbed environment commands get; an HTTP server is reached at its ``url``. Each server's tools
 are listed once at start and offered to the model as ``<server>__<tool>`` with the server's input
 schema.

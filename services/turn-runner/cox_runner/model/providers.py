@@ -24,7 +24,7 @@ A provider is a ``[[model.providers]]`` entry in the TOML config, for example::
     output_price = 1.0
 
 The provider SDKs' own retries are off (``max_retries=0``): the turn loop retries what is worth
-retrying itself (:mod:`cox_runner.retry`), so each retry is a ``model.retry`` event, Stop ends a
+retrying itself (:mod:`cox_runner.model.retry`), so each retry is a ``model.retry`` event, Stop ends a
 backoff at once, and ``[model] retries`` is the one number that counts.
 """
 

@@ -11,14 +11,14 @@ What a sandboxed command sees:
 - nothing else: no home folder, no other workspace, no ``.cox/`` state, no project checkout;
 - no network (its own network namespace: not even the host's loopback, so neither the stack's
   Redis nor its NATS). Granted the network, it keeps that namespace and reaches the network only
-  through coxswain's egress proxy (:mod:`cox_runner.egress`: one Unix socket bound in, a
+  through coxswain's egress proxy (:mod:`cox_runner.workspace.egress`: one Unix socket bound in, a
   forwarder on its own ``127.0.0.1``, the proxy variables set), which refuses non-public
   addresses and records every connection;
 - no capabilities, ``no_new_privs``, its own session (no terminal to inject into), and it dies
   with the runner (``--die-with-parent``); the runner kills the whole tree on Stop or a time-out;
 - never a privileged uid. A runner that is not root runs bwrap unprivileged: the sandbox is a
   user namespace of the runner's own user. A root runner makes the namespaces (bwrap as root,
-  without a user namespace, keeping only :data:`ROOT_CAPS` for its last steps) and the
+  without a user namespace, keeping only :data:`~cox_runner.workspace.bwrap.ROOT_CAPS` for its last steps) and the
   last step inside, util-linux's ``setpriv``, becomes ``[sandbox] user`` (``cox-sandbox``), an
   unprivileged host user: real, effective and saved uid and gid, no supplementary group, no
   capability (permitted, effective, inheritable, ambient and bounding sets empty),
@@ -31,7 +31,7 @@ What a sandboxed command sees:
   every sandboxed process (and, as root, hands to the sandbox user whatever the runner or
   anyone else left there that is not its, before the first process of a drive).
 
-The environment is the scrubbed one :func:`cox_runner.tools.command_env` builds (``PATH`` the
+The environment is the scrubbed one :func:`cox_runner.workspace.tools.command_env` builds (``PATH`` the
 system folders only); only descriptors 0-2 are inherited.
 
 Fail closed: when bwrap is missing or cannot make its namespaces, :meth:`Sandbox.argv` raises
@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,23 +55,11 @@ from coxswain import safefs, sandbox_user
 from coxswain.config import SandboxConfig
 from coxswain.sandbox_user import Owner, SandboxUserMissing
 
+from ..errors import SandboxUnavailable
 from . import egress as egress_mod
-from .errors import SandboxUnavailable
+from .bwrap import Bwrap
 
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-"""Read-only as they are on the host; on a merged-/usr system most are links into /usr."""
-ALWAYS_HIDDEN = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers",
-                 "/etc/sudoers.d", "/etc/ssh", "/etc/ssl/private", "/etc/security/opasswd")
-"""Hidden even when readable: a runner that is not root would see them only where the host is
-misconfigured, and then they are still not a command's business."""
-MAX_ETC_ENTRIES = 20_000
 PROBE_TIMEOUT_S = 10.0
-ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_DAC_OVERRIDE")
-"""What a root bwrap keeps for its last steps (``--chdir`` into a workspace that is the sandbox
-user's, then the inner setpriv), which setpriv drops with every other before the command runs."""
-ROOT_NAMESPACES = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try")
-"""A root bwrap's namespaces: all of ``--unshare-all`` but the user namespace (whose uid 0 would be
-the host's root, and in which the sandbox user would have no uid)."""
 PROBE_SCRIPT = ('printf "uid=%s gid=%s\\n" "$(id -u)" "$(id -g)"; '
                 '[ -w /proc/sys/kernel/core_pattern ] && echo proc-sys-writable; '
                 'if [ -r /proc/self/status ]; then grep -E "^(CapEff|CapBnd|NoNewPrivs):" /proc/self/status; '
@@ -97,43 +84,6 @@ class SandboxStatus:
         return {"mode": self.mode, "available": self.available, **({"reason": self.reason} if self.reason else {})}
 
 
-def hidden_in_etc(etc: str = "/etc") -> tuple[list[str], list[str]]:
-    """Folders and files under ``etc`` that other users may not read (plus :data:`ALWAYS_HIDDEN`).
-
-    Links are not followed (a link's target is judged where it lives). A hidden folder's
-    contents are not walked: the folder is replaced by an empty one.
-    """
-    dirs: list[str] = []
-    files: list[str] = []
-    count = 0
-    for top, subdirs, names in os.walk(etc, followlinks=False):
-        keep: list[str] = []
-        for d in subdirs:
-            path = os.path.join(top, d)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            if path in ALWAYS_HIDDEN or not st.st_mode & stat.S_IROTH or not st.st_mode & stat.S_IXOTH:
-                dirs.append(path)
-            else:
-                keep.append(d)
-        subdirs[:] = keep
-        for n in names:
-            count += 1
-            if count > MAX_ETC_ENTRIES:
-                break
-            path = os.path.join(top, n)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            if path in ALWAYS_HIDDEN or not st.st_mode & stat.S_IROTH:
-                files.append(path)
-    return dirs, files
-
-
 class Sandbox:
     """Builds the argv of a command for the configured mode; probes that bwrap works."""
 
@@ -145,7 +95,8 @@ class Sandbox:
         """util-linux's setpriv: bwrap is started through it with ``--pdeathsig KILL``, so the whole
         sandbox dies with this process even if it is killed with SIGKILL (bwrap's own
         ``--die-with-parent`` then takes its children down)."""
-        self._base: list[str] | None = None
+        self.bwrap = Bwrap(cfg, store_dir, self._setpriv)
+        """bubblewrap's command line (bwrap.py)."""
         self.egress = egress_mod.Egress(cfg)
         """The runner's egress proxy: a granted command's only way out."""
         self._owner: Owner | None = None
@@ -166,6 +117,13 @@ class Sandbox:
             except SandboxUserMissing as exc:
                 raise SandboxUnavailable(str(exc)) from None
         return self._owner
+
+    def _drop(self) -> list[str]:
+        """The last step inside a root bwrap: become the sandbox user for good (nothing when not root)."""
+        return self.bwrap.drop(self.owner()) if self.dropping else []
+
+    def _bwrap(self, program: str, workspace: Path, egress: str | None) -> list[str]:
+        return self.bwrap.argv(program, workspace, egress, self.dropping)
 
     def networked(self, network: bool) -> bool:
         """Whether a command asked with ``network`` goes through the egress proxy."""
@@ -201,95 +159,11 @@ class Sandbox:
                                                      "(install the bubblewrap package)")
         return self._status
 
-    def _system_args(self) -> list[str]:
-        if self._base is not None:
-            return self._base
-        args = ["--die-with-parent", "--new-session"]
-        if self.dropping:
-            args += [*ROOT_NAMESPACES, "--cap-drop", "ALL"]
-            for cap in ROOT_CAPS:
-                args += ["--cap-add", cap]
-        else:
-            args += ["--unshare-all", "--cap-drop", "ALL"]
-        args += ["--hostname", "sandbox"]
-        for d in SYSTEM_DIRS:
-            if os.path.islink(d):
-                args += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                args += ["--ro-bind", d, d]
-        args += ["--ro-bind", "/etc", "/etc"]
-        dirs, files = hidden_in_etc()
-        for d in dirs:
-            args += ["--tmpfs", d]
-        for f in files:
-            args += ["--ro-bind", "/dev/null", f]
-        # /proc/sys read-only whoever the process is (sysctls write to the host's kernel).
-        args += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"] if self.cfg.proc == "own" \
-            else ["--dir", "/proc"]
-        if self.dropping:  # the sandbox user's scratch folders are everyone's, as on a host
-            args += ["--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm", "--perms", "1777", "--tmpfs", "/tmp",
-                     "--perms", "1777", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
-        else:
-            args += ["--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp", "--tmpfs", "/run"]
-        for p in self.cfg.extra_ro:
-            args += [*self._parents(str(p)), "--ro-bind-try", str(p), str(p)]
-        for p in self.cfg.extra_rw:
-            args += [*self._parents(str(p)), "--bind-try", str(p), str(p)]
-        self._base = args
-        return args
-
-    def _parents(self, path: str) -> list[str]:
-        """As root, the folders bwrap makes above a mount point in the sandbox are root's and 0700
-        (the sandbox user could not reach its workspace by path): they are made 0755 first."""
-        if not self.dropping:
-            return []
-        out: list[str] = []
-        parts = [p for p in os.path.normpath(path).split("/") if p]
-        for i in range(1, len(parts)):
-            top = "/" + "/".join(parts[:i])
-            if top in SYSTEM_DIRS or top in ("/etc", "/proc", "/dev") or top.startswith(("/usr/", "/etc/", "/proc/")):
-                continue
-            out += ["--dir", top]
-        return out
-
-    def _lead(self, program: str) -> list[str]:
-        """What starts bwrap: setpriv with the death signal (and ``no_new_privs`` for an
-        unprivileged bwrap that is not setuid: nothing it runs gains a privilege by exec)."""
-        if not self._setpriv:
-            return []
-        nnp = [] if self.dropping or _setuid(program) else ["--no-new-privs"]
-        return [self._setpriv, "--pdeathsig", "KILL", *nnp, "--"]
-
-    def _drop(self) -> list[str]:
-        """The last step inside a root bwrap: become the sandbox user for good."""
-        if not self.dropping:
-            return []
-        owner = self.owner()
-        inner = self._setpriv
-        if inner is None or not inner.startswith(("/usr/", "/bin/", "/sbin/")):
-            raise SandboxUnavailable("util-linux's setpriv is needed in the system folders to drop privilege "
-                                     "(the runner is root); install util-linux")
-        return [inner, f"--reuid={owner.uid}", f"--regid={owner.gid}", "--clear-groups", "--no-new-privs",
-                "--inh-caps=-all", "--bounding-set=-all", "--"]
-
-    def _bwrap(self, program: str, workspace: Path, egress: str | None) -> list[str]:
-        """bwrap's argv for ``workspace``; ``egress``: the proxy socket of a granted command (its
-        network namespace stays its own: never ``--share-net``)."""
-        ws = str(workspace)
-        lead = self._lead(program)
-        argv = [*lead, program, *self._system_args(), *self._parents(ws), "--bind", ws, ws]
-        store = workspace / self.store_dir
-        if store.is_dir() and not store.is_symlink():
-            argv += ["--ro-bind", str(store), str(store)]
-        if egress is not None:
-            argv += egress_mod.bwrap_args(egress)
-        return [*argv, "--chdir", ws]
-
     def argv(self, workspace: Path, command: str, network: bool, *, egress: str | None = None,
              offline: bool = False) -> list[str]:
         """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined.
         Granted the network (``network`` or ``[sandbox] network``), ``egress`` is the proxy socket
-        of :meth:`cox_runner.egress.Egress.grant` (without one it is refused). ``offline`` (a
+        of :meth:`cox_runner.workspace.egress.Egress.grant` (without one it is refused). ``offline`` (a
         hook): no network whatever ``[sandbox] network`` says."""
         shell = ["/bin/bash", "-c", command]
         if self.cfg.mode == "none":
@@ -442,13 +316,6 @@ def _settle(workspace: Path, store_dir: str, owner: Owner | None) -> sandbox_use
         return sandbox_user.settle(workspace, store_dir, owner)
     except OSError:  # the workspace is gone (or not a folder): nothing to settle
         return None
-
-
-def _setuid(program: str) -> bool:
-    try:
-        return bool(os.stat(program).st_mode & stat.S_ISUID)
-    except OSError:
-        return False
 
 
 def _ensure_store(workspace: Path, store_dir: str) -> None:

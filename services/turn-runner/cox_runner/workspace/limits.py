@@ -549,7 +549,7 @@ _LIMITERS: weakref.WeakKeyDictionary[Any, Limiter] = weakref.WeakKeyDictionary()
 
 
 def of(sandbox: Any) -> Limiter:
-    """The limiter that goes with a :class:`~cox_runner.sandbox.Sandbox` (one per runner)."""
+    """The limiter that goes with a :class:`~cox_runner.workspace.sandbox.Sandbox` (one per runner)."""
     lim = _LIMITERS.get(sandbox)
     if lim is None or lim.cfg is not sandbox.cfg:
         lim = _LIMITERS[sandbox] = Limiter(sandbox.cfg)

@@ -133,7 +133,7 @@ class Archiver:
                   "archived": int(time.time() * 1000), "keys": json.loads(took["snapshot"])}
         if not await self._put(sid, record):
             return False
-        if not await self.store.flush(sid, timeout=10.0):
+        if not await self.store.outbox.flush(sid, timeout=10.0):
             self.log.warning("archive.kept", sid=sid, seq=seq, reason="its events are not published yet")
             return False
         if self.pause_s:

@@ -1,0 +1,117 @@
+"""Publishing a session's outbox to JetStream, in order (docs/design.md, "The event log").
+
+A Redis call that recorded events may hand back a batch of the session's outbox together with its
+publish lock; :meth:`Outbox.start` then publishes the batch in a kept background task and asks
+for the next one until the outbox is empty, so an HTTP reply or the turn loop does not wait on
+JetStream. With ``wait_replicas`` a batch leaves only once the replicas hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import redis.exceptions
+from nats.js import JetStreamContext
+
+from coxswain import eventlog, keys
+
+from .fns import Fns
+from .replicas import Replicas
+
+PUB_LOCK_MS = 5000
+"""The publish lock's lifetime (``PUB_LOCK_MS`` in the library)."""
+
+
+class Outbox:
+    def __init__(self, redis: Any, js: JetStreamContext, fns: Fns, owner: str, log: Any, replicas: Replicas) -> None:
+        self.redis = redis
+        self.js = js
+        self.fns = fns
+        self.owner = owner
+        self.log = log
+        self.replicas = replicas
+        self._publishers: dict[str, asyncio.Task[None]] = {}
+        self._cursors: eventlog.Cursors = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, sid: str, batch: list[str]) -> None:
+        # Redis handed this process the session's publish lock, so no other publisher of the
+        # session runs here (or anywhere) until this one has drained the outbox.
+        task = asyncio.create_task(self.publish(sid, batch), name=f"publish:{sid}")
+        self._tasks.add(task)
+        self._publishers[sid] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._publishers.get(sid) is t:
+                del self._publishers[sid]
+
+        task.add_done_callback(done)
+
+    async def _replicated(self, sid: str) -> bool:
+        """With ``wait_replicas``: True once that many replicas hold everything the session's
+        master has written so far (the batch about to be published included).
+
+        ``WAIT`` counts the replicas that reached this connection's last write, and the
+        replication stream is one ordered stream per master: so a write here (the publish lock's
+        expiry pushed on; we hold the lock) followed by ``WAIT`` covers every earlier write of that
+        master, whichever connection made it. Without this an event could reach the stream,
+        then be lost with its master before a replica had it: the promoted replica would hand
+        its seq to a new event, which the stream would drop as a duplicate."""
+        if not self.replicas.wait_replicas:
+            return True
+        key = keys.of(sid, keys.PUBLOCK)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.pexpire(key, PUB_LOCK_MS)
+            self.replicas.queue_wait(pipe, key)
+            held, acked = await pipe.execute(raise_on_error=False)
+        if isinstance(held, Exception) or isinstance(acked, Exception) or not held:
+            return False  # the lock is gone (another publisher) or the master is: nothing to publish here
+        return int(acked) >= self.replicas.wait_replicas
+
+    async def publish(self, sid: str, batch: list[str]) -> None:
+        try:
+            while batch:
+                if not await self._replicated(sid):
+                    # Not on a replica yet: publish nothing. The lock lapses and the sweeper
+                    # tries again (the events stay in the outbox, in order).
+                    self.log.warning("outbox.not_replicated", sid=sid, wait_ms=self.replicas.wait_ms)
+                    return
+                last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
+                batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
+            self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
+
+    async def flush(self, sid: str, timeout: float = 5.0) -> bool:
+        """Wait until the session's outbox is published (so the log can be read in full)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        base = keys.session(sid)
+        while loop.time() < deadline:
+            mine = self._publishers.get(sid)
+            if mine is not None:
+                # This process publishes the session's outbox: wait for it, do not poll.
+                await asyncio.wait({mine}, timeout=max(0.0, deadline - loop.time()))
+                continue
+            if await self.redis.llen(base + keys.OUTBOX) == 0:
+                return True
+            with contextlib.suppress(redis.exceptions.ResponseError):
+                batch = await self.fns.pub_claim(sid=sid, owner=self.owner)
+                if batch:
+                    await self.publish(sid, batch)
+                    continue
+            await asyncio.sleep(0.002)  # another process holds the lock and is publishing
+        return False
+
+    async def close(self) -> None:
+        """Let publishing in flight finish (bounded), then cancel the rest."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=3)
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
