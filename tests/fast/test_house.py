@@ -4,12 +4,14 @@
   imports under ``if TYPE_CHECKING:`` and inside functions (the runner's finer layer order is
   ``test_layers.py``);
 - no class in ``services/`` is over 300 lines;
-- the gateway's ``create_app`` only assembles the routers (under 60 lines).
+- the gateway's ``create_app`` only assembles the routers (under 60 lines);
+- docs/design.md's "Where the code is" names every module of every process, and no other.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,19 @@ def test_create_app_only_assembles() -> None:
              if isinstance(n, ast.FunctionDef) and n.name == "create_app"]
     assert len(found) == 1
     assert lines(found[0]) < MAX_CREATE_APP, f"create_app is {lines(found[0])} lines: routes belong in routers/"
+
+
+def test_design_md_says_where_every_module_lives() -> None:
+    doc = (ROOT / "docs" / "design.md").read_text()
+    section = doc[doc.index("## Where the code is"):]
+    section = section[:section.index("\n## ", 4)]
+    blocks = re.split(r"\n\*\*[a-z-]+\*\* \(`([^`]+)`\)", section)
+    assert len(blocks) >= 15, "one table per process: gateway, turn-runner, guard, judge, versions, shared, cli"
+    for base, body in zip(blocks[1::2], blocks[2::2], strict=True):
+        listed = set(re.findall(r"^\| `([^`]+)`", body, re.M))
+        folder = ROOT / base
+        files = {str(p.relative_to(folder)) for ext in ("*.py", "*.lua") for p in folder.rglob(ext)
+                 if p.name not in ("__init__.py", "__main__.py")}
+        assert not files - listed, f"{base}: modules docs/design.md does not place: {sorted(files - listed)}"
+        stale = {x for x in listed - files if not x.endswith("/")}
+        assert not stale, f"{base}: docs/design.md names modules that are not there: {sorted(stale)}"
