@@ -44,7 +44,7 @@ def test_the_judge_allows_unasked_only_what_runs_confined() -> None:
 
 def _guard(tmp_path: Path, args: dict[str, object], standing: list[str] | None = None, **cfg: object) -> object:
     (tmp_path / "ws").mkdir(exist_ok=True)
-    settings = Settings(root=tmp_path, sandbox=SandboxConfig(**cfg))  # type: ignore[arg-type]
+    settings = Settings(root=tmp_path, sandbox=SandboxConfig(**cfg))
     return policy.check(settings, GuardRequest(sid="s_1", workspace=str(tmp_path / "ws"),
                                                call=CallSpec(call_id="c", name="run_command", args=args),
                                                standing=standing or []))

@@ -459,7 +459,7 @@ def test_a_principal_has_at_most_max_streams_per_principal(streams: Stack) -> No
 # 6. cox up restarts the NATS and Redis servers it started: same port, data and credentials.
 
 def listen_port(p: psutil.Process) -> int:
-    ports = [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    ports: list[int] = [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
     assert ports, f"{p.name()} listens on no port"
     return min(ports)
 

@@ -270,8 +270,11 @@ async def test_fork_and_rewind_from_the_terminal(up: CoxUp) -> None:
         for n, text in enumerate(["first", "second"], start=1):
             await paste(pilot, said(text, {"tools": [tool("write_file", path="f.txt", content=text)]}, {"text": "ok"}))
             await pilot.press("enter")
-            await until(pilot, lambda n=n: f"Turn ended: completed · turn {n}" in shown(app, "#transcript Static"),
-                        f"turn {n} ends, numbered")
+
+            def ended(n: int = n) -> bool:
+                return f"Turn ended: completed · turn {n}" in shown(app, "#transcript Static")
+
+            await until(pilot, ended, f"turn {n} ends, numbered")
             await until(pilot, lambda: "idle" in shown(app, "#head"), "idle again")
 
         await paste(pilot, "/rewind 9")

@@ -158,7 +158,7 @@ class Names:
         if answers is None:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         if answers and isinstance(answers[0], list):
-            return list(answers[min(len(self.calls), len(answers)) - 1])  # type: ignore[arg-type]
+            return list(answers[min(len(self.calls), len(answers)) - 1])
         return list(answers)  # type: ignore[arg-type]
 
 
@@ -445,7 +445,7 @@ async def test_a_stdio_mcp_server_granted_the_network_goes_through_the_proxy(tmp
     tiny = MCP_SERVERS / "tiny.py"
     settings = Settings(root=tmp_path, sandbox={"extra_ro": sorted({sys.prefix, sys.base_prefix, str(tiny.parent)})},
                         mcp={"servers": [{"name": "tiny", "command": [sys.executable, str(tiny)], "network": True,
-                                          "env": {"TINY_FETCH": "1"}}]})  # type: ignore[arg-type]
+                                          "env": {"TINY_FETCH": "1"}}]})
     m = McpServers(settings, Sandbox(settings.sandbox, settings.store_dir), structlog.get_logger())
     await m.start(tmp_path, tools.command_env(tmp_path))
     try:
