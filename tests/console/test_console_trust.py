@@ -233,7 +233,9 @@ def test_the_layout_is_usable_at_every_width(page: Page, up: CoxUp, width: int) 
         page.keyboard.press("Escape")
         expect(page.locator("#inspector")).not_to_be_in_viewport()
         with up.client() as api:
-            sid = re.search(r"#/s/(\w+)", page.url).group(1)  # type: ignore[union-attr]
+            m = re.search(r"#/s/(\w+)", page.url)
+            assert m, page.url
+            sid = m.group(1)
             assert api.session(sid)["busy"], "Esc closed the drawer; it must not also stop the turn"
     shot(page, "width")
     page.locator(".approval [data-act=deny]").click()

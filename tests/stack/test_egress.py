@@ -157,9 +157,10 @@ class Names:
         answers = self.table.get(host)
         if answers is None:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        if answers and isinstance(answers[0], list):
-            return list(answers[min(len(self.calls), len(answers)) - 1])
-        return list(answers)  # type: ignore[arg-type]
+        rounds = [a for a in answers if isinstance(a, list)]
+        if rounds:
+            return list(rounds[min(len(self.calls), len(rounds)) - 1])
+        return [a for a in answers if isinstance(a, str)]
 
 
 async def ask(sock: str, request: bytes, read: int = 4096) -> bytes:
