@@ -180,7 +180,7 @@ def test_every_field_of_the_session_hash_is_documented_and_used() -> None:
 RAW_CALLS = {
     "tests/support/library.py": 2,
     # the facade on a real server: what Store.call sends, and the facade's own raw publishing calls
-    "tests/stack/test_idempotent.py": 1,
+    "tests/redis/test_idempotent_library.py": 1,
     # a call without its transition id: no method sends one (the library must refuse it)
 }
 """Where the tests call the library's functions without the facade (cox_runner.fns), and how often."""

@@ -39,7 +39,7 @@ import pytest
 import schemathesis
 from schemathesis.engine import Status, events, from_schema
 
-from .stack import TOKEN, Stack, stack_fixture
+from tests.support.stack import TOKEN, Stack, stack_fixture
 
 SEED = 20_250_101
 MAX_EXAMPLES = 60
