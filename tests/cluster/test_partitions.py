@@ -104,7 +104,7 @@ def report(what: str, senders: list[Sender], outcomes: dict[str, int], seen: dic
     lo, hi = seen["cut_at"], seen["cut_at"] + seen["held_s"]
     stamps = [x for s in senders for x in getattr(s, "stamps", [])]
     during = sum(lo <= x <= hi for x in stamps)
-    gaps = [b - a for s in senders for a, b in zip(s.stamps, s.stamps[1:], strict=False)]  # type: ignore[attr-defined]
+    gaps = [b - a for s in senders if isinstance(s, Writer) for a, b in zip(s.stamps, s.stamps[1:], strict=False)]
     print(f"[partition] {what}: {accepted} messages answered 202 ({during} while cut), {unavailable} sends "
           f"answered 503, longest wait of a client for a 202 {max(gaps):.1f}s, outcomes {outcomes}; {extra}")
 

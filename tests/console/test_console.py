@@ -28,7 +28,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 try:
-    from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
+    # sync_playwright is re-exported: tests/stack/test_mcp.py skips by it as these tests do.
+    from playwright.sync_api import BrowserContext, Page, expect
+    from playwright.sync_api import sync_playwright as sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None  # type: ignore[assignment]
 

@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 
 from tests.console.test_console import (
-    ARTIFACTS,
     CHROMIUM,
     CHROMIUM_ARGS,
     login,
@@ -35,11 +34,12 @@ from tests.console.test_console import (
     pytestmark,
     user_texts,
 )
+from tests.support import ARTIFACTS
 from tests.support.coxup import CoxUp, cox_up
 from tests.support.stack import said, tool
 
 try:
-    from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
+    from playwright.sync_api import BrowserContext, FloatRect, Page, expect, sync_playwright
 except ImportError:  # pragma: no cover
     sync_playwright = None  # type: ignore[assignment]
 
@@ -107,7 +107,7 @@ def shot(page: Page, name: str) -> Path:
     return path
 
 
-def box(page: Page, sel: str) -> dict[str, float]:
+def box(page: Page, sel: str) -> FloatRect:
     b = page.locator(sel).first.bounding_box()
     assert b is not None, f"{sel} is not laid out"
     return b
@@ -233,7 +233,9 @@ def test_the_layout_is_usable_at_every_width(page: Page, up: CoxUp, width: int) 
         page.keyboard.press("Escape")
         expect(page.locator("#inspector")).not_to_be_in_viewport()
         with up.client() as api:
-            sid = re.search(r"#/s/(\w+)", page.url).group(1)  # type: ignore[union-attr]
+            m = re.search(r"#/s/(\w+)", page.url)
+            assert m, page.url
+            sid = m.group(1)
             assert api.session(sid)["busy"], "Esc closed the drawer; it must not also stop the turn"
     shot(page, "width")
     page.locator(".approval [data-act=deny]").click()

@@ -36,9 +36,9 @@ def _log(calls: int, lead_at: int | None = None, output: str = "x" * 400) -> lis
     return evs
 
 
-def _dump(b: transcript.Builder) -> list[Any]:
+def _dump(b: transcript.Builder) -> list[tuple[object, ...]]:
     b.flush()
-    out = []
+    out: list[tuple[object, ...]] = []
     for m in b.messages:
         if isinstance(m, ModelRequest):
             out.append(("req", [(type(p).__name__, getattr(p, "content", None), getattr(p, "tool_call_id", None))
@@ -50,7 +50,8 @@ def _dump(b: transcript.Builder) -> list[Any]:
 
 def _unanswered(b: transcript.Builder) -> list[str]:
     """Calls without a result right after them, and results without their call."""
-    problems, open_ = [], set()
+    problems: list[str] = []
+    open_: set[str] = set()
     for m in b.messages:
         if isinstance(m, ModelResponse):
             if open_:
@@ -93,7 +94,7 @@ def test_compaction_keeps_the_message_the_leads_and_recent_exchanges_and_a_rebui
     assert isinstance(head, ModelRequest)
     texts = [p.content for p in head.parts if isinstance(p, UserPromptPart)]
     assert texts[0] == SCRIPT, "the turn's message, verbatim, first"
-    assert texts[1].endswith("SUMMARY") and texts[2] == "LEAD: use tabs"
+    assert isinstance(texts[1], str) and texts[1].endswith("SUMMARY") and texts[2] == "LEAD: use tabs"
     assert head.metadata is not None and head.metadata["cox_vias"] == ["send", "summary", "lead"]
     assert isinstance(live.messages[1], ModelResponse), "the kept part starts at a response"
     assert _unanswered(live) == []
@@ -106,7 +107,7 @@ def test_compaction_keeps_the_message_the_leads_and_recent_exchanges_and_a_rebui
     # Rebuilt from the log with the event (and what follows): the same transcript.
     rebuilt = transcript.build([*evs, _event(out, len(evs) + 1)])
     assert _dump(rebuilt) == _dump(live)
-    more = [{"seq": len(evs) + 2, "type": "assistant.msg", "text": "", "finish_reason": "tool_call",
+    more: list[dict[str, Any]] = [{"seq": len(evs) + 2, "type": "assistant.msg", "text": "", "finish_reason": "tool_call",
              "tool_calls": [{"call_id": "n1", "name": "list_dir", "args": {"path": "."}}]},
             {"seq": len(evs) + 3, "type": "tool.result", "call_id": "n1", "ok": True, "output": "new"}]
     live.assistant("", more[0]["tool_calls"], "tool_call")
@@ -129,7 +130,7 @@ def test_a_second_compaction_keeps_the_message_and_the_lead_again() -> None:
     head = b.messages[0]
     assert isinstance(head, ModelRequest)
     texts = [p.content for p in head.parts if isinstance(p, UserPromptPart)]
-    assert texts[0] == SCRIPT and texts[1].endswith("SECOND") and texts[2] == "LEAD: use tabs" and len(texts) == 3
+    assert texts[0] == SCRIPT and isinstance(texts[1], str) and texts[1].endswith("SECOND") and texts[2] == "LEAD: use tabs" and len(texts) == 3
     assert plan_for(b.messages).call_prefix == "s50"
     assert _dump(transcript.build([*evs, _event(second, len(evs) + 1)])) == _dump(b)
 
@@ -159,7 +160,7 @@ def test_context_windows_by_model() -> None:
     cfg = ModelConfig(providers=[ProviderConfig(name="a", kind="openai", context_window=1234),
                                  ProviderConfig(name="b", kind="openai"),
                                  ProviderConfig(name="c", kind="script")],
-                      script={"context_window": 4000})  # type: ignore[arg-type]
+                      script={"context_window": 4000})
     m = Models(cfg)
     assert (m.window("script"), m.window("a"), m.window("b"), m.window("c"), m.window("zz")) == \
         (4000, 1234, None, 4000, None)

@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import yaml
@@ -17,11 +18,12 @@ from coxswain import access, subjects
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _schema() -> dict:  # type: ignore[type-arg]
+def _schema() -> dict[str, Any]:
     # The official compose-spec schema, taken by ./dev out of the docker-compose 1.29.2 wheel.
     path = Path(sys.prefix) / "share" / "compose-spec.json"
     assert path.is_file(), f"{path} is missing: run ./dev setup"
-    return json.loads(path.read_text())
+    schema: dict[str, Any] = json.loads(path.read_text())
+    return schema
 
 
 def test_compose_file_is_valid_and_names_every_service() -> None:

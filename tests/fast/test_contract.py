@@ -143,7 +143,8 @@ def session_fields_python() -> dict[str, set[str]]:
                 f = n.elts[2]
                 if isinstance(f, ast.JoinedStr):
                     head = f.values[0]
-                    assert isinstance(head, ast.Constant), f"{rel}:{n.lineno}: an op's field without a prefix"
+                    assert isinstance(head, ast.Constant) and isinstance(head.value, str), \
+                        f"{rel}:{n.lineno}: an op's field without a prefix"
                     add(f"{head.value}*", f"{rel}:{n.lineno}")
                 for name in _strs(f):
                     add(name, f"{rel}:{n.lineno}")

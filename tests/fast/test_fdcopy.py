@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -81,11 +81,11 @@ def fd(path: Path) -> int:
     return os.open(path, fdcopy.DIR_FLAGS)
 
 
-def copy(src: Path, dst: Path, **kw: object) -> fdcopy.Copied:
+def copy(src: Path, dst: Path, *, exclude: Iterable[str] = (), limits: fdcopy.Limits | None = None) -> fdcopy.Copied:
     dst.mkdir()
     s, d = fd(src), fd(dst)
     try:
-        return fdcopy.copy_tree(s, d, **kw)  # type: ignore[arg-type]
+        return fdcopy.copy_tree(s, d, exclude=exclude, limits=limits)
     finally:
         os.close(s)
         os.close(d)

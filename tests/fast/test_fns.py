@@ -99,7 +99,8 @@ def facade_sends(method: Callable[..., Any], tail: bool) -> tuple[list[str], lis
     args = (_Pipe(rec),) if "pipe" in params else ()
     res = method(Fns(rec), *args, **kwargs)
     if inspect.isawaitable(res):
-        asyncio.run(res)  # type: ignore[arg-type]
+        assert inspect.iscoroutine(res), (method.__name__, res)
+        asyncio.run(res)
     assert [fn for fn, _, _ in rec.sent] == [method._lua], method.__name__  # type: ignore[attr-defined]
     _, ks, argv = rec.sent[0]
     return ks, argv, back

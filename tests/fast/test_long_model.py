@@ -184,8 +184,11 @@ def test_describe_is_one_short_line() -> None:
 # ---------------------------------------------------------------- usage and cost
 
 
-def response(model: str = "some-model", **u: int) -> ModelResponse:
-    return ModelResponse(parts=[TextPart("hi")], usage=RequestUsage(**u), model_name=model)
+def response(model: str = "some-model", *, input_tokens: int = 0, output_tokens: int = 0,
+             cache_read_tokens: int = 0, cache_write_tokens: int = 0) -> ModelResponse:
+    u = RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens,
+                     cache_read_tokens=cache_read_tokens, cache_write_tokens=cache_write_tokens)
+    return ModelResponse(parts=[TextPart("hi")], usage=u, model_name=model)
 
 
 def test_usage_with_configured_prices_counts_cache_tokens_at_their_prices() -> None:
@@ -232,7 +235,7 @@ def test_the_new_config_keys_and_their_defaults() -> None:
 def test_context_windows_and_the_compactor_name() -> None:
     cfg = ModelConfig(providers=[ProviderConfig(name="big", context_window=1_000_000),
                                  ProviderConfig(name="unknown"), ProviderConfig(name="fake", kind="script")],
-                      script={"context_window": 5000}, compactor="big")  # type: ignore[arg-type]
+                      script={"context_window": 5000}, compactor="big")
     assert [cfg.context_window(n) for n in ("script", "big", "unknown", "fake", "nope")] == \
         [5000, 1_000_000, None, 5000, None]
     assert ModelConfig(compactor="script").compactor == "script"

@@ -262,7 +262,7 @@ def test_every_tool_schema_agrees_with_the_argument_specs() -> None:
 def _check(tmp_path: Path, name: str, args: dict[str, object], standing: list[str] | None = None,
            writes: str = "allow") -> GuardResult:
     (tmp_path / "ws").mkdir(exist_ok=True)
-    settings = Settings(root=tmp_path, approval=ApprovalConfig(writes=writes))  # type: ignore[arg-type]
+    settings = Settings(root=tmp_path, approval=ApprovalConfig(writes=writes))
     return policy.check(settings, GuardRequest(sid="s_1", workspace=str(tmp_path / "ws"),
                                                call=CallSpec(call_id="c", name=name, args=args),
                                                standing=standing or []))

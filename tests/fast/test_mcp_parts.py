@@ -26,7 +26,7 @@ SERVERS = [
 
 
 def test_the_config_takes_one_transport_and_names_that_join_with_a_double_underscore() -> None:
-    cfg = McpConfig(servers=SERVERS)  # type: ignore[arg-type]
+    cfg = McpConfig(servers=SERVERS)
     assert cfg.servers[0].argv() == ["python3", "tiny.py", "--stdio"]
     assert [s.name for s in cfg.enabled()] == ["tiny", "docs"]
     found = cfg.server_of("tiny__write")
@@ -37,15 +37,15 @@ def test_the_config_takes_one_transport_and_names_that_join_with_a_double_unders
     for bad in ({"name": "a", "command": "x", "url": "http://h/mcp"}, {"name": "a"}, {"name": "a__b", "command": "x"},
                 {"name": "a", "url": "ftp://h"}, {"name": "a", "command": ""}):
         with pytest.raises(ValidationError):
-            McpConfig(servers=[bad])  # type: ignore[list-item]
+            McpConfig(servers=[bad])
     with pytest.raises(ValidationError, match="unique"):
-        McpConfig(servers=[{"name": "a", "command": "x"}, {"name": "a", "url": "http://h/mcp"}])  # type: ignore[list-item]
+        McpConfig(servers=[{"name": "a", "command": "x"}, {"name": "a", "url": "http://h/mcp"}])
 
 
 def _guard(tmp_path: Path, name: str, args: dict[str, Any], *, tainted: list[str] | None = None,
            standing: list[str] | None = None, **approval: Any) -> GuardResult:
     (tmp_path / "ws").mkdir(exist_ok=True)
-    settings = Settings(root=tmp_path, mcp={"servers": SERVERS}, approval=approval)  # type: ignore[arg-type]
+    settings = Settings(root=tmp_path, mcp={"servers": SERVERS}, approval=approval)
     return policy.check(settings, GuardRequest(sid="s_1", workspace=str(tmp_path / "ws"),
                                                call=CallSpec(call_id="c", name=name, args=args),
                                                tainted=tainted or [], standing=standing or []))
@@ -94,7 +94,7 @@ def test_always_remembers_the_tool_and_the_judge_never_allows_an_unconfined_serv
 
 
 def test_the_session_object_lists_recorded_states_then_servers_not_started() -> None:
-    cfg = McpConfig(servers=SERVERS)  # type: ignore[arg-type]
+    cfg = McpConfig(servers=SERVERS)
     assert [(s.name, s.state) for s in session_view.mcp_servers(None, cfg)] == [("tiny", "idle"), ("docs", "idle")]
     raw = '[{"name": "tiny", "state": "exited", "tools": [], "error": "gone"}]'
     shown = session_view.mcp_servers(raw, cfg)

@@ -14,7 +14,7 @@ def test_every_tool_has_a_handler() -> None:
 
 
 def _budget(**limits: object) -> Budget:
-    return Budget(LimitsConfig(**limits), started=100.0)  # type: ignore[arg-type]
+    return Budget(LimitsConfig(**limits), started=100.0)
 
 
 def test_hard_limits_before_a_call() -> None:

@@ -14,7 +14,7 @@ from cox_runner.errors import SandboxUnavailable
 from cox_runner.model.script_model import ScriptError, parse_script
 from cox_runner.workspace import bwrap, sandbox, tools
 from coxswain.config import SandboxConfig, Settings
-from coxswain.models import STANDING_NETWORK, CallSpec, GuardRequest, JudgeRequest, JudgeResult
+from coxswain.models import STANDING_NETWORK, CallSpec, GuardRequest, GuardResult, JudgeRequest, JudgeResult
 
 
 def test_rules_units() -> None:
@@ -42,9 +42,9 @@ def test_the_judge_allows_unasked_only_what_runs_confined() -> None:
     assert bare.verdict == "refuse" and "without a sandbox" in bare.reason
 
 
-def _guard(tmp_path: Path, args: dict[str, object], standing: list[str] | None = None, **cfg: object) -> object:
+def _guard(tmp_path: Path, args: dict[str, object], standing: list[str] | None = None, **cfg: object) -> GuardResult:
     (tmp_path / "ws").mkdir(exist_ok=True)
-    settings = Settings(root=tmp_path, sandbox=SandboxConfig(**cfg))  # type: ignore[arg-type]
+    settings = Settings(root=tmp_path, sandbox=SandboxConfig(**cfg))
     return policy.check(settings, GuardRequest(sid="s_1", workspace=str(tmp_path / "ws"),
                                                call=CallSpec(call_id="c", name="run_command", args=args),
                                                standing=standing or []))
@@ -52,18 +52,18 @@ def _guard(tmp_path: Path, args: dict[str, object], standing: list[str] | None =
 
 def test_guard_makes_a_network_request_a_security_confirm_unless_granted(tmp_path: Path) -> None:
     asked = _guard(tmp_path, {"command": "ls", "network": True})
-    assert (asked.verdict, asked.security, asked.route) == ("ask", True, "judge")  # type: ignore[attr-defined]
+    assert (asked.verdict, asked.security, asked.route) == ("ask", True, "judge")
     standing = _guard(tmp_path, {"command": "ls", "network": True}, [STANDING_NETWORK])
-    assert standing.security is False  # type: ignore[attr-defined]
+    assert standing.security is False
     config = _guard(tmp_path, {"command": "ls", "network": True}, network=True)
-    assert config.security is False  # type: ignore[attr-defined]
+    assert config.security is False
     plain = _guard(tmp_path, {"command": "ls"})
-    assert plain.security is False  # type: ignore[attr-defined]
+    assert plain.security is False
 
 
 def test_a_network_standing_approval_is_not_a_command_prefix(tmp_path: Path) -> None:
     res = _guard(tmp_path, {"command": "network-tool --all"}, [STANDING_NETWORK])
-    assert res.actor != "standing"  # type: ignore[attr-defined]
+    assert res.actor != "standing"
 
 
 def test_tool_arguments_are_checked() -> None:

@@ -459,7 +459,7 @@ def test_a_principal_has_at_most_max_streams_per_principal(streams: Stack) -> No
 # 6. cox up restarts the NATS and Redis servers it started: same port, data and credentials.
 
 def listen_port(p: psutil.Process) -> int:
-    ports = [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    ports: list[int] = [c.laddr.port for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
     assert ports, f"{p.name()} listens on no port"
     return min(ports)
 
@@ -485,6 +485,7 @@ def test_cox_up_restarts_its_nats_and_redis_killed_with_sigkill(tmp_path: Path) 
         old = {b: server_child(up, b) for b in ("redis-server", "nats-server")}
         ports = {b: listen_port(p) for b, p in old.items() if p is not None}
         assert len(ports) == 2, old
+        pids = {b: p.pid for b, p in old.items() if p is not None}
         for p in old.values():
             assert p is not None
             p.kill()
@@ -494,7 +495,7 @@ def test_cox_up_restarts_its_nats_and_redis_killed_with_sigkill(tmp_path: Path) 
             assert time.monotonic() - t0 < 30, f"not restarted within 30 s: {set(ports) - set(back)}"
             for b, port in ports.items():
                 p = server_child(up, b)
-                if b not in back and p is not None and p.pid != old[b].pid:  # type: ignore[union-attr]
+                if b not in back and p is not None and p.pid != pids[b]:
                     with contextlib.suppress(AssertionError, psutil.Error):
                         if listen_port(p) == port:
                             back[b] = time.monotonic() - t0

@@ -89,7 +89,9 @@ def test_a_drop_happens_only_when_nothing_changed_and_a_load_puts_back_exactly_t
     r.hset(base + keys.CLIENT_IDS, "c1", json.dumps({"message_id": "m_1", "disposition": "started"}))
     took = take(r, sid)
     assert took["seq"] == 2 and took["principal"] == "p"
-    assert json.loads(r.lindex(base + keys.OUTBOX, -1))["type"] == "session.archived"
+    last = r.lindex(base + keys.OUTBOX, -1)
+    assert last is not None
+    assert json.loads(last)["type"] == "session.archived"
     # the session.archived event is not published yet: nothing is dropped
     assert drop(r, sid, took) == {"dropped": False, "reason": "outbox not published"}
     publish_all(r, sid)

@@ -139,7 +139,7 @@ def test_a_call_that_forgot_its_transition_id_is_refused_not_cut_short(r: redis.
     seq = r.hget(keys.session(sid), "seq")
     # Raw on purpose: the facade (and cox_runner.redis.store) always sends the id; this is the library's
     # own check of a caller that does not (counted in tests/fast/test_contract.py).
-    res = r.fcall("cox_emit", 1, keys.session(sid), sid, token, "", "0", ev)  # type: ignore[arg-type]
+    res = r.fcall("cox_emit", 1, keys.session(sid), sid, token, "", "0", ev)
     assert json.loads(res[0]).get("error") == "invalid"
     assert r.hget(keys.session(sid), "seq") == seq
 

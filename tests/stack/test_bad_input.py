@@ -82,12 +82,12 @@ def test_invalid_utf8_is_400_and_a_lone_surrogate_is_422(api: Api, sid: str) -> 
         error(api.http.post(f"/v1/sessions/{sid}/messages", content=raw, headers=headers), 400, "bad_json")
     error(api.http.post(f"/v1/sessions/{sid}/messages", content=b"not json", headers=headers), 400, "bad_json")
     lone = '"\\ud800"'
-    for path, raw in ((f"/v1/sessions/{sid}/messages", f'{{"text": {lone}}}'),
+    for path, text in ((f"/v1/sessions/{sid}/messages", f'{{"text": {lone}}}'),
                       (f"/v1/sessions/{sid}/messages", '{"text": "a\\udfffb", "mode": "queue"}'),
                       (f"/v1/sessions/{sid}/lead", f'{{"text": {lone}}}'),
                       (f"/v1/sessions/{sid}/observe", f'{{"command": {lone}}}'),
                       ("/v1/sessions", f'{{"workspace": {lone}}}')):
-        detail = error(api.http.post(path, content=raw.encode(), headers=headers), 422, "invalid")
+        detail = error(api.http.post(path, content=text.encode(), headers=headers), 422, "invalid")
         assert "surrogate" in detail, detail
     r = api.http.patch(f"/v1/sessions/{sid}", content=f'{{"title": {lone}}}'.encode(), headers=headers)
     error(r, 422, "invalid")

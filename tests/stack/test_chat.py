@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.app import App
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -29,7 +30,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoxUp]:
         yield u
 
 
-def shown(app: ChatApp, selector: str = "Static") -> str:
+def shown(app: App[Any], selector: str = "Static") -> str:
     """The text the screen shows in these widgets."""
     return "\n".join(str(w.content) for w in app.query(selector).results(Static))
 
@@ -40,12 +41,13 @@ async def until(pilot: Pilot[Any], cond: Callable[[], bool], what: str, timeout:
         if cond():
             return
         await pilot.pause(0.05)
-    raise AssertionError(f"not shown within {timeout}s: {what}\n---- screen\n{shown(pilot.app)}")  # type: ignore[arg-type]
+    raise AssertionError(f"not shown within {timeout}s: {what}\n---- screen\n{shown(pilot.app)}")
 
 
 async def paste(pilot: Pilot[Any], text: str) -> None:
     """Put text in the composer as a paste would (a key per character is slow for scripts)."""
-    app: ChatApp = pilot.app  # type: ignore[assignment]
+    app = pilot.app
+    assert isinstance(app, ChatApp)
     app.draft.value = text
     await pilot.pause()
 
@@ -270,8 +272,11 @@ async def test_fork_and_rewind_from_the_terminal(up: CoxUp) -> None:
         for n, text in enumerate(["first", "second"], start=1):
             await paste(pilot, said(text, {"tools": [tool("write_file", path="f.txt", content=text)]}, {"text": "ok"}))
             await pilot.press("enter")
-            await until(pilot, lambda n=n: f"Turn ended: completed · turn {n}" in shown(app, "#transcript Static"),
-                        f"turn {n} ends, numbered")
+
+            def ended(n: int = n) -> bool:
+                return f"Turn ended: completed · turn {n}" in shown(app, "#transcript Static")
+
+            await until(pilot, ended, f"turn {n} ends, numbered")
             await until(pilot, lambda: "idle" in shown(app, "#head"), "idle again")
 
         await paste(pilot, "/rewind 9")

@@ -38,6 +38,13 @@ def _start(tmp: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
     return proc, lines
 
 
+def _sid_in(curl: str) -> str:
+    """The session id in the example curl ``cox up`` prints."""
+    m = re.search(r"/v1/sessions/([A-Za-z0-9_-]+)/messages", curl)
+    assert m, f"no session in {curl!r}"
+    return m.group(1)
+
+
 def _wait_line(lines: list[str], prefix: str, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -59,7 +66,7 @@ def test_cox_up_runs_the_printed_curl_restarts_a_dead_service_and_stops_cleanly(
         curl = _wait_line(lines, "  curl -s -X POST", 5).strip()
         out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=30)
         assert json.loads(out.stdout)["disposition"] == "started", out.stdout + out.stderr
-        sid = re.search(r"/v1/sessions/([A-Za-z0-9_-]+)/messages", curl).group(1)  # type: ignore[union-attr]
+        sid = _sid_in(curl)
         with Api(f"http://127.0.0.1:{port}", token) as api:
             end = api.wait_type(sid, "turn.end", timeout=30)
             assert end["outcome"] == "completed"
@@ -116,7 +123,7 @@ def test_cox_up_cluster_runs_a_turn_on_clustered_redis_and_nats_and_stops_cleanl
         curl = _wait_line(lines, "  curl -s -X POST", 5).strip()
         out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=30)
         assert json.loads(out.stdout)["disposition"] == "started", out.stdout + out.stderr
-        sid = re.search(r"/v1/sessions/([A-Za-z0-9_-]+)/messages", curl).group(1)  # type: ignore[union-attr]
+        sid = _sid_in(curl)
         token = _wait_line(lines, "token:", 5).split(": ", 1)[1]
         with Api(f"http://127.0.0.1:{port}", token) as api:
             assert api.wait_type(sid, "turn.end", timeout=60)["outcome"] == "completed"
@@ -174,7 +181,7 @@ def test_a_second_cox_up_on_one_state_folder_refuses_and_the_state_is_private(tm
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
         out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=30)
         assert json.loads(out.stdout)["disposition"] == "started", out.stdout + out.stderr
-        sid = re.search(r"/v1/sessions/([A-Za-z0-9_-]+)/messages", curl).group(1)  # type: ignore[union-attr]
+        sid = _sid_in(curl)
         with Api(f"http://127.0.0.1:{port}", token) as api:
             assert api.wait_type(sid, "turn.end", timeout=30)["outcome"] == "completed"
 

@@ -157,9 +157,10 @@ class Names:
         answers = self.table.get(host)
         if answers is None:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        if answers and isinstance(answers[0], list):
-            return list(answers[min(len(self.calls), len(answers)) - 1])  # type: ignore[arg-type]
-        return list(answers)  # type: ignore[arg-type]
+        rounds = [a for a in answers if isinstance(a, list)]
+        if rounds:
+            return list(rounds[min(len(self.calls), len(rounds)) - 1])
+        return [a for a in answers if isinstance(a, str)]
 
 
 async def ask(sock: str, request: bytes, read: int = 4096) -> bytes:
@@ -445,7 +446,7 @@ async def test_a_stdio_mcp_server_granted_the_network_goes_through_the_proxy(tmp
     tiny = MCP_SERVERS / "tiny.py"
     settings = Settings(root=tmp_path, sandbox={"extra_ro": sorted({sys.prefix, sys.base_prefix, str(tiny.parent)})},
                         mcp={"servers": [{"name": "tiny", "command": [sys.executable, str(tiny)], "network": True,
-                                          "env": {"TINY_FETCH": "1"}}]})  # type: ignore[arg-type]
+                                          "env": {"TINY_FETCH": "1"}}]})
     m = McpServers(settings, Sandbox(settings.sandbox, settings.store_dir), structlog.get_logger())
     await m.start(tmp_path, tools.command_env(tmp_path))
     try:

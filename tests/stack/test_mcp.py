@@ -531,7 +531,7 @@ def _servers(tmp_path: Path, delay: float, start_timeout: float) -> Any:
     settings = Settings(root=tmp_path, sandbox={"extra_ro": sorted({sys.prefix, sys.base_prefix, str(TINY.parent)})},
                         mcp={"servers": [{"name": "sleepy", "command": [sys.executable, str(TINY)],
                                           "env": {"TINY_START_DELAY": str(delay)},
-                                          "start_timeout_s": start_timeout}]})  # type: ignore[arg-type]
+                                          "start_timeout_s": start_timeout}]})
     return McpServers(settings, Sandbox(settings.sandbox, settings.store_dir), structlog.get_logger())
 
 

@@ -66,7 +66,9 @@ def collect(stack: Stack, ws: Path | None = None) -> dict[str, Any]:
 def store_of(stack: Stack, ws: Path) -> Store:
     rc = redis.Redis.from_url(stack.redis.admin_url, decode_responses=True)
     try:
-        key = bytes.fromhex(rc.get(keys.VERSIONS_MAC_KEY))
+        hex_key = rc.get(keys.VERSIONS_MAC_KEY)
+        assert isinstance(hex_key, str), "the versions service has set its MAC key"
+        key = bytes.fromhex(hex_key)
     finally:
         rc.close()
     return Store(ws.resolve(), ".coxswain", key)

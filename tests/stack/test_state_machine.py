@@ -130,7 +130,7 @@ PHASES = {
         {"name": "write_file", "args": {"path": "late.txt", "content": "x"}},
         {"name": "run_command", "args": {"command": "echo four"}}]}),
 }
-READY = {"model": ("assistant.delta", {}), "command": ("policy.decision", {"actor": "judge"}),
+READY: dict[str, tuple[str, dict[str, Any]]] = {"model": ("assistant.delta", {}), "command": ("policy.decision", {"actor": "judge"}),
          "approval": ("approval.pending", {}), "between": ("tool.call", {"name": "run_command"})}
 
 

@@ -111,7 +111,8 @@ class CoxUp:
         p = self.child("cox_gateway")
         p.kill()
         p.wait(10)
-        return p.pid
+        pid: int = p.pid
+        return pid
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

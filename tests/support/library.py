@@ -39,11 +39,11 @@ class _Client:
         self.lib = lib
 
     async def fcall(self, fn: str, nkeys: int, *rest: str) -> list[Any]:
-        self.lib.raw = list(self.lib.r.fcall(fn, nkeys, *rest))  # type: ignore[arg-type]
+        self.lib.raw = list(self.lib.r.fcall(fn, nkeys, *rest))
         return self.lib.raw
 
     async def zadd(self, key: str, mapping: dict[str, int], nx: bool = False) -> Any:
-        return self.lib.r.zadd(key, mapping, nx=nx)  # type: ignore[arg-type]
+        return self.lib.r.zadd(key, mapping, nx=nx)
 
 
 class Library:
