@@ -30,11 +30,17 @@ def _start(tmp: Path, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
+        with proc.stdout:  # closed at cox up's end of output, not by the garbage collector
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        with proc.stderr:
+            proc.stderr.read()
 
     threading.Thread(target=pump, daemon=True).start()
-    threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
+    threading.Thread(target=drain, daemon=True).start()
     return proc, lines
 
 
