@@ -451,8 +451,9 @@ def _cox_up(tmp: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Pope
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
+        with proc.stdout:  # closed at cox up's end of output, not by the garbage collector
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
 
     threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + 90
