@@ -136,7 +136,7 @@ PHASES = {
         {"name": "write_file", "args": {"path": "late.txt", "content": "x"}},
         {"name": "run_command", "args": {"command": "echo four"}}]}),
 }
-READY = {"model": ("assistant.delta", {}), "command": ("policy.decision", {"actor": "judge"}),
+READY: dict[str, tuple[str, dict[str, Any]]] = {"model": ("assistant.delta", {}), "command": ("policy.decision", {"actor": "judge"}),
          "approval": ("approval.pending", {}), "between": ("tool.call", {"name": "run_command"})}
 
 
@@ -446,8 +446,10 @@ def test_the_http_api_follows_a_reference_model_of_the_table(stack: Stack) -> No
             """Every pending Lead applies at the next boundary: wait for its ``lead.applied``."""
             want, seen = set(self.pending), 0
             while want:
-                ev = api.wait_for(self.sid, lambda e, w=frozenset(want): e["type"] == "lead.applied"
-                                  and bool(w & set(e["lead_ids"])), timeout=30, after=seen)
+                def applied(e: dict[str, Any], w: frozenset[str] = frozenset(want)) -> bool:
+                    return e["type"] == "lead.applied" and bool(w & set(e["lead_ids"]))
+
+                ev = api.wait_for(self.sid, applied, timeout=30, after=seen)
                 seen = ev["seq"]
                 want -= set(ev["lead_ids"])
             for lid in self.pending:
