@@ -78,6 +78,8 @@ class Record:
     stops: list[dict[str, Any]] = field(default_factory=list)
     answers: dict[str, str] = field(default_factory=dict)
     """approval_id -> decision, for each answer the API took (200)"""
+    removed: list[str] = field(default_factory=list)
+    """queued messages a removal was answered 200 for"""
 
 
 class Client:
@@ -162,7 +164,7 @@ class Person(threading.Thread):
     def act(self, n: int) -> None:
         rng, c = self.rng, self.c
         rec = rng.choice(self.recs)
-        action = rng.choices(["send", "queue", "steer", "lead", "stop", "answer"], [4, 6, 2, 3, 1, 3])[0]
+        action = rng.choices(["send", "queue", "steer", "lead", "stop", "answer", "edit"], [4, 6, 2, 3, 1, 3, 4])[0]
         label = f"m{n}"
         base = f"/v1/sessions/{rec.sid}"
         if action in ("send", "queue", "steer"):
@@ -183,6 +185,28 @@ class Person(threading.Thread):
                 rec.leads.append(r.json()["lead_id"])
             else:
                 assert r.json()["error"] in ("no_turn", "lead_closed", "too_many_pending"), r.text
+        elif action == "edit":
+            view = c.call("GET", base)
+            assert view.status_code == 200, view.text
+            queued = [q["message_id"] for q in view.json()["queue"] if q["mode"] == "queue"]
+            if not queued:
+                action = "edit (none queued)"
+            elif rng.random() < 0.5:
+                action = "remove"
+                mid = rng.choice(queued)
+                r = c.call("DELETE", f"{base}/queue/{mid}")
+                assert r.status_code in (200, 409), r.text
+                if r.status_code == 200:
+                    assert r.json()["removed"] == mid, r.text
+                    rec.removed.append(mid)
+                else:
+                    assert r.json()["error"] == "not_queued", r.text  # it started meanwhile
+            else:
+                action = "reorder"
+                r = c.call("PUT", f"{base}/queue/order", {"message_ids": queued[::-1]})
+                assert r.status_code in (200, 409), r.text
+                if r.status_code == 409:
+                    assert r.json()["error"] == "not_queued", r.text  # the queue moved on meanwhile
         elif action == "stop":
             r = c.call("POST", base + "/stop")
             assert r.status_code == 200, r.text
@@ -253,7 +277,7 @@ def drain(c: Client, recs: list[Record], timeout: float = 120.0) -> float:
 
 def check_session(api: Api, rec: Record) -> None:
     """The log against what the client was told: every accepted message once, in the order it was
-    accepted, run or discarded; every accepted Lead saved once, in order, then applied or
+    accepted, run, discarded or removed (a removal answered 200 recorded once); every accepted Lead saved once, in order, then applied or
     unapplied once; every answer taken recorded once; every Stop's discards recorded."""
     evs = log_of(api, rec.sid, timeout=60)
     where = f"session {rec.sid} (seed {SEED})"
@@ -262,6 +286,9 @@ def check_session(api: Api, rec: Record) -> None:
         check_accepted(r, rec.replies)
     except AssertionError as exc:
         raise AssertionError(f"{where}: {exc}") from exc
+    removed = [e["message_id"] for e in evs if e["type"] == "queue.removed"]
+    assert [m for m in removed if m in rec.removed] == rec.removed, (
+        f"{where}: removals answered {rec.removed}, the log removed {removed}")
     saved = [e["lead_id"] for e in evs if e["type"] == "lead.saved"]
     assert saved == rec.leads, f"{where}: Leads saved {saved}, accepted {rec.leads}"
     fates: dict[str, list[str]] = {}
