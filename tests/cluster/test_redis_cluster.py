@@ -82,7 +82,17 @@ def test_kill_9_a_redis_master_mid_run_loses_nothing_acknowledged(stack: Stack) 
     threads = [threading.Thread(target=worker, args=(sid,)) for sid in sids]
     for t in threads:
         t.start()
-    time.sleep(1.0)  # every session busy, queues filling
+    # every session busy, its queue filling: each has been seen with a turn and a queue behind it
+    deadline = time.monotonic() + 60
+    filling: set[str] = set()
+    with stack.client(timeout=60) as api:
+        while filling != set(sids):
+            assert time.monotonic() < deadline and not errors, errors or f"not seen filling: {set(sids) - filling}"
+            for sid in set(sids) - filling:
+                view = api.session(sid)
+                if view["busy"] and view["queue"]:
+                    filling.add(sid)
+            time.sleep(0.05)
     killed_at, killed_wall = time.monotonic(), time.time()
     stack.redis.kill(victim)
     killed.set()

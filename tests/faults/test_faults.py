@@ -114,20 +114,32 @@ def pause_trial(stack: Stack, api: Api, trial: int) -> None:
     held = holders(stack, sids)
     victim = max(stack.runner_names(), key=lambda n: sum(1 for h in held.values() if h == n))
     mine = [sid for sid in sids if held[sid] == victim]
-    # Pause while the writes are going (each turn takes 4 s or more). The runners' own log lines
-    # say who holds what: reading the event log over HTTP can lag on a loaded machine.
-    time.sleep(1.0)
+    # Pause while the writes are going (each turn takes 4 s or more): once every session the victim
+    # holds has a file on disk. The runners' own log lines say who holds what and the disk what was
+    # written: reading the event log over HTTP can lag on a loaded machine.
+    folders = {sid: Path(api.session(sid)["workspace"]) / "d" / f"s{sids.index(sid)}" for sid in mine}
+    deadline = time.monotonic() + 60
+    while not all(f.is_dir() and any(f.iterdir()) for f in folders.values()):
+        assert time.monotonic() < deadline, "the paused runner's sessions are writing"
+        time.sleep(0.05)
     stack.signal(victim, signal.SIGSTOP)
     t0 = time.monotonic()
     print(f"[faults] paused {t0 - t_start:.2f}s after the first send, holding {len(mine)} sessions")
     try:
-        time.sleep(8.0)
+        time.sleep(8.0)  # the pause: past the lease (5 s), so the others take over
     finally:
+        since = len(stack.log(victim))
         stack.signal(victim, signal.SIGCONT)
     measured("pause.sigstop_s", time.monotonic() - t0)
     for sid in sids:
         api.wait_idle(sid, timeout=120)
-    time.sleep(1.0)  # whatever the woken runner still had in hand has landed by now (or never will)
+    # Whatever the woken runner still had in hand has landed or never will: each drive it held has
+    # ended (cancelled at its passed deadline, or told its lease is lost).
+    ended = ("drive.cancelled", "drive.lease_lost", "drive.store_down", "drive.failed")
+    deadline = time.monotonic() + 60
+    while {r.get("sid") for r in records(stack, victim, since) if r.get("event") in ended} < set(mine):
+        assert time.monotonic() < deadline, f"the woken runner's drives did not end:\n{stack.log(victim)[since:][-3000:]}"
+        time.sleep(0.05)
     problems: dict[str, list[str]] = {}
     crashed = 0
     for i, sid in enumerate(sids):
@@ -359,12 +371,15 @@ def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack
             start = api.session(sid)["last_seq"]
             reader = SseReader(streams.url, sid, start, lambda e: e["type"] == "turn.end")
             reader.start()
-            time.sleep(0.5)
+            t_open = time.monotonic()
+            while metric(streams, "cox_event_streams") < before + IDLE_READERS + 1:
+                assert time.monotonic() - t_open < 30, "the normal reader's stream is open"
+                time.sleep(0.05)
             t_send = time.monotonic()
             ok(api.send(sid, script(
                 {"tools": [{"name": "read_file", "args": {"path": f"big{i}.txt"}} for i in range(FILES)]},
                 {"text": "read them all"})))
-            time.sleep(0.3)  # the big turn is under way: now a turn of another session
+            api.wait_type(sid, "tool.call", after=start, timeout=30)  # the big turn is under way: now another's
             t_other = time.monotonic()
             other_sent = ok(api.send(other, "a small turn"))
             st = api.wait_type(other, "turn.start", message_id=other_sent["message_id"], timeout=60)

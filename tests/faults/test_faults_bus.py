@@ -61,6 +61,20 @@ def start_sessions(api: Api, tag: str, n: int, steps: int, queued: int) -> list[
     return out
 
 
+def waiting_for_guard(api: Api, sid: str, timeout: float = 30.0) -> None:
+    """Wait (guard is down) until a call of the turn's latest response has neither a policy
+    decision nor a result: it waits for guard (its ``tool.call`` comes with the decision)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        evs = api.all_events(sid)
+        msgs = [e for e in evs if e["type"] == "assistant.msg"]
+        done = {e["call_id"] for e in evs if e["type"] in ("policy.decision", "tool.result", "tool.skipped")}
+        if msgs and any(c["call_id"] not in done for c in msgs[-1].get("tool_calls") or []):
+            return
+        assert time.monotonic() < deadline, f"{sid}: no call waiting for guard"
+        time.sleep(0.1)
+
+
 def infra_errors(evs: list[dict[str, Any]]) -> list[str]:
     return [e["output"] for e in evs if e["type"] == "tool.result" and not e["ok"]
             and any(w in e["output"] for w in INFRA_WORDS)]
@@ -200,15 +214,16 @@ def test_stop_ends_a_turn_waiting_for_guard_and_the_queue_waits_for_guard(bus: S
         bus.kill("guard")
         try:
             # session a: Stop while its turn waits for guard
-            time.sleep(1.5)  # both turns are at their next write's policy check by now
+            for sid in (a, b):  # both turns are at a write's policy check, waiting for guard
+                waiting_for_guard(api, sid)
             t0 = time.monotonic()
             ok(api.http.post(f"/v1/sessions/{a}/stop"), 200)
             end = api.wait_type(a, "turn.end", timeout=10)
             measured("guard_down.stop_to_end_s", time.monotonic() - t0)
             assert end["outcome"] == "stopped", end
-            assert time.monotonic() - t0 < 2.0
-            # session b: the bound passes
+            # session b: the bound passes; Stop ended a's wait before it (order, not a stopwatch)
             end_b = api.wait_type(b, "turn.end", timeout=WAIT_S + 10)
+            assert end["ts"] < end_b["ts"], (end, end_b)
             measured("guard_down.unavailable_after_s", end_b["ts"] / 1000 - t_kill)
             assert end_b["outcome"] == "unavailable" and "guard" in end_b["detail"], end_b
             time.sleep(2.0)

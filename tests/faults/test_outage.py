@@ -90,7 +90,12 @@ def run_senders(stack: Stack, api: Api, tag: str, outage: Any, n: int = 3, refus
         s.start()
     for s in senders:
         assert s.sent.wait(30)
-    time.sleep(0.5)  # let every session get a turn running and a queue behind it
+    # every session has a turn running and a message queued behind it
+    deadline = time.monotonic() + 30
+    while not all(any(x["disposition"] == "queued" for x in s.replies) and api.session(s.sid)["busy"]
+                  for s in senders):
+        assert time.monotonic() < deadline, "every session has a turn running and a queue behind it"
+        time.sleep(0.05)
     outage(sids)
     counts = [len(s.replies) for s in senders]
     deadline = time.monotonic() + 30

@@ -135,15 +135,18 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     stale_token = str(rec["token"])
     after = ok(api.send(sid, quick("after", write=True), mode="queue"))
     since = len(stack.log(victim))
+    command = _command_of(stack.procs[victim].pid, "sleep 2.5")
     stack.signal(victim, signal.SIGSTOP)
-    paused_at = time.monotonic()
     try:
         end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=lease_ms / 1000 + 15)
         assert end["outcome"] == "crashed"
         api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
         api.wait_idle(sid, timeout=30)
-        # let the paused runner's command finish while it sleeps: on waking it has a result to write
-        time.sleep(max(0.0, 3.0 - (time.monotonic() - paused_at)))
+        # the paused runner's command finishes while it sleeps: on waking it has a result to write
+        deadline = time.monotonic() + 30
+        while command.is_running() and command.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the paused runner's command ends"
+            time.sleep(0.05)
         seq_before = log_of(api, sid)[-1]["seq"]
     finally:
         stack.signal(victim, signal.SIGCONT)

@@ -34,6 +34,8 @@ class Replay:
     turn_of: dict[str, str] = field(default_factory=dict)
     """message_id -> turn_id"""
     discarded: list[list[str]] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    """message ids a person removed from the queue (``queue.removed``), in order"""
     queued: list[tuple[str, str, int]] = field(default_factory=list)
     """(message_id, mode, position) in acceptance order"""
     accepted: list[str] = field(default_factory=list)
@@ -91,6 +93,16 @@ def replay(events: list[dict[str, Any]], *, settled: bool = True) -> Replay:
                 raise fail(ev, f"position {ev['position']}, the table gives {want}")
             r.queued.append((mid, mode, ev["position"]))
             r.accepted.append(mid)
+        elif t == "queue.removed":
+            mid = ev["message_id"]
+            if mid not in q:
+                raise fail(ev, f"removes {mid}, which is not in the queue {q}")
+            q.remove(mid)
+            r.removed.append(mid)
+        elif t == "queue.reordered":
+            if sorted(ev["message_ids"]) != sorted(q):
+                raise fail(ev, f"reorders to {ev['message_ids']} but {q} are queued")
+            q[:] = ev["message_ids"]
         elif t == "queue.discarded":
             if ev["message_ids"] != sq + q:
                 raise fail(ev, f"discarded {ev['message_ids']} but {sq + q} waited")
@@ -143,16 +155,16 @@ def replay(events: list[dict[str, Any]], *, settled: bool = True) -> Replay:
             raise LogError(f"the log ends with messages waiting that never ran: {sq + q}")
     done = set(r.starts)
     gone = r.discarded_ids()
-    twice = done & set(gone)
+    twice = (done & set(gone)) | (done & set(r.removed)) | (set(gone) & set(r.removed))
     if twice:
-        raise LogError(f"messages both run and discarded: {sorted(twice)}")
+        raise LogError(f"messages with two fates (run, discarded, removed): {sorted(twice)}")
     return r
 
 
 def check_accepted(r: Replay, replies: list[dict[str, Any]]) -> None:
     """Every message answered 202 is in the log once, in the order it was answered, and either
-    ran or was named by a discard (or still waits, when the replay was not ``settled``); the log
-    holds no message nobody sent.
+    ran, was named by a discard or removed by a person (or still waits, when the replay was not
+    ``settled``); the log holds no message nobody sent.
 
     ``replies``: the 202 bodies in the order the client got them (for one client sending one
     request at a time to this session), each with the request's ``mode`` added.
@@ -162,12 +174,12 @@ def check_accepted(r: Replay, replies: list[dict[str, Any]]) -> None:
         raise LogError("a message id was answered twice")
     if r.accepted != ids:
         raise LogError(f"acceptance order in the log {r.accepted} differs from the replies {ids}")
-    ran, gone, waiting = set(r.starts), set(r.discarded_ids()), set(r.waiting)
+    ran, gone, waiting = set(r.starts), set(r.discarded_ids()) | set(r.removed), set(r.waiting)
     for x in replies:
         mid = x["message_id"]
         if mid not in ran and mid not in gone and mid not in waiting:
             raise LogError(f"{mid} ({x['disposition']}) was answered 202 but neither ran nor was discarded"
-                           " nor waits")
+                           " or removed nor waits")
         if x["disposition"] in ("queued", "steered"):
             mode = "steer" if x["disposition"] == "steered" else "queue"
             entry = next((e for e in r.queued if e[0] == mid), None)
