@@ -15,8 +15,7 @@ from pathlib import Path
 from cox.chat_state import HANDLERS as CHAT
 from cox_runner.redis import store
 from coxswain import contract, errors, events, keys
-
-from .luasrc import session_fields_lua
+from tests.support.luasrc import session_fields_lua
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = (ROOT / "services/turn-runner/cox_runner/redis/redis_lib.lua").read_text()

@@ -20,8 +20,7 @@ from cox_runner.redis.faults import DropReplies, parse
 from cox_runner.redis.fns import Fns
 from cox_runner.redis.store import HOLDER_FNS, TX_FNS
 from coxswain import keys
-
-from .luasrc import BODIES, LUA, REGISTERED, lua_argv, lua_keys, lua_replies, session_fields_lua
+from tests.support.luasrc import BODIES, LUA, REGISTERED, lua_argv, lua_keys, lua_replies, session_fields_lua
 
 # ---------------------------------------------------------------------------------------------
 # Calling the facade with no server: what each method sends
