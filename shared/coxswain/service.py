@@ -78,10 +78,13 @@ async def connect_nats(
     shown = logs.redact_url(url)
     last: Exception | None = None
     for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        nc = Client()
         try:
-            nc = await nats.connect(
+            # reconnect_time_wait is seconds, a float to nats-py's sleep (its annotation says int)
+            await nc.connect(
                 nats_servers(url), name=name, connect_timeout=2, allow_reconnect=True, max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25, error_cb=on_error, disconnected_cb=on_disconnect,
+                reconnect_time_wait=0.25,  # type: ignore[arg-type]
+                error_cb=on_error, disconnected_cb=on_disconnect,
                 reconnected_cb=on_reconnect, user=user, password=password, inbox_prefix=inbox_prefix,
             )
             bus.link(nc, ln)
@@ -89,8 +92,16 @@ async def connect_nats(
         except Exception as exc:  # noqa: BLE001 - any failure to connect is retried, then reported
             last = exc
             log.warning("nats.connect_failed", url=shown, attempt=attempt, error=repr(exc))
+            # nats-py leaves the socket of a refused connection (Authorization Violation) open
+            await close_quietly(nc)
             await asyncio.sleep(CONNECT_WAIT_S)
     raise Unavailable(f"could not connect to NATS at {shown}: {last!r}")
+
+
+async def close_quietly(nc: Client) -> None:
+    """Close a client whose connect failed: its transport may still be open."""
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 def nats_servers(url: str) -> list[str]:

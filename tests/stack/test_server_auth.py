@@ -59,8 +59,14 @@ class Conn:
             self.errors.append(str(exc))
 
         # A cluster's URL lists every node (comma-separated): nats-py takes them as a list.
-        self.nc = await nats.connect(url.split(","), user=user, password=password, inbox_prefix=inbox, error_cb=on_error,
-                                     allow_reconnect=False, connect_timeout=2)
+        nc = Client()
+        try:
+            await nc.connect(url.split(","), user=user, password=password, inbox_prefix=inbox, error_cb=on_error,
+                             allow_reconnect=False, connect_timeout=2)
+        except BaseException:
+            await service.close_quietly(nc)  # nats-py leaves a refused connection's socket open
+            raise
+        self.nc = nc
         return self
 
     async def settle(self) -> None:
