@@ -150,10 +150,18 @@ def read(root: Path | str, rel: str, max_bytes: int | None = None) -> bytes | No
                 if exc.errno == errno.EISDIR:
                     raise Invalid(f"{rel!r} is a folder") from exc
                 raise
-            with os.fdopen(fd, "rb") as fh:
-                st = os.fstat(fh.fileno())
+            # Checked on the raw fd: open() of a folder succeeds and fdopen() would then raise
+            # IsADirectoryError, an internal error to every caller instead of this refusal.
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISDIR(st.st_mode):
+                    raise Invalid(f"{rel!r} is a folder")
                 if not stat.S_ISREG(st.st_mode):
                     raise Invalid(f"{rel!r} is not a regular file")
+            except BaseException:
+                os.close(fd)
+                raise
+            with os.fdopen(fd, "rb") as fh:
                 return fh.read() if max_bytes is None else fh.read(max_bytes)
     except FileNotFoundError:
         return None
