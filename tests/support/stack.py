@@ -300,11 +300,12 @@ CLUSTER_LEASE_MS = 4000
 
 
 def default_lease_ms() -> int:
-    """A stack's lease unless a test names one: 2 s, short so that takeovers are quick; 5 s (the
-    product's default) in CI's parallel lane, where three stacks share two cores and a renewal
-    can wait seconds for CPU (a lapsed lease there ended turns ``crashed`` that nobody killed).
-    The fault and cluster drills, which time takeovers, run in the serial lane or name theirs."""
-    return 5000 if os.environ.get("PYTEST_XDIST_WORKER") else 2000
+    """A stack's lease unless a test names one: 2 s, short so that takeovers are quick; 10 s in
+    CI's parallel lane, where its stacks share two cores with the drill lanes (load ~14) and a
+    renewal can wait seconds for CPU: a lapsed lease there ended turns ``crashed`` that nobody
+    killed, at 2 s and once at 5 s (test_mcp's first turn). The fault and cluster drills, which
+    time takeovers, run in their own lanes or name theirs."""
+    return 10_000 if os.environ.get("PYTEST_XDIST_WORKER") else 2000
 """The lease of a cluster-kind stack built by :func:`stack_fixture` when the module names none."""
 
 
