@@ -68,12 +68,18 @@ def test_kill_9_a_redis_master_mid_run_loses_nothing_acknowledged(stack: Stack) 
         try:
             with stack.client(timeout=60) as c:
                 got = []
-                for i in range(MESSAGES):
+                after = 0
+                # MESSAGES each, and on until two were sent after the kill: on a loaded machine the
+                # wait for "every session running" could outlast a fixed count, and the failover
+                # then met no send at all
+                while len(got) < MESSAGES or (after < 2 and len(got) < MESSAGES * 6):
+                    was_killed = killed.is_set()
                     seen: Counter[int] = Counter()
-                    got.append(send_until_answered(c, sid, f"m{i}", seen))
+                    got.append(send_until_answered(c, sid, f"m{len(got)}", seen))
                     statuses.update(seen)
-                    if killed.is_set():
+                    if was_killed:
                         during.update(seen)
+                        after += 1
                     time.sleep(0.3)
                 accepted[sid] = got
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -118,7 +124,7 @@ def test_kill_9_a_redis_master_mid_run_loses_nothing_acknowledged(stack: Stack) 
             r = replay(log_of(api, sid))
             crashed_elsewhere += sid not in on_victim and "crashed" in r.ends.values()
             want = [a["message_id"] for a in accepted[sid]]
-            assert len(set(want)) == MESSAGES, (sid, want)
+            assert len(set(want)) == len(want) >= MESSAGES, (sid, want)
             assert r.starts == want, f"{sid}: ran {r.starts}, accepted {want}"
             outcomes.update(r.ends.values())
     print(f"failover: {len(on_victim)} of {SESSIONS} sessions on the killed master; replica promoted after "

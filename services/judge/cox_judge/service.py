@@ -8,7 +8,7 @@ In every kind the decision is made in code against ``approve_threshold``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from coxswain import rpc, subjects
 from coxswain.config import Settings
@@ -16,7 +16,9 @@ from coxswain.models import JudgeRequest, JudgeResult
 from coxswain.service import Service
 
 from . import rules
-from .model_judge import ModelJudge
+
+if TYPE_CHECKING:
+    from .model_judge import ModelJudge
 
 
 class Judge(Service):
@@ -24,8 +26,12 @@ class Judge(Service):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.model_judge = ModelJudge(settings.judge, settings.model.providers) if settings.judge.kind == "model" \
-            else None
+        self.model_judge: ModelJudge | None = None
+        if settings.judge.kind == "model":
+            # pydantic-ai only for a model judge: it is most of a rules judge's start otherwise
+            from .model_judge import ModelJudge
+
+            self.model_judge = ModelJudge(settings.judge, settings.model.providers)
 
     async def start(self) -> None:
         await self.endpoint(rpc.JUDGE_DECIDE, self.decide)
