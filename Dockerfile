@@ -16,7 +16,12 @@ ENV PATH=/opt/cox/bin:$PATH
 # this layer is rebuilt only when they change, not when a dev extra or a tool setting does.
 COPY deploy/images/wheels/ /tmp/wheels/
 COPY deploy/images/requirements.txt /tmp/requirements.txt
-RUN pip install $PIP_ARGS --find-links /tmp/wheels -r /tmp/requirements.txt
+# uv (a wheel among them) installs them in seconds; bytecode is compiled here, as pip would, since
+# the image's user cannot write it at run time.
+RUN pip install -q $PIP_ARGS --find-links /tmp/wheels uv \
+    && uv pip install -q --python /opt/cox/bin/python --compile-bytecode $PIP_ARGS --find-links /tmp/wheels \
+       -r /tmp/requirements.txt \
+    && pip uninstall -q -y uv
 COPY pyproject.toml README.md ./
 COPY shared shared
 COPY cli cli

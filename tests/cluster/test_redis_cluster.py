@@ -67,7 +67,7 @@ def test_kill_9_a_redis_master_mid_run_loses_nothing_acknowledged(stack: Stack) 
     def worker(sid: str) -> None:
         try:
             with stack.client(timeout=60) as c:
-                got = []
+                got: list[dict[str, Any]] = []
                 after = 0
                 # MESSAGES each, and on until two were sent after the kill: on a loaded machine the
                 # wait for "every session running" could outlast a fixed count, and the failover
