@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import httpx
 
@@ -30,7 +30,11 @@ from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
 from coxswain.proc import die_with_parent
 
+from . import zygote
 from .containers import NatsContainer, RedisContainer, docker_available
+
+Proc: TypeAlias = "subprocess.Popen[bytes] | zygote.Forked"
+"""A service process of a stack: a fresh interpreter, or a fork of the tests' fork server."""
 
 TOKEN = "test-token-local"
 OTHER_TOKEN = "test-token-other"
@@ -71,7 +75,7 @@ class Stack:
             # stream is kept on all three
             self.nats = NatsCluster(tmp / "nats-cluster", credentials=self.credentials)
             self.extra_env = {"COX_NATS__STREAM_REPLICAS": "3", **self.extra_env}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, Proc] = {}
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
 
@@ -108,14 +112,20 @@ class Stack:
                     raise RuntimeError(f"{name} did not start in time:\n{self.log(name)[-3000:]}")
                 time.sleep(0.1)
 
-    def spawn(self, instance: str, module: str) -> subprocess.Popen[bytes]:
+    def spawn(self, instance: str, module: str) -> Proc:
         log = open(self.logs / f"{instance}.log", "ab")
         env = {**self.env, **self.credentials.service_env(SERVICE_OF[module]),
                **(self.runner_env if module == "cox_runner" else {}), "COX_INSTANCE": instance}
-        proc = subprocess.Popen([sys.executable, "-m", module], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=die_with_parent)
-        log.close()
+        proc: Proc
+        if zygote.enabled():
+            # a fork of a process that has every service imported: see tests/support/zygote.py
+            log.close()
+            proc = zygote.spawn(module, env, self.logs / f"{instance}.log")
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", module], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=die_with_parent)
+            log.close()
         self.procs[instance] = proc
         return proc
 
