@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import shlex
@@ -25,7 +26,7 @@ from typing import Any
 
 import uvloop
 
-from . import floors, latency, memory, report, sandbox, sweep, toolcalls, traces
+from . import compare, floors, latency, memory, report, sandbox, sweep, toolcalls, traces
 from .client import Pool
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
@@ -232,7 +233,19 @@ def main() -> int:
     p.add_argument("--note", action="append", default=[], help="a note to print in RESULTS.md (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a count of bench/profiles.py, e.g. --set sweep_sessions=100,300 (repeatable)")
+    p.add_argument("--compare", nargs="?", const="", metavar="FILE",
+                   help="set every ratio beside those of FILE (default: the last committed full run) and "
+                        "list each that grew by more than 20%%")
     a = p.parse_args()
+    against: tuple[str, dict[str, Any]] | None = None
+    if a.compare is not None:
+        target = Path(a.compare) if a.compare else compare.last_committed()
+        if target is None:
+            p.error("--compare: no committed full run in bench/results/ to compare with")
+        try:
+            against = (target.name, compare.load(target))
+        except ValueError as exc:
+            p.error(str(exc))
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     unknown = only - set(PHASES)
     if unknown:
@@ -255,6 +268,10 @@ def main() -> int:
         run.res["meta"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         full = counts.name == "full" and only == set(PHASES)
         path, md = report.write(run.res, HERE / "results", HERE / "RESULTS.md" if full else None)
+        if against is not None:
+            run.res["comparison"] = cmp = compare.compare(run.res["rows"], against[1], against[0])
+            path.write_text(json.dumps(run.res, indent=1, default=str) + "\n")
+            md += "\n" + "\n".join(compare.markdown(cmp))
         print(md)
         log(f"results: {path}" + ("; table in bench/RESULTS.md" if full else ""))
         if not a.keep:

@@ -1,0 +1,98 @@
+"""``./dev bench --compare [FILE]``: this run's ratios beside a committed full run's.
+
+Every figure is matched by section and name. A ratio is value / floor (for a throughput, floor /
+value), so larger is worse on every row but the peer's, where the ratio is ours / theirs and
+whether larger is worse depends on the unit (a rate: better; a time, CPU or memory: worse). A row
+whose ratio grew by more than :data:`GREW` is a regression and listed first; so is a row of a
+figure the other run had that this one lost (a phase that failed). Ratios compare across
+machines and load, values do not: the floors are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+GREW = 0.20
+"""A ratio more than 20% larger than the committed run's is a regression."""
+RATES = ("/s",)
+
+
+def last_committed(results: Path = HERE / "results") -> Path | None:
+    """The newest full run committed to git (``<date>.json``, no suffix)."""
+    try:
+        out = subprocess.run(["git", "ls-files", str(results)], cwd=HERE.parent, capture_output=True, text=True,
+                             check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        out = [str(p.relative_to(HERE.parent)) for p in results.glob("*.json")]
+    full = sorted(p for p in out if p.endswith(".json") and "-" not in Path(p).stem)
+    return HERE.parent / full[-1] if full else None
+
+
+def _worse(row: dict[str, Any], before: float, now: float) -> float:
+    """How much worse ``now`` is than ``before`` as a fraction (negative: better)."""
+    if before == 0:
+        return 0.0
+    change = now / before - 1
+    if row["section"] == "peer" and any(row.get("unit", "").endswith(r) for r in RATES):
+        return -change  # ours / theirs of a rate: larger is better
+    return change
+
+
+def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str) -> dict[str, Any]:
+    before = {(r["section"], r["figure"]): r for r in other.get("rows") or []}
+    lines: list[dict[str, Any]] = []
+    for r in rows:
+        b = before.pop((r["section"], r["figure"]), None)
+        now, was = r.get("ratio"), (b or {}).get("ratio")
+        entry = {"section": r["section"], "figure": r["figure"], "ratio": now, "before": was, "change": None,
+                 "regressed": False}
+        if isinstance(now, (int, float)) and isinstance(was, (int, float)):
+            worse = _worse(r, was, now)
+            entry["change"] = round(worse, 3)
+            entry["regressed"] = worse > GREW
+        lines.append(entry)
+    # A figure of a section this run measured but without it: a phase failed or lost a row. A
+    # section this run did not measure at all (--only, no --peer) is only named.
+    measured = {r["section"] for r in rows}
+    lost = [{"section": s, "figure": f, "ratio": None, "before": b.get("ratio"), "change": None, "regressed": True}
+            for (s, f), b in before.items() if s in measured and isinstance(b.get("ratio"), (int, float))]
+    skipped = sorted({s for s, _ in before} - measured)
+    return {"against": name, "threshold": GREW, "rows": lines, "lost": lost, "not_measured": skipped,
+            "regressions": [x for x in lines if x["regressed"]] + lost}
+
+
+def markdown(cmp: dict[str, Any]) -> list[str]:
+    def fmt(v: Any) -> str:
+        return "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+
+    regs = cmp["regressions"]
+    out = [f"## Against {cmp['against']}", "",
+           (f"**{len(regs)} ratio(s) grew by more than {int(cmp['threshold'] * 100)}%** (worse):" if regs else
+            f"No ratio grew by more than {int(cmp['threshold'] * 100)}%."), ""]
+    for x in regs:
+        what = "gone from this run" if x["ratio"] is None else f"{fmt(x['before'])} -> {fmt(x['ratio'])} " \
+                                                               f"({x['change'] * 100:+.0f}% worse)"
+        out.append(f"- {x['section']} / {x['figure']}: {what}")
+    if cmp["not_measured"]:
+        out += ["", "Not measured in this run: " + ", ".join(cmp["not_measured"]) + "."]
+    out += ["", "| section | figure | ratio now | ratio then | worse by |", "|---|---|---|---|---|"]
+    for x in cmp["rows"]:
+        ch = "-" if x["change"] is None else f"{x['change'] * 100:+.0f}%"
+        out.append(f"| {x['section']} | {x['figure']} | {fmt(x['ratio'])} | {fmt(x['before'])} | "
+                   f"{ch}{' **regressed**' if x['regressed'] else ''} |")
+    out.append("")
+    return out
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--compare {path}: not a bench result ({exc})") from exc
+    if not isinstance(data.get("rows"), list):
+        raise ValueError(f"--compare {path}: not a bench result (no rows)")
+    return data
