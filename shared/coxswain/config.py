@@ -549,6 +549,8 @@ class Settings(BaseSettings):
     instance: str = ""
     """A name for this process in logs (cox up sets gateway, turn-runner-1, ...)."""
     log_level: str = "info"
+    loop_stall_ms: int = Field(1000, ge=0)
+    """Log ``loop.stalled`` (how long, and where) when one step holds the event loop longer; 0: off."""
 
     approval: ApprovalConfig = Field(default_factory=ApprovalConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)

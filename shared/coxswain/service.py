@@ -38,6 +38,7 @@ from . import __version__, bus, keys, logs, rpc, subjects
 from .config import Settings
 from .errors import CoxError, Invalid, Unavailable, describe
 from .models import Health
+from .stalls import StallWatch
 
 M = TypeVar("M", bound=BaseModel)
 Req = TypeVar("Req", bound=BaseModel)
@@ -301,6 +302,7 @@ class Service:
         self._stopping = False
         self._stopped = False
         self.started_at = time.time()
+        self.stall_watch: StallWatch | None = None
         self.fatal: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         """Set when a background task dies unexpectedly: ``main`` exits so ``cox up`` restarts it."""
 
@@ -351,6 +353,9 @@ class Service:
             await self.stop()
             raise
         self.log.info("service.started", frozen_objects=gc.get_freeze_count())
+        if self.settings.loop_stall_ms:  # from here on: the start itself may take its time
+            self.stall_watch = StallWatch(self.settings.loop_stall_ms, self.log)
+            self.stall_watch.start()
         return self
 
     async def __aexit__(
@@ -403,6 +408,8 @@ class Service:
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 await self._redis.aclose()
+        if self.stall_watch is not None:
+            await self.stall_watch.stop()
         self.log.info("service.stopped")
 
     async def before_cancel(self) -> None:

@@ -110,7 +110,20 @@ class Client:
             self.proc.wait(10)
             raise RuntimeError(f"the fork server did not start: {ready!r} (exit {self.proc.returncode})")
         self.proc.stdout.close()
+        import atexit
+
+        atexit.register(self.close)
         return self.path
+
+    def close(self) -> None:
+        """At exit: the server ends, and the kernel ends each service still running with it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
 
     def spawn(self, module: str, env: dict[str, str], log: Path, cwd: str | None = None) -> Forked:
         with self.lock:

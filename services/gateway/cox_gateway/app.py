@@ -8,6 +8,8 @@ routes use is the :class:`~.deps.Deps` built once at start, reached through Fast
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
@@ -29,4 +31,27 @@ def create_app(deps: Deps) -> FastAPI:
         app.include_router(router)
     if ops.STATIC.exists():
         app.mount("/static", StaticFiles(directory=ops.STATIC), name="static")
+    warm_routes(app)
     return app
+
+
+def warm_routes(app: FastAPI) -> None:
+    """Build every router's route state now, at start, not on its first request.
+
+    FastAPI (0.16x) builds an included router's routes (their dependency graphs and fields) the
+    first time a request is matched against it: 50-90 ms of CPU on the event loop, once per router,
+    inside some person's first request (tests/stack/test_loop_stalls.py found it). The hook is
+    FastAPI's own (``_IncludedRouter.effective_candidates``); where a version has no such thing,
+    nothing is warmed and the stall check says so.
+    """
+    from fastapi import routing
+
+    included = getattr(routing, "_IncludedRouter", None)
+    if included is None:
+        return
+    todo: list[Any] = list(app.router.routes)
+    while todo:
+        route = todo.pop()
+        if isinstance(route, included):
+            todo.extend(route.effective_candidates())
+            route.effective_low_priority_routes()
