@@ -105,10 +105,12 @@ async def run_drive(deps: Deps, d: Drive) -> None:
 
 
 async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, Plan | None]:
-    info = await deps.redis.hmget(keys.session(d.sid), ["workspace", "model"])
+    # The whole session once, here: the loop's load takes its plan and title from it too.
+    info = await deps.redis.hgetall(keys.session(d.sid))
     turn = Turn(
         sid=d.sid, turn_id=msg["turn_id"], token=d.token, message_id=msg["message_id"], text=msg["text"],
-        via=msg.get("mode") or "send", workspace=Path(info[0] or "."), model=info[1] or "script",
+        via=msg.get("mode") or "send", workspace=Path(info.get("workspace") or "."),
+        model=info.get("model") or "script", info=info,
     )
     if d.mcp is None and deps.settings.mcp.enabled():
         d.mcp = McpServers(deps.settings, deps.sandbox, deps.log.bind(sid=d.sid))

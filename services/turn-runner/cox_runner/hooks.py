@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,6 +269,35 @@ class Hooks:
         self.cfg = deps.settings.hooks
         self.sources: list[tuple[str, HooksSpec]] = []
         self.stop_continues = 0
+
+    def nothing_to_load(self) -> bool:
+        """True when :meth:`load` would find no hook, known from the config and two ``lstat`` calls
+        (no thread, no read): hooks off, or none in the config and the workspace's store folder a
+        real folder without a hooks file in it (or no store folder at all). Anything else (a
+        link, a file there, an error) is for :meth:`load` to read and judge."""
+        cfg = self.cfg
+        if not cfg.enabled:
+            return True
+        if cfg.inline or cfg.file is not None:
+            return False
+        if not cfg.workspace:
+            return True
+        store = os.path.join(self.turn.workspace, self.deps.settings.store_dir)
+        try:
+            st = os.lstat(store)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+        try:
+            os.lstat(os.path.join(store, HOOKS_FILE))
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def load(self) -> None:
         """Read the config's hooks and the workspace's ``<store_dir>/hooks.json`` (no link followed).

@@ -151,12 +151,13 @@ class TurnLoop:
             # events.read flushes the outbox and reads the log up to the session's seq.
             self.rec.history = transcript.build(await self.deps.events.read(t.sid))
         await self.deps.models.load(t.model)
-        found = await asyncio.to_thread(instructions.read_agents_md, t.workspace)
+        found = await instructions.agents_md(t.workspace)
         if found is not None:
             self.agents, digest = found
             self.log.info("agents_md.read", sha256=digest, chars=len(self.agents))
-        info = await self.deps.redis.hgetall(keys.session(t.sid))
-        t.info = info
+        if not t.info:  # read by the drive as the turn began (every turn but a test's own)
+            t.info = await self.deps.redis.hgetall(keys.session(t.sid))
+        info = t.info
         plan_raw = info.get("plan")
         plan = Plan(**json.loads(plan_raw)) if plan_raw else None
         if plan is not None and plan.turn_id != t.turn_id:
@@ -232,7 +233,10 @@ class TurnLoop:
         """Load the turn's hooks; on a turn that starts on a message, its UserPromptSubmit hooks."""
         t = self.turn
         try:
-            await asyncio.to_thread(self.hooks.load)
+            if self.hooks.nothing_to_load():
+                self.hooks.sources = []
+            else:
+                await asyncio.to_thread(self.hooks.load)
         except hookspec.BadHooks as exc:
             raise EndTurn(Ending("error", detail=f"hooks: {exc}")) from exc
         if t.via not in ("send", "queue", "steer") or not self.hooks.has("UserPromptSubmit"):
