@@ -67,6 +67,9 @@ async def finish_op(deps: Deps, d: Drive) -> None:
 
 
 async def run_drive(deps: Deps, d: Drive) -> None:
+    # Yield once first: the drive is started by the send that took the lease, and that send's
+    # 202 (queued behind this task on the loop) goes out before the turn's first read.
+    await asyncio.sleep(0)
     log = deps.log.bind(sid=d.sid)
     d.self_fence = deps.settings.runner.self_fence
     d.arm(deps.settings.runner.lease_ms, d.acquired, _expired(deps))
