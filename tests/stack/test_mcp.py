@@ -402,7 +402,9 @@ def test_a_server_killed_mid_turn_is_an_event_and_its_tools_are_withdrawn(stack:
         {"tools": [tool("tiny__echo", text="after the kill")]},
         {"text": "carried on"},
     ))
-    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    # The session's first turn starts its servers first (each bounded by start_timeout_s, 30 s):
+    # on a loaded machine the call comes later than the default 20 s wait.
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=60)
     api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
     procs = _servers_in(ws)
     assert procs, "the stdio server runs with the workspace as its folder"
@@ -498,7 +500,9 @@ def test_a_runner_that_dies_mid_call_takes_its_server_along_and_the_call_is_clos
     sid, ws = s["id"], Path(s["workspace"]).resolve()
     after = int(api.session(sid)["last_seq"])
     api.send(sid, script({"tools": [tool("tiny__slow", seconds=60)]}, {"text": "not reached"}))
-    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    # The session's first turn starts its servers first (each bounded by start_timeout_s, 30 s):
+    # on a loaded machine the call comes later than the default 20 s wait.
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=60)
     api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
     procs = _servers_in(ws)
     assert procs
