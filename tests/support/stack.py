@@ -113,19 +113,18 @@ class Stack:
                 time.sleep(0.1)
 
     def spawn(self, instance: str, module: str) -> Proc:
-        log = open(self.logs / f"{instance}.log", "ab")
+        path = self.logs / f"{instance}.log"
         env = {**self.env, **self.credentials.service_env(SERVICE_OF[module]),
                **(self.runner_env if module == "cox_runner" else {}), "COX_INSTANCE": instance}
         proc: Proc
         if zygote.enabled():
             # a fork of a process that has every service imported: see tests/support/zygote.py
-            log.close()
-            proc = zygote.spawn(module, env, self.logs / f"{instance}.log")
+            proc = zygote.spawn(module, env, path)
         else:
-            proc = subprocess.Popen([sys.executable, "-m", module], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=die_with_parent)
-            log.close()
+            with open(path, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", module], env=env,
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        preexec_fn=die_with_parent)
         self.procs[instance] = proc
         return proc
 

@@ -233,9 +233,7 @@ class TurnLoop:
         """Load the turn's hooks; on a turn that starts on a message, its UserPromptSubmit hooks."""
         t = self.turn
         try:
-            if self.hooks.nothing_to_load():
-                self.hooks.sources = []
-            else:
+            if not self.hooks.nothing_to_load():  # a new Hooks per turn: no sources until loaded
                 await asyncio.to_thread(self.hooks.load)
         except hookspec.BadHooks as exc:
             raise EndTurn(Ending("error", detail=f"hooks: {exc}")) from exc
