@@ -51,3 +51,27 @@ def test_awaiting_is_never_a_stall() -> None:
             await asyncio.sleep(0.01)
 
     assert asyncio.run(run(work)).seen == []
+
+
+def test_a_blocking_sleep_is_named_blocked_and_not_cpu() -> None:
+    async def work() -> None:
+        a_blocking_parse()
+
+    kw = asyncio.run(run(work)).seen[0][1]
+    assert kw["blocked_ms"] >= 250, kw  # asleep in the kernel through most of it
+    assert kw["cpu_ms"] < 200, kw
+
+
+def test_a_busy_loop_is_named_by_its_cpu() -> None:
+    def spin() -> None:
+        end = time.thread_time() + 0.6  # 600 ms of this thread's own CPU, however loaded the machine
+        while time.thread_time() < end:
+            pass
+
+    async def work() -> None:
+        spin()
+
+    kw = asyncio.run(run(work)).seen[0][1]
+    assert kw["cpu_ms"] >= 500, kw
+    assert kw["blocked_ms"] < 250, kw
+    assert any("spin" in frame for frame in kw["where"]), kw["where"]
