@@ -155,7 +155,7 @@ def test_a_judge_run_declines_what_the_judge_refuses_without_asking(stack: Stack
 def test_a_turn_that_hits_a_hard_limit_continues_with_its_plan_and_completes_in_turn_2(
         stack: Stack, api: Api) -> None:
     text = script({"tools": [tool("plan_write", steps=["look", "look again", "report"]), tool("plan_step", step=1),
-                             tool("list_dir", path="."), tool("list_dir", path=".")]},
+                             tool("find_files", pattern="*.a"), tool("find_files", pattern="*.b")]},
                   {"tools": [tool("plan_step", step=2)]},
                   {"text": "Reported."})
     run = start(api, text, workspace="run-continue")
@@ -173,7 +173,8 @@ def test_a_turn_that_hits_a_hard_limit_continues_with_its_plan_and_completes_in_
 
 
 def test_max_turns_ends_the_run(stack: Stack, api: Api) -> None:
-    steps = [{"tools": [tool("list_dir", path=".")] * 4} for _ in range(5)]
+    # every call a different one: the progress guard (same call, same result) never ends a turn first
+    steps = [{"tools": [tool("find_files", pattern=f"*{t}{i}") for i in range(4)]} for t in range(5)]
     run = start(api, script(*steps), workspace="run-max", max_turns=2)
     sid = run["session_id"]
     end, evs = run_end(api, sid)
