@@ -208,7 +208,7 @@ def test_send_queue_and_steer_answer_run_active_stop_ends_the_run_and_a_send_goe
 
     run2 = start(api, SLOW, workspace="run-stop-2", unattended=True)
     sid2 = run2["session_id"]
-    api.wait_type(sid2, "assistant.delta")
+    api.wait_type(sid2, "turn.start")
     r = api.http.post(f"/v1/sessions/{sid2}/lead", json={"text": "look here"})
     assert r.status_code == 409 and r.json()["error"] == "run_active"
     r = api.http.post(f"/v1/sessions/{sid2}/stop")
