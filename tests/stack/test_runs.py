@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.checks import calls_closed, of_type, one, seqs_rise
 from tests.support.stack import OTHER_TOKEN, Api, Stack, script, stack_fixture, tool
@@ -343,6 +344,7 @@ def _working(evs: list[dict[str, Any]]) -> tuple[int, int]:
     return first["ts"], one(evs, "turn.end")["ts"]
 
 
+@pytest.mark.serial  # bounds how long the person's turn takes: alone, not beside other stacks
 def test_max_active_bounds_the_run_turns_at_once_and_a_person_is_not_kept_waiting(stack: Stack, api: Api) -> None:
     n = 5
     slow = script({"text": "one two three four five six", "delay_ms": 1500})
