@@ -52,6 +52,7 @@ from .sweep_plan import (
     reconcile,
     resume,
     started,
+    sweep_tag,
 )
 from .sweep_report import Tally, View, result, summarize, summary_table
 
@@ -111,6 +112,7 @@ class Sweep:
     def __init__(self, api: ChatApi, checker: ChatApi, out: Path, confirm: str, parallel: int, as_json: bool) -> None:
         self.api, self.checker = api, checker
         self.out, self.confirm, self.parallel, self.as_json = out, confirm, parallel, as_json
+        self.tag = sweep_tag(out)
         self.claimed: set[str] = set()
         self.err = Console(stderr=True, highlight=False)
         self.stdout = Console(highlight=False)
@@ -222,11 +224,14 @@ class Sweep:
             body = {"command": unit.task.check}
             try:
                 checked = await retrying(lambda: self.checker.call("POST", self.api.s(sid, "/check"), body))
-                exit_code = int(checked["exit_code"])
             except ApiError as exc:
                 if exc.status in RETRIED:
                     raise
                 error = f"check: {exc.code}: {exc.detail}"
+            else:
+                exit_code = checked.get("exit_code")
+                if exit_code is None:
+                    error = "check: it could not run or timed out: " + str(checked.get("output", ""))[-300:]
         session = await retrying(lambda: self.api.session(sid))
         return result(unit.task.id, unit.model, sid, tally, session, exit_code, unit.task.check is not None, error)
 
@@ -235,6 +240,8 @@ class Sweep:
                                 "unattended": True}
         if unit.task.template is not None:
             body["template"] = unit.task.template
+        else:
+            body["workspace"] = unit.workspace(self.tag)
         if unit.task.max_turns is not None:
             body["max_turns"] = unit.task.max_turns
         return body
@@ -277,9 +284,9 @@ class Sweep:
             page = await retrying(partial(self.api.call, "GET", "/v1/runs", params={"state": st}))
             sessions.extend(page.get("runs", []))
         texts: dict[str, str | None] = {}
-        for sid in candidates(unsure, sessions, self.claimed):
+        for sid in candidates(unsure, sessions, self.claimed, self.tag):
             texts[sid] = await self.first_text(sid)
-        return reconcile(unsure, sessions, texts, self.claimed, self.confirm)
+        return reconcile(unsure, sessions, texts, self.claimed, self.confirm, self.tag)
 
     async def first_text(self, sid: str) -> str | None:
         batch = await retrying(lambda: self.api.call("GET", self.api.s(sid, "/events"),

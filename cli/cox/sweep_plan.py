@@ -7,13 +7,20 @@ journal beside it, and which runs a resumed sweep re-attaches to. No I/O to the 
 a result, re-attaches to the started sessions, and for an intent with no session (the sweep died
 between the POST and the journal write, or the POST's answer was lost) looks the run up among
 the principal's runs (``GET /v1/runs``) before it would start another: :func:`reconcile` takes the
-run on the task's model and workspace (``<template>-run-<n>``), with the task's prompt as its
-first message and settings, created nearest the intent, and not already some other task's. Only
-when there is none is the task started again, which is then right: its POST never made a run.
+run on the task's model and workspace (``<template>-run-<n>``, or the task's own folder), with
+the task's prompt as its first message and settings, created nearest the intent, and not already
+some other task's. Only when there is none is the task started again, which is then right: its
+POST never made a run.
+
+**Workspaces.** A task with a ``template`` runs in the server's fresh copy of it. A task without
+one runs in a folder of its own named for the sweep, the task and the model
+(:func:`own_workspace`: ``sweep-<results file>-<hash of its path>-<id>-<model>``), made by the
+run, so that tasks never share files and a sweep's folders are found by name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -135,6 +142,33 @@ class Unit:
     def key(self) -> Key:
         return (self.task.id, self.model)
 
+    def workspace(self, tag: str) -> str | None:
+        """The folder this unit runs in when it has no template (None: the template's copy)."""
+        return None if self.task.template is not None else own_workspace(tag, self)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _slug(text: str, width: int) -> str:
+    """``text`` as a folder-name part: safe characters only, and a hash of it when it had others
+    (or was longer), so two different texts never give one name."""
+    slug = _UNSAFE.sub("_", text).strip("._") or "x"
+    if slug == text and len(slug) <= width:
+        return slug
+    return f"{slug[:width]}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
+
+
+def sweep_tag(out: Path) -> str:
+    """The prefix of this sweep's own workspaces: its results file's name and a hash of its path
+    (the same sweep resumed has the same tag; another results file, another one)."""
+    digest = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:6]
+    return f"sweep-{_slug(out.stem, 24)}-{digest}"
+
+
+def own_workspace(tag: str, unit: Unit) -> str:
+    return f"{tag}-{_slug(unit.task.id, 60)}-{_slug(unit.model, 40)}"
+
 
 def plan(tasks: list[Task], models: list[str] | None, default_model: str, known: Iterable[str]) -> list[Unit]:
     """Every (task, model) to run, in file order: each task on each of ``--models``, else on its
@@ -248,24 +282,24 @@ def resume(results: list[dict[str, Any]], journal: list[dict[str, Any]]) -> Resu
     return r
 
 
-def workspace_fits(unit: Unit, workspace: str) -> bool:
+def workspace_fits(unit: Unit, tag: str, workspace: str) -> bool:
     """Could the run of ``unit`` have this workspace? A template's copy is ``<template>-run-<n>``."""
     if unit.task.template is None:
-        return True
+        return workspace == own_workspace(tag, unit)
     return re.fullmatch(re.escape(unit.task.template.strip("/")) + r"-run-\d+", workspace) is not None
 
 
-def run_fits(unit: Unit, session: dict[str, Any], confirm: str, first_text: str | None) -> bool:
+def run_fits(unit: Unit, tag: str, session: dict[str, Any], confirm: str, first_text: str | None) -> bool:
     """Is this session (with its ``run``) what the POST of ``unit`` would have made?"""
     run = session.get("run") or {}
-    return (session.get("model") == unit.model and workspace_fits(unit, str(session.get("workspace", "")))
+    return (session.get("model") == unit.model and workspace_fits(unit, tag, str(session.get("workspace", "")))
             and run.get("unattended") is True and run.get("confirm") == confirm
             and (unit.task.max_turns is None or run.get("max_turns") == unit.task.max_turns)
             and first_text == unit.task.prompt)
 
 
 def reconcile(unsure: dict[Unit, int], sessions: list[dict[str, Any]], first_texts: dict[str, str | None],
-              claimed: set[str], confirm: str) -> dict[Key, str]:
+              claimed: set[str], confirm: str, tag: str) -> dict[Key, str]:
     """The session each unsure intent made, for those that made one (see the module docstring).
 
     ``sessions`` are the principal's runs, ``first_texts`` the text of each one's first
@@ -277,7 +311,7 @@ def reconcile(unsure: dict[Unit, int], sessions: list[dict[str, Any]], first_tex
     for unit, at in sorted(unsure.items(), key=lambda kv: (kv[1], kv[0].key)):
         fits = [s for s in sessions
                 if str(s["id"]) not in taken and int(s.get("created") or 0) >= at - SKEW_MS
-                and run_fits(unit, s, confirm, first_texts.get(str(s["id"])))]
+                and run_fits(unit, tag, s, confirm, first_texts.get(str(s["id"])))]
         if not fits:
             continue
         best = min(fits, key=lambda s: (abs(int(s.get("created") or 0) - at), str(s["id"])))
@@ -286,12 +320,12 @@ def reconcile(unsure: dict[Unit, int], sessions: list[dict[str, Any]], first_tex
     return found
 
 
-def candidates(unsure: dict[Unit, int], sessions: list[dict[str, Any]], claimed: set[str]) -> Iterator[str]:
+def candidates(unsure: dict[Unit, int], sessions: list[dict[str, Any]], claimed: set[str], tag: str) -> Iterator[str]:
     """The sessions whose first message :func:`reconcile` needs to see (it is not in the session
     object): the unclaimed runs on a model, and in a workspace, some unsure intent could have."""
     for s in sessions:
         sid = str(s["id"])
         if sid in claimed:
             continue
-        if any(s.get("model") == u.model and workspace_fits(u, str(s.get("workspace", ""))) for u in unsure):
+        if any(s.get("model") == u.model and workspace_fits(u, tag, str(s.get("workspace", ""))) for u in unsure):
             yield sid

@@ -5,6 +5,7 @@ was never recorded finds its run among the principal's runs, never another task'
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ from cox.sweep_plan import (
     reconcile,
     resume,
     started,
+    sweep_tag,
 )
 
 T0 = 1_800_000_000_000
+TAG = "sweep-r-abc123"
 
 
 def unit(tid: str, prompt: str = "do it", model: str = "script", template: str | None = "repo", **kw: Any) -> Unit:
@@ -93,24 +96,38 @@ def test_an_unsure_intent_finds_the_run_it_made_and_nothing_else() -> None:
         session("s_yolo", T0 + 20, confirm="yolo"),                # other settings
         session("s_mine", T0 + 60, workspace="repo-run-12"),
     ]
-    assert reconcile({u: T0}, sessions, texts, {"s_taken"}, "person") == {("t1", "script"): "s_mine"}
-    assert set(candidates({u: T0}, sessions, {"s_taken"})) == {"s_old", "s_other", "s_yolo", "s_mine"}
+    assert reconcile({u: T0}, sessions, texts, {"s_taken"}, "person", TAG) == {("t1", "script"): "s_mine"}
+    assert set(candidates({u: T0}, sessions, {"s_taken"}, TAG)) == {"s_old", "s_other", "s_yolo", "s_mine"}
     # the run was never made: nothing fits, the task is started again
-    assert reconcile({u: T0}, [s for s in sessions if s["id"] != "s_mine"], texts, {"s_taken"}, "person") == {}
+    assert reconcile({u: T0}, [s for s in sessions if s["id"] != "s_mine"], texts, {"s_taken"}, "person", TAG) == {}
 
 
 def test_max_turns_and_a_task_without_template_are_matched_too() -> None:
     u = unit("t", template=None, max_turns=3)
-    texts = {"s1": "do it", "s2": "do it"}
-    sessions = [session("s1", T0 + 5, workspace="anything"), session("s2", T0 + 6, workspace="x", max_turns=3)]
-    assert reconcile({u: T0}, sessions, texts, set(), "person") == {("t", "script"): "s2"}
+    own = u.workspace(TAG)
+    assert own == "sweep-r-abc123-t-script"
+    texts = {"s1": "do it", "s2": "do it", "s3": "do it"}
+    sessions = [session("s1", T0 + 5, workspace=own), session("s2", T0 + 6, workspace=own, max_turns=3),
+                session("s3", T0 + 6, workspace="elsewhere", max_turns=3)]
+    assert reconcile({u: T0}, sessions, texts, set(), "person", TAG) == {("t", "script"): "s2"}
+
+
+def test_a_task_without_template_has_a_folder_of_its_own_per_sweep_and_model(tmp_path: Path) -> None:
+    tag = sweep_tag(tmp_path / "results.jsonl")
+    assert re.fullmatch(r"sweep-results-[0-9a-f]{6}", tag)
+    assert tag == sweep_tag(tmp_path / "." / "results.jsonl"), "the same file resumed: the same folders"
+    assert tag != sweep_tag(tmp_path / "other" / "results.jsonl")
+    names = {unit(i, template=None, model=m).workspace(tag) for i in ("a/b", "a_b", "a b", "..") for m in ("x", "y")}
+    assert len(names) == 8, "ids that slug alike still get folders of their own"
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", n) and not n.startswith(".") for n in names), names
+    assert unit("a", template="repo").workspace(tag) is None
 
 
 def test_identical_tasks_in_flight_together_each_get_one_run_nearest_their_intent() -> None:
     first, second, third = unit("a"), unit("b"), unit("c")
     sessions = [session("s_2", T0 + 1010, workspace="repo-run-2"), session("s_1", T0 + 15, workspace="repo-run-1")]
     texts = {"s_1": "do it", "s_2": "do it"}
-    found = reconcile({second: T0 + 1000, first: T0, third: T0 + 2000}, sessions, texts, set(), "person")
+    found = reconcile({second: T0 + 1000, first: T0, third: T0 + 2000}, sessions, texts, set(), "person", TAG)
     # each run once; the third intent's POST made nothing, so it starts afresh
     assert found == {("a", "script"): "s_1", ("b", "script"): "s_2"}
 
