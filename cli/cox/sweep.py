@@ -28,6 +28,7 @@ from .run import (
     EXIT_COMPLETED,
     EXIT_OTHERWISE,
     EXIT_USAGE,
+    OUTAGE_S,
     RETRIED,
     RUN_END,
     GatewayLost,
@@ -59,6 +60,9 @@ from .sweep_report import Tally, View, result, summarize, summary_table
 MAX_PARALLEL = 64
 """More runs at once than this would hold more event reads than a principal may
 (``[gateway] max_streams_per_principal``, 100) beside the console's."""
+RUNS_LIMIT = 10_000
+"""The most runs ``GET /v1/runs`` lists, newest first: a run an unsure intent made is among the
+newest (the principal's runs made since are at most the sweep's own, N at a time)."""
 CHECK_TIMEOUT_S = 3700.0
 """The HTTP wait for a check: the sandbox bounds the command itself (``timeout_s`` up to an hour)."""
 
@@ -221,9 +225,8 @@ class Sweep:
                 break
         exit_code, error = None, None
         if unit.task.check:
-            body = {"command": unit.task.check}
             try:
-                checked = await retrying(lambda: self.checker.call("POST", self.api.s(sid, "/check"), body))
+                checked = await self.check(sid, unit.task.check)
             except ApiError as exc:
                 if exc.status in RETRIED:
                     raise
@@ -234,6 +237,20 @@ class Sweep:
                     error = "check: it could not run or timed out: " + str(checked.get("output", ""))[-300:]
         session = await retrying(lambda: self.api.session(sid))
         return result(unit.task.id, unit.model, sid, tally, session, exit_code, unit.task.check is not None, error)
+
+    async def check(self, sid: str, command: str) -> dict[str, Any]:
+        """``POST .../check``, again while the session is busy (a turn someone else began after the
+        run's end) for up to :data:`run.OUTAGE_S`, and while the gateway is away."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + OUTAGE_S
+        while True:
+            try:
+                return dict(await retrying(partial(self.checker.call, "POST", self.api.s(sid, "/check"),
+                                                   {"command": command})))
+            except ApiError as exc:
+                if exc.code != "busy" or loop.time() > deadline:
+                    raise
+            await asyncio.sleep(1.0)
 
     def body(self, unit: Unit) -> dict[str, Any]:
         body: dict[str, Any] = {"text": unit.task.prompt, "model": unit.model, "confirm": self.confirm,
@@ -279,10 +296,8 @@ class Sweep:
 
     async def find(self, unsure: dict[Unit, int]) -> dict[Key, str]:
         """The sessions that unsure intents made (:func:`sweep_plan.reconcile`)."""
-        sessions: list[dict[str, Any]] = []
-        for st in ("running", "ended"):
-            page = await retrying(partial(self.api.call, "GET", "/v1/runs", params={"state": st}))
-            sessions.extend(page.get("runs", []))
+        page = await retrying(partial(self.api.call, "GET", "/v1/runs", params={"limit": RUNS_LIMIT}))
+        sessions: list[dict[str, Any]] = page.get("runs", [])
         texts: dict[str, str | None] = {}
         for sid in candidates(unsure, sessions, self.claimed, self.tag):
             texts[sid] = await self.first_text(sid)

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,7 +298,7 @@ def run_fits(unit: Unit, tag: str, session: dict[str, Any], confirm: str, first_
             and first_text == unit.task.prompt)
 
 
-def reconcile(unsure: dict[Unit, int], sessions: list[dict[str, Any]], first_texts: dict[str, str | None],
+def reconcile(unsure: dict[Unit, int], sessions: list[dict[str, Any]], first_texts: Mapping[str, str | None],
               claimed: set[str], confirm: str, tag: str) -> dict[Key, str]:
     """The session each unsure intent made, for those that made one (see the module docstring).
 

@@ -19,6 +19,7 @@ from cox.sweep_plan import (
     Unit,
     candidates,
     intent,
+    own_workspace,
     read_jsonl,
     reconcile,
     resume,
@@ -117,7 +118,7 @@ def test_a_task_without_template_has_a_folder_of_its_own_per_sweep_and_model(tmp
     assert re.fullmatch(r"sweep-results-[0-9a-f]{6}", tag)
     assert tag == sweep_tag(tmp_path / "." / "results.jsonl"), "the same file resumed: the same folders"
     assert tag != sweep_tag(tmp_path / "other" / "results.jsonl")
-    names = {unit(i, template=None, model=m).workspace(tag) for i in ("a/b", "a_b", "a b", "..") for m in ("x", "y")}
+    names = {own_workspace(tag, unit(i, template=None, model=m)) for i in ("a/b", "a_b", "a b", "..") for m in ("x", "y")}
     assert len(names) == 8, "ids that slug alike still get folders of their own"
     assert all(re.fullmatch(r"[A-Za-z0-9_.-]+", n) and not n.startswith(".") for n in names), names
     assert unit("a", template="repo").workspace(tag) is None
