@@ -286,9 +286,9 @@ async def _drive(api: ChatApi, body: dict[str, Any], as_json: bool) -> int:
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         for t in (reader, stopper):
-            if t is not None and not t.done():
+            if t is not None:
                 t.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(BaseException):  # its end was handled, or does not matter now
                     await t
 
 

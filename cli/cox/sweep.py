@@ -118,8 +118,9 @@ class Sweep:
         self.out, self.confirm, self.parallel, self.as_json = out, confirm, parallel, as_json
         self.tag = sweep_tag(out)
         self.claimed: set[str] = set()
-        self.err = Console(stderr=True, highlight=False)
-        self.stdout = Console(highlight=False)
+        # lines are never wrapped (a pipe would get them cut at 80 columns); the table gets room
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self.lost: str | None = None
 
     async def main(self, tasks: list[Any], models: list[str] | None) -> int:
