@@ -144,6 +144,10 @@ _LEASES = f"{keys.LEASES_PREFIX}*"
 _DIRTY = f"{keys.DIRTY_PREFIX}*"
 _ACTIVE = f"{keys.ACTIVE_PREFIX}*"
 _WORKSPACES = f"{keys.PREFIX}:{keys.WS_TAG}:*"
+_RUNS = f"{keys.PREFIX}:runs:*"
+"""Each principal's runs (``GET /v1/runs``)."""
+_RUN_SLOTS = f"{keys.PREFIX}:{keys.RUNS_TAG}:*"
+"""The stack's run slots (``[runs] max_active``)."""
 # the cluster client learns the slot map (CLUSTER SLOTS / SHARDS) and key positions (COMMAND,
 # in @connection); harmless against one server
 _CLUSTER = ("+cluster|slots", "+cluster|shards", "+cluster|info", "+cluster|nodes", "+cluster|myid")
@@ -151,12 +155,12 @@ _CONNECTION = ("resetchannels", "-@all", "+@connection")
 
 REDIS: Final[Mapping[str, tuple[str, ...]]] = {
     ADMIN: ("~*", "&*", "+@all"),
-    GATEWAY: (f"%R~{_SESSIONS}", f"%R~{_PRINCIPALS}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+@transaction",
+    GATEWAY: (f"%R~{_SESSIONS}", f"%R~{_PRINCIPALS}", f"%R~{_RUNS}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+@transaction",
               "-@dangerous", *_CLUSTER),
     VERSIONS: (f"%R~{_SESSIONS}", f"~{keys.VERSIONS_MAC_KEY}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+set",
                "-@dangerous", *_CLUSTER),
     RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{_LEASES}", f"~{_DIRTY}", f"~{_ACTIVE}", f"~{keys.META}",
-             f"~{_WORKSPACES}", *_CONNECTION,
+             f"~{_WORKSPACES}", f"~{_RUNS}", f"~{_RUN_SLOTS}", *_CONNECTION,
              "+@read", "+@write", "+@transaction", "+fcall", "+function|load", "+time", "-@dangerous",
              # the runner's start-up check that Redis fsyncs every write (appendfsync always)
              "+config|get", *_CLUSTER),

@@ -433,6 +433,15 @@ class SessionsConfig(_Section):
     sweeper in a cluster)."""
 
 
+class RunsConfig(_Section):
+    """Runs: sessions whose turns the program drives (docs/api.md, "Runs"; docs/design.md, "Runs")."""
+
+    max_active: int = Field(8, ge=1, le=100_000)
+    """Run turns the whole stack drives at once (a semaphore in Redis, its slots leased and
+    renewed like the session leases). A run turn over the bound waits, queued, for a slot; an
+    interactive turn never waits for one."""
+
+
 class ShareConfig(_Section):
     """One ``[[auth.shares]]`` entry: a workspace its owner shares with other principals."""
 
@@ -568,6 +577,7 @@ class Settings(BaseSettings):
     notify: NotifyConfig = Field(default_factory=NotifyConfig)
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    runs: RunsConfig = Field(default_factory=RunsConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

@@ -8,7 +8,7 @@
     ├── NotFound                  not_found       404   also: another principal's session
     │   └── Collected             collected       410   a version the retention policy removed
     ├── Conflict                  (various)       409   busy, not_accepting, no_turn, lead_closed,
-    │   │                                               resolved, fenced
+    │   │                                               resolved, fenced, run_active
     │   └── WorkspaceNested       workspace_nested 409  inside or around another workspace
     ├── TooLarge                  too_large       413
     ├── TooManyPending            too_many_pending 429
@@ -112,6 +112,13 @@ class Fenced(Conflict):
     code = "fenced"
 
 
+class RunActive(Conflict):
+    """A run drives the session: a send, queue, steer (or a Lead into an unsupervised run) waits
+    for ``run.end`` or a Stop."""
+
+    code = "run_active"
+
+
 class WorkspaceNested(Conflict):
     """A new workspace inside another one, or holding one."""
 
@@ -149,7 +156,7 @@ _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
-        LeadClosed, Resolved, Fenced, WorkspaceInvalid, WorkspaceNested, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
+        LeadClosed, Resolved, Fenced, RunActive, WorkspaceInvalid, WorkspaceNested, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
     )
 }
 

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-Via = Literal["send", "queue", "steer", "lead", "approval"]
+Via = Literal["send", "queue", "steer", "lead", "approval", "run"]
+"""``run``: the ``continue`` a run sends when a turn of it ended without finishing (docs/api.md, Runs)."""
 Outcome = Literal[
     "completed", "empty", "output_limit", "error", "stopped", "canceled",
     "hard_budget", "spend_limit", "stuck", "crashed", "unavailable", "context_full",
@@ -44,7 +45,8 @@ SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", 
 instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``/``unavailable``: the
 turn ended so."""
 Verdict = Literal["allow", "ask", "refuse"]
-Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox", "hook"]
+Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox", "hook", "run"]
+"""``run``: a run's own rule answered (``confirm: "yolo"`` allowed, or an unattended run declined)."""
 
 
 class _Event(BaseModel):
@@ -258,6 +260,43 @@ class Observed(_Event):
     exit_code: int | None = None
 
 
+class Check(_Event):
+    """``POST /v1/sessions/{sid}/check``: the session's owner ran a shell command in the sandbox
+    in the workspace, outside any turn and without approval (a benchmark's own check); exit code
+    0 is a pass."""
+
+    type: Literal["check"] = "check"
+    command: str
+    exit_code: int | None = None
+    """None: the command could not run (the sandbox is unavailable) or was killed at its time-out."""
+
+
+RunConfirm = Literal["person", "judge", "yolo"]
+RunOutcome = Literal[
+    "completed", "stopped", "max_turns", "empty", "output_limit", "error", "canceled", "hard_budget",
+    "spend_limit", "stuck", "crashed", "unavailable", "context_full",
+]
+"""``completed``, ``stopped`` (a person's Stop), ``max_turns``, or the last turn's outcome when
+the run cannot continue."""
+
+
+class RunStart(_Event):
+    """The session is a run: its turns are driven by the program (docs/api.md, "Runs")."""
+
+    type: Literal["run.start"] = "run.start"
+    confirm: RunConfirm
+    unattended: bool
+    max_turns: int
+
+
+class RunEnd(_Event):
+    """The run ended: the session is an ordinary chat from here on."""
+
+    type: Literal["run.end"] = "run.end"
+    outcome: RunOutcome
+    turns: int
+
+
 class PlanWrite(_Event):
     type: Literal["plan.write"] = "plan.write"
     steps: list[str]
@@ -454,7 +493,7 @@ Event = Annotated[
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
     | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
     | SessionArchived | SessionRestored | SessionRewound | SessionForked
-    | HookDecision | McpServer | NetworkRequest,
+    | HookDecision | McpServer | NetworkRequest | Check | RunStart | RunEnd,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

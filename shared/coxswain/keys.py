@@ -74,6 +74,9 @@ SESSION_FIELDS: Final[Mapping[str, str]] = MappingProxyType({
     "usage_cache_read_tokens": "tokens read from a provider's prompt cache so far",
     "usage_cache_write_tokens": "tokens written to a provider's prompt cache so far",
     "usage_cost": "USD so far (a float, rounded to 8 places when read)",
+    # runs (cox_run; cox_turn_end goes on with a run or ends it)
+    "run": "JSON of the session's run ({state: running|ended, confirm, unattended, max_turns, turns, outcome?, "
+           "last?}); absent for a chat",
 })
 """The fields of the session hash (:func:`session`), each with what it holds. Every value is a
 string. The Lua library writes most of them; the runner adds ``plan``, ``mcp`` and ``usage_*``
@@ -187,6 +190,20 @@ WS_NAMES: Final = "cox:{ws}:names"
 def ws_principal(name: str) -> str:
     """zset workspace name -> claimed ms: the workspaces ``name`` owns (for its listing)."""
     return f"cox:{WS_TAG}:p:{check_id(name, 'principal')}"
+
+
+RUNS_TAG: Final = "{runs}"
+RUN_SLOTS: Final = "cox:{runs}:slots"
+"""zset ``runner|sid|token`` -> lease expiry ms: the run turns driven now, at most ``[runs]
+max_active`` (``cox_run_slots``). A slot lapses unless its holder renews it, like a session lease."""
+RUN_POLLERS: Final = "cox:{runs}:pollers"
+"""zset runner -> expiry ms: the runners with run turns waiting for a slot (each gets its share)."""
+
+
+def runs_of(name: str) -> str:
+    """zset sid -> created ms: the runs one principal started (``GET /v1/runs``). Written before
+    the run's session is created, like :func:`principal`."""
+    return f"cox:runs:{check_id(name, 'principal')}"
 
 
 def principal(name: str) -> str:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from .events import Actor, Verdict
+from .events import Actor, RunConfirm, RunOutcome, Verdict
 from .ids import ID_RE
 
 
@@ -86,6 +86,31 @@ class ObserveBody(_Body):
     command: Annotated[Text, Field(min_length=1, max_length=8192)]
 
 
+class CreateRun(_Body):
+    """``POST /v1/runs``: a session whose turns the program drives (docs/api.md, "Runs")."""
+
+    workspace: Annotated[Text, Field(min_length=1, max_length=4096)] | None = None
+    """The folder to run in, as for ``POST /v1/sessions`` (exactly one of workspace and template)."""
+    template: Annotated[Text, Field(min_length=1, max_length=4096)] | None = None
+    """An existing workspace copied into a fresh one of the caller's (``<template>-run-<n>``)."""
+    text: Annotated[Text, Field(min_length=1)]
+    model: Annotated[Text, Field(min_length=1, max_length=200)] | None = None
+    confirm: RunConfirm = "person"
+    unattended: bool = False
+    max_turns: Annotated[int, Field(ge=1, le=1000)] = 10
+    create: bool | None = None
+    """With ``workspace``: as for ``POST /v1/sessions`` (default true); with ``template`` only
+    false is meaningful (the copy is always a new folder)."""
+
+
+class CheckBody(_Body):
+    """``POST /v1/sessions/{sid}/check``: a command run in the sandbox in the workspace."""
+
+    command: Annotated[Text, Field(min_length=1, max_length=8192)]
+    timeout_s: Annotated[float, Field(gt=0, le=540)] = 300.0
+    """Seconds the command may run; past it the whole tree is killed (``exit_code`` null)."""
+
+
 class CompactBody(_Body):
     """``POST /v1/sessions/{sid}/compact``: what the summary should keep in view (optional)."""
 
@@ -155,6 +180,19 @@ class UsageTotals(_Out):
     cost: float = 0.0
 
 
+class RunInfo(_Out):
+    """A run's state in the session object (docs/api.md, "Runs")."""
+
+    state: Literal["running", "ended"]
+    confirm: RunConfirm
+    unattended: bool
+    max_turns: int
+    turns: int = 0
+    """Turns the run has begun so far (the first one included)."""
+    outcome: RunOutcome | None = None
+    """Once ended: ``completed``, ``stopped``, ``max_turns`` or the last turn's outcome."""
+
+
 class Session(_Out):
     id: str
     workspace: str
@@ -178,6 +216,8 @@ class Session(_Out):
     """Running totals of the session's model requests (the sum of its ``usage`` events)."""
     created: int = 0
     next_model: str | None = None
+    run: RunInfo | None = None
+    """None for a chat; a run's state for a session made by ``POST /v1/runs``."""
     last_seq: int = 0
     """The seq of the session's latest recorded event. Events are published to the log just
     after they are recorded, so a reader that saw this state reads the log until it reaches
@@ -207,6 +247,27 @@ class Accepted(_Out):
     ok: bool = True
 
 
+class RunCreated(_Out):
+    """``POST /v1/runs`` answered 201: the run's session, its workspace and its run state."""
+
+    session_id: str
+    workspace: str
+    run: RunInfo
+
+
+class RunsResult(_Out):
+    """``GET /v1/runs``: the caller's runs (session objects whose ``run`` is set), newest first."""
+
+    runs: list[Session]
+
+
+class CheckResult(_Out):
+    """What a check command did: exit code 0 is a pass (None: it could not run, or timed out)."""
+
+    exit_code: int | None
+    output: str
+
+
 # ---------------------------------------------------------------- RPC: gateway -> turn-runner
 # Every command names the principal the gateway authenticated; the runner checks ownership again.
 
@@ -222,6 +283,14 @@ class CreateCmd(_Body):
     model: str | None = None
     title: str | None = None
     create: bool = True
+
+
+class RunCmd(CreateRun):
+    principal: Id
+
+
+class CheckCmd(SessionRef, CheckBody):
+    pass
 
 
 class PatchCmd(SessionRef, PatchSession):

@@ -30,6 +30,8 @@ from .models import (
     ApprovalCmd,
     ChangesRequest,
     ChangesResult,
+    CheckCmd,
+    CheckResult,
     CollectRequest,
     CollectResult,
     CommandChangesRequest,
@@ -64,6 +66,8 @@ from .models import (
     RewindFilesRequest,
     RewindFilesResult,
     RewindResult,
+    RunCmd,
+    RunCreated,
     SendCmd,
     SendResult,
     Session,
@@ -148,6 +152,11 @@ RUNNER_WORKSPACES: Final = Op(RUNNER, "workspaces", WorkspacesCmd, WorkspacesRes
 RUNNER_FORK: Final = Op(RUNNER, "fork", ForkCmd, Session, 330.0, (GATEWAY,))
 RUNNER_REWIND: Final = Op(RUNNER, "rewind", RewindCmd, RewindResult, 60.0, (GATEWAY,))
 
+# runs (docs/api.md, "Runs"): a template's copy may take a while; a check runs up to 540 s
+RUNNER_RUN: Final = Op(RUNNER, "run", RunCmd, RunCreated, 330.0, (GATEWAY,))
+RUNNER_CHECK: Final = Op(RUNNER, "check", CheckCmd, CheckResult, 600.0, (GATEWAY,))
+"""Bounded by the check's own ``timeout_s`` (at most 540 s) and its versioning."""
+
 # ---------------------------------------------------------------- turn-runner -> guard, judge
 GUARD_CHECK: Final = Op(GUARD, "check", GuardRequest, GuardResult, 10.0, (RUNNER,))
 JUDGE_DECIDE: Final = Op(JUDGE, "decide", JudgeRequest, JudgeResult, _judge_timeout, (RUNNER,))
@@ -191,7 +200,7 @@ OPS: Final[tuple[Op[Any, Any], ...]] = (
     GUARD_CHECK, JUDGE_DECIDE,
     VERSIONS_KEEP, VERSIONS_RESTORE, VERSIONS_UNDO, VERSIONS_SNAPSHOT, VERSIONS_AFTER, VERSIONS_DIFF,
     VERSIONS_LIST, VERSIONS_CHANGES, VERSIONS_UNDO_TARGET, VERSIONS_COLLECT,
-    RUNNER_FORK, RUNNER_REWIND, VERSIONS_FORK, VERSIONS_REWIND,
+    RUNNER_FORK, RUNNER_REWIND, VERSIONS_FORK, VERSIONS_REWIND, RUNNER_RUN, RUNNER_CHECK,
     *HEALTH.values(),
 )
 """Every operation, health included."""

@@ -14,6 +14,7 @@ from .models import (
     McpServerInfo,
     Plan,
     QueueItem,
+    RunInfo,
     SandboxInfo,
     Session,
     UsageTotals,
@@ -100,8 +101,19 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
         ),
         created=int(h.get("created", 0) or 0),
         next_model=h.get("next_model") or None,
+        run=run_info(h.get("run")),
         last_seq=int(h.get("seq", 0) or 0),
     )
+
+
+def run_info(raw: str | None) -> RunInfo | None:
+    """The session hash's ``run`` (JSON the Lua library keeps) as the session object shows it."""
+    if not raw:
+        return None
+    r = json.loads(raw)
+    return RunInfo(state=r.get("state", "running"), confirm=r.get("confirm", "person"),
+                   unattended=bool(r.get("unattended")), max_turns=int(r.get("max_turns") or 0),
+                   turns=int(r.get("turns") or 0), outcome=r.get("outcome") or None)
 
 
 def _pick(d: dict[str, Any], *names: str) -> dict[str, Any]:

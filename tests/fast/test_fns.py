@@ -226,10 +226,11 @@ def test_the_transitions_that_take_an_id_are_the_same_on_both_sides() -> None:
     # functions touch no one session's reply, see docs/design.md "Idempotent transitions").
     # The archive's drop and load are safe to run again by themselves (each checks the session is
     # as it expects: a second run changes nothing); its scan changes nothing. A workspace claim run
-    # again finds its own record (and answers the same owner); a release run again finds none.
+    # again finds its own record (and answers the same owner); a release run again finds none. The
+    # run slots' call run again renews what it renewed and answers a slot it granted as granted.
     assert set(REGISTERED) - wrapped == {"cox_renew", "cox_fence", "cox_claim", "cox_pub_done", "cox_dirty",
                                            "cox_pub_claim", "cox_idle", "cox_archive_drop", "cox_archive_load",
-                                           "cox_ws_claim", "cox_ws_release"}
+                                           "cox_ws_claim", "cox_ws_release", "cox_run_slots"}
 
 
 def test_a_fault_plan_counts_attempts_per_function_and_needs_its_switch() -> None:

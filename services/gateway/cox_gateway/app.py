@@ -17,9 +17,9 @@ from coxswain import __version__
 
 from . import errors, metrics
 from .deps import Deps
-from .routers import events, ops, sessions, steering, turns, versions
+from .routers import events, ops, runs, sessions, steering, turns, versions
 
-ROUTERS = (sessions.router, steering.router, versions.router, turns.router, events.router, ops.router)
+ROUTERS = (sessions.router, steering.router, versions.router, turns.router, runs.router, events.router, ops.router)
 
 
 def create_app(deps: Deps) -> FastAPI:

@@ -10,8 +10,10 @@ orders its own modules the same way in its ``__init__``.
 2. The service
    - ``service``: the ``Runner``: its endpoints, the lease keeper, the claimer, the sweeper, the
      archiver, the doorbell subscription, shutdown; builds the :class:`~cox_runner.deps.Deps`.
-3. Fork and rewind
+3. Fork, rewind and runs
    - ``forks``: a session copied at a turn (fork) or cut back to one (rewind).
+   - ``runs``: a session whose turns the program drives (a run, in a template's copy or not);
+     the owner's check command between turns.
 4. A person's actions
    - ``admission``: each person's action (create, patch, send, Lead, Stop, answer, observe,
      restore, undo, compact) as one atomic Redis transition.
@@ -47,6 +49,8 @@ orders its own modules the same way in its ``__init__``.
 14. Leases
    - ``leases``: the drives this runner holds, one per session, their deadlines, the lease check
      before a file write.
+   - ``runslots``: this runner's side of the stack's run slots (``[runs] max_active`` run turns
+     at once).
 15. The transcript
    - ``transcript``: the model's view of a session, rebuilt from its event log.
 16. Compaction

@@ -68,4 +68,6 @@ class Checkpoints:
             if out.message:
                 await self.rec.user_message(out.message, f"{spec.call_id}-msg", "approval")
             if not out.allowed:
-                raise EndTurn(Ending("canceled", detail=f"the person ended the turn at the soft {name} limit"))
+                who = "the unattended run declined its checkpoint" if out.actor == "run" else \
+                    "the person ended the turn"
+                raise EndTurn(Ending("canceled", detail=f"{who} at the soft {name} limit"))

@@ -10,6 +10,7 @@ and the parts take what they use:
   ``clients`` (guard, the judge, versions; ``Clients.usage_seen`` for the gateways' metrics);
 - ``events`` (:class:`LogReader`: a session's whole log), ``doorbell`` (:class:`Doorbell`: ring
   the holder of a session), ``health`` (:class:`Health`: the services a turn needs);
+- ``run_slots`` (:class:`RunSlots`: a run turn waits for one of ``[runs] max_active`` slots);
 - ``process``: the one narrow handle on the process itself (:class:`Process`): whether it is
   shutting down, and a task it keeps (a drive runs as one).
 """
@@ -30,6 +31,7 @@ from .leases import Leases
 from .logreader import LogReader
 from .model.providers import Models
 from .redis.store import Store
+from .runslots import RunSlots
 from .workspace.sandbox import Sandbox
 
 
@@ -63,3 +65,5 @@ class Deps:
     doorbell: Doorbell
     health: Health
     process: Process
+    run_slots: RunSlots
+    """The stack's bound on run turns at once, this runner's side (``[runs] max_active``)."""

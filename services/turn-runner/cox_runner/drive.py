@@ -34,10 +34,11 @@ from coxswain.models import Plan
 
 from . import instructions
 from .deps import Deps
-from .errors import LeaseLost, StoreDown
+from .errors import LeaseLost, StopRequested, StoreDown
+from .gate import running_run
 from .leases import Drive, cancel
 from .loop import TurnLoop
-from .turn import Ending, Turn
+from .turn import Ending, Turn, guarded
 from .workspace.mcp_servers import McpServers
 
 CRASH_TEXT = ("Cancelled: the runner running this turn stopped before the call finished "
@@ -125,10 +126,25 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, 
     stop = await deps.redis.hget(keys.session(d.sid), "stop")
     if stop:
         turn.request_stop(stop)
-    loop = TurnLoop(deps, turn, carried=d.history)
-    d.history = None
-    deps.leases.turns_started += 1
-    ending = await loop.run()
+    slot = running_run(info) is not None
+    if slot:
+        # A run turn waits for one of the stack's [runs] max_active slots (queued, never failed);
+        # Stop or shutdown meanwhile ends it at once (the loop sees the stop before any request).
+        t0 = time.monotonic()
+        with contextlib.suppress(StopRequested):
+            await guarded(turn, deps.run_slots.acquire(d.sid, d.token))
+        waited = time.monotonic() - t0
+        if waited > 0.05:
+            deps.log.info("run.slot_waited", sid=d.sid, turn_id=turn.turn_id, waited_s=round(waited, 3))
+        turn.started = time.monotonic()  # the wait is not the turn's work time
+    try:
+        loop = TurnLoop(deps, turn, carried=d.history)
+        d.history = None
+        deps.leases.turns_started += 1
+        ending = await loop.run()
+    finally:
+        if slot:
+            deps.run_slots.release(d.sid)
     d.history = loop.handed_on()
     return ending, loop.plan.plan
 

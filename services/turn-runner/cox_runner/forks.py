@@ -45,10 +45,11 @@ from .admission import Admission
 
 NOT_COPIED = frozenset({
     "session.created", FORKED, REWOUND, "assistant.delta", "title.set", "session.updated",
-    "queue.added", "queue.removed", "queue.reordered", "queue.discarded",
+    "queue.added", "queue.removed", "queue.reordered", "queue.discarded", "run.start", "run.end",
 })
 """Events a fork's log does not take over: the source's own settings and queue, streamed text
-(``assistant.msg`` holds it whole), and rewinds (already applied to what is copied)."""
+(``assistant.msg`` holds it whole), rewinds (already applied to what is copied) and the source's
+run (a fork is a chat)."""
 FORK_SUFFIX = re.compile(r"-fork-\d+$")
 MAX_NAME_TRIES = 100
 

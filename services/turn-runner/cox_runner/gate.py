@@ -52,6 +52,17 @@ from .recorder import Recorder
 from .turn import Turn
 
 APPROVAL_POLL_S = 1.0
+UNATTENDED = "unattended"
+"""The reason an unattended run's declines are recorded with (``approval.resolved``, actor ``run``)."""
+
+
+def running_run(info: dict[str, Any]) -> dict[str, Any] | None:
+    """The session's run (the hash's ``run``) while it drives the session, else None."""
+    raw = info.get("run")
+    if not raw:
+        return None
+    run = json.loads(raw)
+    return run if isinstance(run, dict) and run.get("state") == "running" else None
 MAX_TRUSTED_CHARS = 200_000
 
 
@@ -119,6 +130,8 @@ class Gate:
         self.open_approval: str | None = None
         self.pre_tool: Callable[[Gate, CallSpec, GuardResult], Awaitable[GateOutcome | None]] | None = None
         """The turn's PreToolUse hooks, asked after guard and before the judge (set by the loop)."""
+        self.run = running_run(turn.info)
+        """The session's run while it drives (``confirm``, ``unattended``), else None."""
 
     def person_words(self) -> list[str]:
         """What the person wrote in this session (newest first, bounded), ``script`` blocks
@@ -165,6 +178,21 @@ class Gate:
             await self._decided(call, "allow", "setting", "the don't-ask switch is on", g)
             return GateOutcome(True, "don't ask is on", "setting", g.path, guard=g)
 
+        run = self.run
+        if run is not None and not g.security and run.get("confirm") == "yolo":
+            await self._decided(call, "allow", "run", "the run allows every ordinary confirm (confirm: yolo)", g)
+            return GateOutcome(True, "allowed by the run (confirm: yolo)", "run", g.path, guard=g)
+        if run is not None and not g.security and run.get("confirm") == "judge":
+            # The judge decides every ordinary confirm of the run; what it does not allow is declined.
+            j = await self._ask_judge(call)
+            await self._judge_usage(j)
+            if j.verdict == "allow":
+                await self._decided(call, "allow", "judge", j.reason, g)
+                return GateOutcome(True, j.reason, "judge", g.path, guard=g)
+            why = f"declined: the run's judge did not allow it ({j.reason or j.verdict})"
+            await self._decided(call, "refuse", "judge", why, g)
+            return GateOutcome(False, why, "judge", g.path, guard=g)
+
         judge_info: dict[str, Any] | None = None
         if g.route == "judge":  # a security confirm routed here gets the judge's view, never its allow
             j = await self._ask_judge(call)
@@ -207,8 +235,10 @@ class Gate:
         if mcp is not None:  # an HTTP server runs outside the sandbox, with whatever it can reach
             sandboxed = sandboxed and mcp[0].url is None
             network = mcp[0].url is not None or mcp[0].network or sandbox.network
+        # a run's 'continue' goes on with the task it was given (the session's task stays that one)
+        task = (t.info.get("task") or t.text) if t.via == "run" else t.text
         req = JudgeRequest(
-            sid=t.sid, workspace=str(t.workspace), call=call, task=t.text,
+            sid=t.sid, workspace=str(t.workspace), call=call, task=task,
             plan=Plan(steps=plan.steps, marks=plan.marks) if plan else None,
             sandboxed=sandboxed, network=network,
         )
@@ -250,12 +280,24 @@ class Gate:
             "security": sec, "reason": why, "judge": judge_info, "turn_id": t.turn_id,
             "state": "pending", "standing_key": key, "preview": g.preview if g else None,
         }
-        await self.rec.emit(
-            ev.ApprovalPending(sid=t.sid, turn_id=t.turn_id, approval_id=aid, call_id=call.call_id, security=sec,
-                               judge=judge_info, name=call.name, args=call.args, reason=why,
-                               preview=g.preview if g else None),
-            ops=[("hset", keys.APPROVALS, aid, json.dumps(record, ensure_ascii=False))],
-        )
+        pending = ev.ApprovalPending(sid=t.sid, turn_id=t.turn_id, approval_id=aid, call_id=call.call_id, security=sec,
+                                     judge=judge_info, name=call.name, args=call.args, reason=why,
+                                     preview=g.preview if g else None)
+        if self.run is not None and self.run.get("unattended") is True:
+            # Nobody answers an unattended run: what would wait for a person is declined at once,
+            # in the step that records it (the log keeps the question and its answer).
+            record.update(state="resolved", decision="deny", scope="once", actor="run")
+            await self.rec.emit(
+                pending,
+                ev.ApprovalResolved(sid=t.sid, turn_id=t.turn_id, approval_id=aid, decision="deny", actor="run",
+                                    scope="once", reason=UNATTENDED),
+                ops=[("hset", keys.APPROVALS, aid, json.dumps(record, ensure_ascii=False))],
+            )
+            said = (f"declined: this run is unattended, so nobody answers what would ask a person "
+                    f"({why or call.name})")
+            await self._decided(call, "refuse", "run", said, g)
+            return GateOutcome(False, said, "run", g.path if g else None, guard=g)
+        await self.rec.emit(pending, ops=[("hset", keys.APPROVALS, aid, json.dumps(record, ensure_ascii=False))])
         self.open_approval = aid
         base = keys.session(t.sid)
         redis = self.deps.redis

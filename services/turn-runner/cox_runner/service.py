@@ -43,6 +43,8 @@ from .queue_ops import QueueOps
 from .redis.archive import Archiver
 from .redis.faults import DropReplies
 from .redis.store import Store
+from .runs import Runs
+from .runslots import RunSlots
 from .workspace import limits
 from .workspace.sandbox import Sandbox
 
@@ -90,6 +92,7 @@ class Runner(Service):
             models=self.models, sandbox=self.sandbox, owner=self.owner, leases=self.leases,
             events=LogReader(self.redis, self.store, self.js, self.leases, self.log), doorbell=self.doorbell,
             health=Health(self.nc, self.settings), process=self,
+            run_slots=RunSlots(self.store, self.settings, self.runner_id, self.log),
         )
         self.admission = Admission(self.deps)
         self.archiver = Archiver(self.settings, self.store, self.js, self.log, self.owner)
@@ -114,11 +117,15 @@ class Runner(Service):
         forks = Forks(a)
         await self.endpoint(rpc.RUNNER_FORK, on(forks.fork))
         await self.endpoint(rpc.RUNNER_REWIND, on(forks.rewind))
+        runs = Runs(a)
+        await self.endpoint(rpc.RUNNER_RUN, runs.create)
+        await self.endpoint(rpc.RUNNER_CHECK, on(runs.check))
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
         self.spawn(self._every(rc.claim_interval_ms / 1000, self._claim), "claimer", critical=True)
         self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
+        self.spawn(self.deps.run_slots.run(), "run-slots", critical=True)
         self.spawn(self._every(1.0, limits.of(self.sandbox).reap), "orphan-reaper", critical=True)
         if self.settings.sessions.idle_days > 0:
             self.spawn(self._every(self.settings.sessions.archive_every_s, self._archive), "archiver", critical=True)
@@ -154,6 +161,7 @@ class Runner(Service):
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
         return {"runner": self.runner_id, "drives": len(self.leases), "turns_started": self.leases.turns_started,
+                "run_slots": {"held": self.deps.run_slots.held, "waiting": self.deps.run_slots.waiting},
                 "sandbox": {**self.sandbox.status().as_dict(),
                             "limits": limits.of(self.sandbox).status().as_dict(self.settings.sandbox)}}
 

@@ -163,6 +163,21 @@ class QueueOrdered(TypedDict):
     changed: bool
 
 
+class RunStarted(TypedDict):
+    sid: str
+    created: int
+    token: str
+    """The first turn's lease token (a decimal string)."""
+    turn_id: str
+
+
+class RunSlots(TypedDict):
+    granted: Any
+    """The members (``runner|sid|token``) that hold a slot now among those asked for (``?``)."""
+    active: int
+    """Slots held in the whole stack after this call."""
+
+
 class WsClaimed(TypedDict):
     owner: str
     created: bool
@@ -377,3 +392,24 @@ class Fns:
         res = await self.store.call("cox_ws_release", None, [name, owner],
                                     extra_keys=[keys.WS_OWNERS, keys.WS_NAMES, keys.ws_principal(owner)])
         return cast(WsReleased, res)
+
+    # ------------------------------------------------------------------ runs (cox_runner.admission, runslots)
+    @lua("cox_run")
+    async def run(self, *, sid: str, principal: str, workspace: str, model: str, title: str, body: str,
+                  owner: str, message_id: str, text: str, runner: str, lease_ms: int, turn_id: str,
+                  agents_md: str, run: str, start_body: str) -> RunStarted:
+        """A run's session made, marked a run and its first turn begun, in one call (the
+        principal's index entries first, as for :meth:`create`)."""
+        now = int(time.time() * 1000)
+        await self.store.redis.zadd(keys.principal(principal), {sid: now}, nx=True)
+        await self.store.redis.zadd(keys.runs_of(principal), {sid: now}, nx=True)
+        res = await self.store.call("cox_run", sid, [sid, principal, workspace, model, title, body, owner, message_id,
+                                                     text, runner, str(lease_ms), turn_id, agents_md, run, start_body])
+        return cast(RunStarted, res)
+
+    @lua("cox_run_slots")
+    async def run_slots(self, *, runner: str, max_active: int, lease_ms: int, entries: Sequence[str]) -> RunSlots:
+        """Renew (``+member``), free (``-member``) and ask for (``?member``) run slots in one call."""
+        res = await self.store.call("cox_run_slots", None, [runner, str(max_active), str(lease_ms), *entries],
+                                    extra_keys=[keys.RUN_SLOTS, keys.RUN_POLLERS])
+        return cast(RunSlots, res)

@@ -150,12 +150,42 @@ local function apply_next_model(base, sid, now)
   end
 end
 
+-- ------------------------------------------------------------------ runs
+-- A run is a session whose turns the program drives (docs/api.md, "Runs"). The session hash's
+-- field run holds it as JSON: {state = running|ended, confirm, unattended, max_turns, turns,
+-- outcome?, last?} (last: the outcome of its latest turn). Whenever a turn of a running run ends
+-- without finishing, cox_turn_end queues the run's 'continue' in the same call, so a takeover
+-- never loses or doubles one.
+local RUN_CANNOT_CONTINUE = { context_full = true }
+
+local function run_of(base)
+  local raw = redis.call('HGET', base, 'run')
+  if not raw or raw == '' then return nil end
+  return cjson.decode(raw)
+end
+
+local function running(run) return run ~= nil and run.state == 'running' end
+
+local function end_run(base, sid, run, outcome, now)
+  run.state = 'ended'
+  run.outcome = outcome
+  redis.call('HSET', base, 'run', cjson.encode(run))
+  emit_t(base, sid, { type = 'run.end', outcome = outcome, turns = run.turns }, now)
+end
+
 -- Start a turn for msg (table: message_id, text, mode). Lease must already be held/created.
 local function begin_turn(base, sid, msg, turn_id, now, agents_md)
   apply_next_model(base, sid, now)
   local model = redis.call('HGET', base, 'model')
   redis.call('HSET', base, 'turn_id', turn_id, 'message_id', msg.message_id, 'stop', '',
-    'lead_closed', '0', 'turn_started', now, 'task', msg.text)
+    'lead_closed', '0', 'turn_started', now)
+  -- a run's 'continue' goes on with the task the run was given: the task stays that one
+  if msg.mode ~= 'run' then redis.call('HSET', base, 'task', msg.text) end
+  local run = run_of(base)
+  if running(run) then
+    run.turns = (tonumber(run.turns) or 0) + 1
+    redis.call('HSET', base, 'run', cjson.encode(run))
+  end
   redis.call('DEL', base .. ':open')
   local via = msg.mode
   if via == nil or via == '' then via = 'send' end
@@ -283,6 +313,9 @@ local function cox_send(keys, args)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local prev = replayed(base, client_id)
   if prev then return prev end
+  if running(run_of(base)) then
+    return refuse('run_active', 'a run drives this session: wait for its end, or Stop it first')
+  end
   local model = redis.call('HGET', base, 'model')
   if model == false or model == '' then
     return refuse('not_accepting', 'no model is chosen for this session')
@@ -336,6 +369,10 @@ local function cox_lead(keys, args)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local prev = replayed(base, client_id ~= '' and ('lead:' .. client_id) or '')
   if prev then return prev end
+  local run = run_of(base)
+  if running(run) and (run.confirm ~= 'person' or run.unattended == true) then
+    return refuse('run_active', 'a run nobody supervises drives this session: no Lead (Stop it first)')
+  end
   local turn_id = redis.call('HGET', base, 'turn_id')
   if not busy(base) or turn_id == false or turn_id == '' then
     return refuse('no_turn', 'no turn is running: send a message instead')
@@ -556,12 +593,30 @@ local function cox_turn_end(keys, args)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   local now = now_ms()
   local turn_id = redis.call('HGET', base, 'turn_id')
+  local stop_flag = redis.call('HGET', base, 'stop')
   if plan == '-' then redis.call('HDEL', base, 'plan')
   elseif plan ~= '' then redis.call('HSET', base, 'plan', plan) end
+  local run = run_of(base)
   if end_body ~= '' and turn_id ~= '' then
     dismiss_approvals(base, sid, turn_id, now)
     unapply_leads(base, sid, turn_id, now)
     emit(base, sid, end_body, now)
+    if running(run) then
+      -- The run goes on or ends here, in the call that ends the turn: exactly one 'continue' per
+      -- unfinished turn, whichever runner (or takeover) ends it.
+      local outcome = cjson.decode(end_body).outcome
+      run.last = outcome
+      if outcome == 'completed' then end_run(base, sid, run, 'completed', now)
+      elseif stop_flag == 'stop' then end_run(base, sid, run, 'stopped', now)
+      elseif RUN_CANNOT_CONTINUE[outcome] then end_run(base, sid, run, outcome, now)
+      elseif (tonumber(run.turns) or 0) >= (tonumber(run.max_turns) or 1) then end_run(base, sid, run, 'max_turns', now)
+      else
+        redis.call('HSET', base, 'run', cjson.encode(run))
+        -- its id follows the next turn's id: unique, and the same on a replay of this call
+        local mid = 'm' .. string.sub(next_turn_id, 2)
+        redis.call('RPUSH', base .. ':q', cjson.encode({ message_id = mid, text = 'continue', mode = 'run' }))
+      end
+    end
   end
   redis.call('DEL', base .. ':open')
   redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'lead_closed', '0', 'op', '')
@@ -585,6 +640,12 @@ local function cox_turn_end(keys, args)
     redis.call('ZADD', leases_of(base), now + lease_ms, sid)
     begin_turn(base, sid, msg, next_turn_id, now, agents_md)
     return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id }))
+  end
+  run = run_of(base)
+  if running(run) then
+    -- Going idle with the run still marked running: its 'continue' was discarded (a Stop while the
+    -- session was held between turns). An idle session is never a running run.
+    end_run(base, sid, run, stop_flag == 'stop' and 'stopped' or (run.last or 'stopped'), now)
   end
   release(base, sid, now)
   return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id }))
@@ -1004,3 +1065,83 @@ local function cox_fork(keys, args)
 end
 
 redis.register_function('cox_fork', once(cox_fork))
+
+-- ------------------------------------------------------------------ runs
+
+-- A run: a new session, made as cox_create makes one, marked a run (run.start) and its first
+-- turn begun, all in this one call (docs/api.md, "Runs"). ARGV: sid, principal, workspace, model,
+-- title, created_body, owner, message_id, text, runner, lease_ms, turn_id, agents_md, run (JSON:
+-- {confirm, unattended, max_turns}), start_body (the run.start event). The caller wrote the
+-- principal's index entries before (other slots).
+local function cox_run(keys, args)
+  local base = keys[1]
+  local sid, principal, workspace, model, title, body, owner, message_id, text, runner, lease_ms, turn_id, agents_md, run, start_body =
+    unpack(args)
+  if model == '' then return refuse('not_accepting', 'no model is chosen for this run') end
+  local res = cox_create(keys, { sid, principal, workspace, model, title, body, '' })
+  if cjson.decode(res[1]).error ~= nil then return res end
+  local now = now_ms()
+  local r = cjson.decode(run)
+  r.state = 'running'
+  r.turns = 0
+  redis.call('HSET', base, 'run', cjson.encode(r))
+  emit(base, sid, start_body, now)
+  local token = take_lease(base, sid, runner, tonumber(lease_ms), now)
+  begin_turn(base, sid, { message_id = message_id, text = text, mode = 'send' }, turn_id, now, agents_md)
+  return with_pub(base, owner, reply({ sid = sid, created = now, token = token, turn_id = turn_id }))
+end
+
+redis.register_function('cox_run', once(cox_run))
+
+-- The stack's bound on run turns driven at once ([runs] max_active): a semaphore whose slots are
+-- leased like the sessions (a slot lapses unless its holder renews it within lease_ms). A member
+-- is runner|sid|token: fenced by the session lease's token, so a takeover's turn takes a slot of
+-- its own and the dead runner's lapses. One call per runner and renewal period carries every
+-- slot it holds and every run turn of it that waits. A runner gets at most its share of the slots
+-- (max over the runners with waiting run turns, rounded up) while others wait too, so runs spread
+-- over the runners that have them. Safe to run again: a member granted before counts as granted.
+-- KEYS: the slots zset (member -> expiry ms), the pollers zset (runner -> expiry ms).
+-- ARGV: runner, max_active, lease_ms, then entries: '+member' renew a slot held, '-member' free it,
+-- '?member' take one when there is room (in the order given: first come, first served).
+local function cox_run_slots(keys, args)
+  local slots, pollers = keys[1], keys[2]
+  local runner, max_active, lease_ms = args[1], tonumber(args[2]), tonumber(args[3])
+  local now = now_ms()
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', pollers, '-inf', now)
+  local granted, wanting = {}, {}
+  for i = 4, #args do
+    local op, m = string.sub(args[i], 1, 1), string.sub(args[i], 2)
+    if op == '-' then redis.call('ZREM', slots, m)
+    elseif op == '+' then redis.call('ZADD', slots, now + lease_ms, m)
+    elseif op == '?' then
+      if redis.call('ZSCORE', slots, m) then
+        redis.call('ZADD', slots, now + lease_ms, m)
+        granted[#granted + 1] = m
+      else
+        wanting[#wanting + 1] = m
+      end
+    end
+  end
+  if #wanting > 0 then redis.call('ZADD', pollers, now + lease_ms, runner)
+  else redis.call('ZREM', pollers, runner) end
+  local n = redis.call('ZCARD', slots)
+  local npoll = redis.call('ZCARD', pollers)
+  local share = math.ceil(max_active / math.max(1, npoll))
+  local mine = 0
+  local all = redis.call('ZRANGE', slots, 0, -1)
+  local prefix = runner .. '|'
+  for i = 1, #all do
+    if string.sub(all[i], 1, #prefix) == prefix then mine = mine + 1 end
+  end
+  for i = 1, #wanting do
+    if n >= max_active or (npoll > 1 and mine >= share) then break end
+    redis.call('ZADD', slots, now + lease_ms, wanting[i])
+    granted[#granted + 1] = wanting[i]
+    n = n + 1
+    mine = mine + 1
+  end
+  return { reply({ granted = granted, active = n }) }
+end
+
+redis.register_function('cox_run_slots', cox_run_slots)

@@ -49,7 +49,7 @@ HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_lea
 # Functions registered through ``once`` in the library: their last argument is the transition id.
 TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
                     "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
-                    "cox_queue_remove", "cox_queue_order", "cox_archive_take", "cox_fork"})
+                    "cox_queue_remove", "cox_queue_order", "cox_archive_take", "cox_fork", "cox_run"})
 LOAD_WAIT_S = 30.0
 """How long a starting runner waits for Redis to take the library (transient errors only)."""
 SWEEP_SHARE = 4
@@ -294,7 +294,8 @@ class Store:
 
 _STATUS = {"not_found": 404, "busy": 409, "not_accepting": 409, "no_turn": 409, "lead_closed": 409,
            "resolved": 409, "fenced": 409, "conflict": 409, "too_many_pending": 429, "invalid": 422,
-           "lost": 409, "not_queued": 409, "not_idle": 409, "workspace_nested": 409}
+           "lost": 409, "not_queued": 409, "not_idle": 409, "workspace_nested": 409,
+           "run_active": 409}
 
 
 def _status(code: str) -> int:

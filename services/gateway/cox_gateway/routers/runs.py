@@ -1,0 +1,40 @@
+"""Runs: sessions whose turns the program drives (start one, list them), and the check a
+benchmark runs in a session's workspace after its run (docs/api.md, "Runs")."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from coxswain import keys, rpc
+from coxswain.models import CheckBody, CheckCmd, CheckResult, CreateRun, RunCmd, RunCreated, RunsResult
+
+from .. import errors
+from ..deps import Principal, ReadsDep, ServicesDep, Sid
+
+router = APIRouter(responses=errors.responses(401, 503))
+
+
+@router.post("/v1/runs", status_code=201, responses=errors.responses(400, 404, 409, 413, 422))
+async def start_run(body: CreateRun, services: ServicesDep, who: Principal) -> RunCreated:
+    """A session whose turns the program drives until one completes (or ``max_turns``)."""
+    return await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump()))
+
+
+@router.get("/v1/runs", responses=errors.responses(422))
+async def list_runs(reads: ReadsDep, who: Principal, state: Literal["running", "ended"] | None = None,
+                    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> RunsResult:
+    """The caller's runs, newest first (``state`` filters)."""
+    sids = await reads.redis.zrevrange(keys.runs_of(who), 0, limit - 1)
+    views = await asyncio.gather(*(reads.view(s, who) for s in sids))
+    return RunsResult(runs=[v for v in views
+                            if v is not None and v.run is not None and (state is None or v.run.state == state)])
+
+
+@router.post("/v1/sessions/{sid}/check", responses=errors.responses(400, 404, 409, 413, 422))
+async def check(sid: Sid, body: CheckBody, services: ServicesDep, who: Principal) -> CheckResult:
+    """Run the owner's command in the sandbox in the session's workspace (no approval; 409
+    ``busy`` while a turn runs); recorded as a ``check`` event. Exit code 0 is a pass."""
+    return await services.call(rpc.RUNNER_CHECK, CheckCmd(principal=who, sid=sid, **body.model_dump()))

@@ -1,0 +1,102 @@
+"""A run survives kill -9 of its runner (docs/api.md, "Runs"; docs/design.md, "Runs"): the dead
+turn ends ``crashed`` in the takeover's ``cox_turn_end``, which queues the run's one ``continue``
+in the same call, so the run goes on in the next turn with nothing lost and nothing doubled, and
+the dead runner's run slot lapses by itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.support.checks import calls_closed, of_type, seqs_rise
+from tests.support.runners import holder, respawn
+from tests.support.stack import CLUSTER_KINDS, Api, Stack, script, tool
+
+LEASE_MS = 4000  # as test_takeover's drill stacks: a fresh stack's first turn must not lapse a 2 s lease
+
+
+@pytest.fixture(scope="module", params=CLUSTER_KINDS)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    cluster = request.param == "cluster"
+    s = Stack(tmp_path_factory.mktemp("run-takeover-" + request.param), runners=2, lease_ms=LEASE_MS,
+              redis_cluster=cluster, nats_cluster=cluster, config="[runs]\nmax_active = 1\n")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _command_of(runner_pid: int, marker: str, timeout: float = 15.0) -> psutil.Process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.Process(runner_pid).children(recursive=True):
+            try:
+                if marker in " ".join(p.cmdline()):
+                    return p
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no command with {marker!r} under the runner")
+
+
+def _kill_holder(stack: Stack, api: Api, sid: str, turn_n: int, marker: str) -> str:
+    """Kill -9 the runner running the run's ``turn_n``-th turn once its command runs."""
+    deadline = time.monotonic() + 60
+    while True:
+        starts = of_type(api.all_events(sid), "turn.start")
+        if len(starts) >= turn_n:
+            break
+        assert time.monotonic() < deadline, f"turn {turn_n} did not start"
+        time.sleep(0.1)
+    victim, _ = holder(stack, starts[turn_n - 1]["turn_id"], timeout=30)
+    _command_of(stack.procs[victim].pid, marker)
+    stack.kill(victim)
+    return victim
+
+
+def test_a_run_whose_runner_is_killed_twice_goes_on_with_one_continue_each_time(stack: Stack, api: Api) -> None:
+    text = script({"tools": [tool("run_command", command="sleep 31.1")]},
+                  {"tools": [tool("run_command", command="sleep 31.2")]},
+                  {"text": "Done."})
+    r = api.http.post("/v1/runs", json={"workspace": "run-kill", "text": text, "confirm": "yolo",
+                                        "unattended": True, "max_turns": 3})
+    assert r.status_code == 201, r.text
+    sid = r.json()["session_id"]
+    first = _kill_holder(stack, api, sid, 1, "31.1")
+    try:
+        second = _kill_holder(stack, api, sid, 2, "31.2")
+        respawn(stack, first)
+        try:
+            end = api.wait_type(sid, "run.end", timeout=LEASE_MS / 1000 * 2 + 60)
+            api.wait_idle(sid, timeout=30)
+        finally:
+            respawn(stack, second)
+    finally:
+        if stack.procs[first].poll() is not None:
+            respawn(stack, first)
+    evs = api.all_events(sid)
+    calls_closed(evs)
+    seqs_rise(evs)
+    assert (end["outcome"], end["turns"]) == ("completed", 3)
+    assert [e["outcome"] for e in of_type(evs, "turn.end")] == ["crashed", "crashed", "completed"]
+    cont = [e for e in of_type(evs, "user.msg") if e["via"] == "run"]
+    assert [c["text"] for c in cont] == ["continue", "continue"], "one continue per unfinished turn"
+    assert len({c["message_id"] for c in cont}) == 2
+    starts = of_type(evs, "turn.start")
+    assert [s["message_id"] for s in starts[1:]] == [c["message_id"] for c in cont]
+    assert len(of_type(evs, "run.start")) == 1 and len(of_type(evs, "run.end")) == 1
+    assert api.session(sid)["run"] == {"state": "ended", "confirm": "yolo", "unattended": True, "max_turns": 3,
+                                       "turns": 3, "outcome": "completed"}
+    # the dead runners' slots lapsed by themselves (max_active 1: the turns after them got one)
+    client = stack.redis_client()
+    try:
+        deadline = time.monotonic() + LEASE_MS / 1000 + 5
+        while client.zcard("cox:{runs}:slots") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.zcard("cox:{runs}:slots") == 0
+    finally:
+        client.close()
