@@ -63,8 +63,8 @@ MAX_PARALLEL = 64
 RUNS_LIMIT = 10_000
 """The most runs ``GET /v1/runs`` lists, newest first: a run an unsure intent made is among the
 newest (the principal's runs made since are at most the sweep's own, N at a time)."""
-CHECK_TIMEOUT_S = 3700.0
-"""The HTTP wait for a check: the sandbox bounds the command itself (``timeout_s`` up to an hour)."""
+CHECK_TIMEOUT_S = 620.0
+"""The HTTP wait for a check: the server kills the command at its ``timeout_s`` (300, at most 540)."""
 
 
 def build_parser(p: argparse.ArgumentParser) -> None:
