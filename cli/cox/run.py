@@ -167,8 +167,6 @@ class Transcript:
             turns = ev.get("max_turns")
             return (f"run {ev.get('sid')}: confirm {ev.get('confirm')}"
                     f"{', unattended' if ev.get('unattended') else ''}, at most {turns} turns")
-        if t == "session.created":
-            return f"session {ev.get('sid')} in {ev.get('workspace')} on {ev.get('model')}"
         if t == "user.msg":
             return "> " + _first_line(_script_free(str(ev.get("text", ""))))
         if t == "assistant.msg" and str(ev.get("text") or "").strip():

@@ -283,10 +283,11 @@ def resume(results: list[dict[str, Any]], journal: list[dict[str, Any]]) -> Resu
 
 
 def workspace_fits(unit: Unit, tag: str, workspace: str) -> bool:
-    """Could the run of ``unit`` have this workspace? A template's copy is ``<template>-run-<n>``."""
-    if unit.task.template is None:
-        return workspace == own_workspace(tag, unit)
-    return re.fullmatch(re.escape(unit.task.template.strip("/")) + r"-run-\d+", workspace) is not None
+    """Could the run of ``unit`` have this workspace (the absolute path the server names it by)?
+    A template's copy is ``<template>-run-<n>`` beside it; a task without one has its own folder."""
+    name = own_workspace(tag, unit) if unit.task.template is None else unit.task.template.strip("/")
+    suffix = "" if unit.task.template is None else r"-run-\d+"
+    return re.search(r"(?:^|/)" + re.escape(name) + suffix + "$", workspace) is not None
 
 
 def run_fits(unit: Unit, tag: str, session: dict[str, Any], confirm: str, first_text: str | None) -> bool:

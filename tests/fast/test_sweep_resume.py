@@ -25,6 +25,7 @@ from cox.sweep_plan import (
     resume,
     started,
     sweep_tag,
+    workspace_fits,
 )
 
 T0 = 1_800_000_000_000
@@ -92,10 +93,10 @@ def test_an_unsure_intent_finds_the_run_it_made_and_nothing_else() -> None:
         session("s_old", T0 - SKEW_MS - 1),                        # long before the intent
         session("s_other", T0 + 50),                               # another prompt
         session("s_model", T0 + 40, model="claude"),               # another model
-        session("s_ws", T0 + 30, workspace="other-run-1"),         # not a copy of the template
+        session("s_ws", T0 + 30, workspace="/srv/root/other-run-1"),  # not a copy of the template
         session("s_taken", T0 + 10),                               # some other task's, known
         session("s_yolo", T0 + 20, confirm="yolo"),                # other settings
-        session("s_mine", T0 + 60, workspace="repo-run-12"),
+        session("s_mine", T0 + 60, workspace="/srv/root/repo-run-12"),
     ]
     assert reconcile({u: T0}, sessions, texts, {"s_taken"}, "person", TAG) == {("t1", "script"): "s_mine"}
     assert set(candidates({u: T0}, sessions, {"s_taken"}, TAG)) == {"s_old", "s_other", "s_yolo", "s_mine"}
@@ -108,9 +109,18 @@ def test_max_turns_and_a_task_without_template_are_matched_too() -> None:
     own = u.workspace(TAG)
     assert own == "sweep-r-abc123-t-script"
     texts = {"s1": "do it", "s2": "do it", "s3": "do it"}
-    sessions = [session("s1", T0 + 5, workspace=own), session("s2", T0 + 6, workspace=own, max_turns=3),
-                session("s3", T0 + 6, workspace="elsewhere", max_turns=3)]
+    sessions = [session("s1", T0 + 5, workspace=own), session("s2", T0 + 6, workspace="/srv/root/" + own, max_turns=3),
+                session("s3", T0 + 6, workspace="/srv/root/x" + own, max_turns=3)]
     assert reconcile({u: T0}, sessions, texts, set(), "person", TAG) == {("t", "script"): "s2"}
+
+
+def test_workspaces_are_matched_by_their_name_under_the_root() -> None:
+    t = unit("t", template="team/app")
+    assert workspace_fits(t, TAG, "/srv/root/team/app-run-3") and workspace_fits(t, TAG, "team/app-run-3")
+    assert not workspace_fits(t, TAG, "/srv/root/team/myapp-run-3")
+    assert not workspace_fits(t, TAG, "/srv/root/team/app-run-3/sub")
+    assert not workspace_fits(t, TAG, "/srv/root/team/app-run-x")
+    assert workspace_fits(unit("t", template="/srv/root/team/app"), TAG, "/srv/root/team/app-run-1")
 
 
 def test_a_task_without_template_has_a_folder_of_its_own_per_sweep_and_model(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def runs(api: Api, workspace: str) -> list[dict[str, Any]]:
     for state in ("running", "ended"):
         r = api.http.get("/v1/runs", params={"state": state})
         assert r.status_code == 200, r.text
-        out += [s for s in r.json()["runs"] if s["workspace"] == workspace]
+        out += [s for s in r.json()["runs"] if Path(s["workspace"]).name == workspace]
     return out
 
 
@@ -54,7 +54,7 @@ def test_a_run_that_completes_streams_its_transcript_and_exits_0(stack: Stack, a
     assert any(x.startswith("    ok: exit code 0") for x in lines), lines
     assert "  Done: out.txt says 42." in lines
     assert lines[-2:] == ["turn ended completed", "run ended completed after 1 turn"], lines
-    assert "session s_" in r.stderr and "in run-ok" in r.stderr
+    assert "session s_" in r.stderr and r.stderr.rstrip().endswith("/run-ok")
     (session,) = runs(api, "run-ok")
     assert session["run"]["state"] == "ended" and session["run"]["outcome"] == "completed"
     assert session["run"]["confirm"] == "yolo" and session["run"]["unattended"] is False

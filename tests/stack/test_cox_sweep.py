@@ -66,7 +66,7 @@ def runs_of(api: Api, tmpl: str) -> list[dict[str, Any]]:
     for state in ("running", "ended"):
         r = api.http.get("/v1/runs", params={"state": state})
         assert r.status_code == 200, r.text
-        got += [s for s in r.json()["runs"] if s["workspace"].startswith(tmpl + "-run-")]
+        got += [s for s in r.json()["runs"] if Path(s["workspace"]).name.startswith(tmpl + "-run-")]
     return got
 
 
