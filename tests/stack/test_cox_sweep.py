@@ -87,7 +87,11 @@ def test_forty_tasks_in_parallel_give_forty_results_passed_as_their_checks_say(
         assert set(x) == {"id", "model", "session_id", "outcome", "passed", "turns", "tool_calls", "input_tokens",
                           "output_tokens", "cost", "seconds", "exit_code"}, x
         assert x["passed"] is good[i] and x["exit_code"] == (0 if good[i] else 1), x
-        assert (x["model"], x["outcome"], x["turns"], x["tool_calls"]) == ("script", "completed", 1, 2), x
+        # one turn, unless a loaded machine let a runner's lease lapse: the run goes on after the crash
+        ends = [e["outcome"] for e in api.all_events(x["session_id"]) if e["type"] == "turn.end"]
+        assert (x["model"], x["outcome"], x["turns"]) == ("script", "completed", len(ends)), (x, ends)
+        assert ends == ["crashed"] * (len(ends) - 1) + ["completed"], ends
+        assert x["tool_calls"] == 2 or "crashed" in ends, x
         assert x["input_tokens"] > 0 and x["output_tokens"] > 0 and x["seconds"] >= 0.3, x
     assert len({x["session_id"] for x in got}) == N
     sessions = runs_of(api, "sw-a")
@@ -110,7 +114,7 @@ def test_forty_tasks_in_parallel_give_forty_results_passed_as_their_checks_say(
 def test_a_sweep_killed_halfway_and_started_again_has_one_session_per_task(
         stack: Stack, api: Api, tmp_path: Path) -> None:
     template(api, stack, "sw-b")
-    tasks_list = [task(i, "sw-b", delay_ms=700) for i in range(N)]
+    tasks_list = [task(i, "sw-b", delay_ms=1000) for i in range(N)]
     tasks = write_tasks(tmp_path / "tasks.jsonl", tasks_list)
     out = tmp_path / "results.jsonl"
     journal = tmp_path / "results.jsonl.journal"
@@ -118,12 +122,15 @@ def test_a_sweep_killed_halfway_and_started_again_has_one_session_per_task(
                          stderr=subprocess.DEVNULL, env=env(), stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not out.exists() or len(out.read_text().splitlines()) < N // 2:
-            assert p.poll() is None and time.monotonic() < deadline, "the sweep did not get halfway"
+        while not journal.exists():  # made when the sweep takes its lock, before anything else
+            assert p.poll() is None and time.monotonic() < deadline, "the sweep did not start"
             time.sleep(0.05)
         # a second sweep on the same results file refuses while the first holds it
         second = sweep(stack, tasks, out, timeout=60)
         assert second.returncode == 2 and "another cox sweep is writing" in second.stderr, second.stderr
+        while not out.exists() or len(out.read_text().splitlines()) < N // 2:
+            assert p.poll() is None and time.monotonic() < deadline, "the sweep did not get halfway"
+            time.sleep(0.05)
         p.send_signal(signal.SIGKILL)
         p.wait(10)
     finally:
