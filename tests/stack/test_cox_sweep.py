@@ -200,3 +200,35 @@ def test_a_runner_killed_under_a_sweep_loses_no_task(stack: Stack, api: Api, tmp
     assert all(x["passed"] for x in got), [x for x in got if not x["passed"]]
     assert {x["outcome"] for x in got if x["session_id"] in crashed} <= {"completed"}
     assert all(x["turns"] >= 2 for x in got if x["session_id"] in crashed)
+
+
+def test_ctrl_c_leaves_the_runs_going_and_the_same_command_picks_them_up(
+        stack: Stack, api: Api, tmp_path: Path) -> None:
+    template(api, stack, "sw-d")
+    n = 12
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [task(i, "sw-d", delay_ms=1500) for i in range(n)])
+    out = tmp_path / "results.jsonl"
+    p = subprocess.Popen(argv(stack, tasks, out, "--parallel", "4", "--yolo"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env(), stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(runs_of(api, "sw-d")) < 4:
+            assert p.poll() is None and time.monotonic() < deadline, "the sweep did not start its runs"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+        _, stderr = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1, stderr
+    assert "interrupted" in stderr and "run the same command again to re-attach" in stderr, stderr
+    going = [s for s in runs_of(api, "sw-d") if s["run"]["state"] == "running"]
+    assert going, "Ctrl-C does not stop the runs"
+    r = sweep(stack, tasks, out, "--parallel", "4", "--yolo")
+    assert r.returncode == 0, r.stderr
+    got = results(out)
+    assert sorted(x["id"] for x in got) == [f"t{i:02d}" for i in range(n)] and all(x["passed"] for x in got)
+    sessions = runs_of(api, "sw-d")
+    assert len(sessions) == n and {s["id"] for s in sessions} == {x["session_id"] for x in got}
+    assert {s["id"] for s in going} <= {x["session_id"] for x in got}, "the runs going were re-attached to"
