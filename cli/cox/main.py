@@ -1,12 +1,13 @@
 """The ``cox`` command: ``cox up`` runs the whole system; ``cox chat`` is the terminal client;
-``cox gc`` collects the versions stores now."""
+``cox gc`` collects the versions stores now; ``cox run`` starts a run and streams it; ``cox sweep``
+runs a file of tasks as runs (benchmarks) and writes their results."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import chat, gc, up
+from . import chat, gc, run, sweep, up
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     chat.build_parser(p_chat)
     p_gc = sub.add_parser("gc", help="collect the versions stores now, by the [versions] retention policy")
     gc.build_parser(p_gc)
+    p_run = sub.add_parser("run", help="start a run (turns until done), stream it; exit 0 when it completes")
+    run.build_parser(p_run)
+    p_sweep = sub.add_parser("sweep", help="run a JSONL file of tasks as unattended runs, resumably; write results")
+    sweep.build_parser(p_sweep)
     args = parser.parse_args(argv)
     if args.command == "up":
         return up.run(args)
@@ -25,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         return chat.run(args)
     if args.command == "gc":
         return gc.run(args)
+    if args.command == "run":
+        return run.run(args)
+    if args.command == "sweep":
+        return sweep.run(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
