@@ -26,14 +26,14 @@ from typing import Any
 
 import uvloop
 
-from . import compare, floors, latency, memory, report, sandbox, sweep, toolcalls, traces
+from . import compare, floors, latency, memory, report, runs, sandbox, sweep, toolcalls, traces
 from .client import Pool
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
 from .stack import Servers, Stack
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "memory", "sandbox", "peer")
+PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "runs", "memory", "sandbox", "peer")
 T0 = time.perf_counter()
 
 
@@ -138,6 +138,11 @@ class Run:
             if self.cluster:
                 self.res["phases"]["sweep_cluster_vs_single"] = sweep.cluster_vs_single(
                     self.res["phases"]["sweep"] or [])
+        if self.want("runs"):
+            floor_fn = cpu_floor(f) if f else (lambda events: float("nan"))
+            self.res["phases"]["runs"] = await self.phase("runs", runs.runs(
+                self.tmp, c.runs_tasks, c.runs_runners, c.runs_delay_ms, c.runs_interactive_n, c.runs_timeout_s,
+                floor_fn, log))
         if self.want("memory"):
             self.res["phases"]["memory"] = await self.phase("memory", self.memory())
         if self.want("sandbox"):

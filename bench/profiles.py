@@ -25,6 +25,12 @@ class Counts:
     memory_sessions: int = 10_000
     sandbox_n: int = 500
     """Commands (``true``) each way, bwrap and bare."""
+    runs_tasks: int = 1000
+    """Scripted tasks started with POST /v1/runs per runner count (bench/runs.py)."""
+    runs_runners: tuple[int, ...] = (1, 2, 4)
+    runs_delay_ms: int = 50
+    runs_interactive_n: int = 30
+    runs_timeout_s: float = 600.0
     peer_threads: tuple[int, ...] = (10, 100)
     peer_steer_n: int = 30
 
@@ -33,5 +39,6 @@ FULL = Counts(name="full")
 QUICK = Counts(
     name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10,
     sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000, sandbox_n=100,
-    peer_threads=(10,), peer_steer_n=5,
+    peer_threads=(10,), peer_steer_n=5, runs_tasks=100, runs_runners=(1, 2), runs_interactive_n=10,
+    runs_timeout_s=120.0,
 )

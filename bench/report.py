@@ -90,6 +90,21 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_row("sweep", f"{tag} CPU per turn", p["cpu_ms_per_turn"], p["cpu_floor_ms_per_turn"], "ms",
                         f"all stack processes; client {p['client_cpu_ms_per_turn']} ms/turn apart; floor = CPU of "
                         f"HTTP + NATS req-reply + 3 Redis scripts + {p['events_per_turn']} JetStream publishes"))
+    for p in ph.get("runs") or []:
+        tag = f"runners={p['runners']} tasks={p['tasks']}"
+        if "error" in p:
+            out.append(_row("runs", tag, None, None, "", p["error"]))
+            continue
+        ok = "every run completed" if p["ok"] else f"NOT ALL COMPLETED: {p['outcomes']}, {p['refused']} refused"
+        out.append(_row("runs", f"{tag} tasks/s", p["tasks_per_s_counted"], p["ideal"]["turns_per_s"], "tasks/s",
+                        f"{ok}; POST /v1/runs, unattended yolo, one 50 ms turn each, [runs] max_active = 8; "
+                        f"floor = min(8 / model time, cores / CPU floor per turn); ratio = floor / measured",
+                        inverse=True))
+        out.append(_row("runs", f"{tag} CPU per task", p["cpu_ms_per_task"], p["cpu_floor_ms_per_task"], "ms",
+                        f"all stack processes; floor as the sweep's, {p['events_per_task']} events per task"))
+        out.append(_row("runs", f"{tag} interactive send -> turn.start p99 during the runs",
+                        p["interactive_during_ms"].get("p99"), p["interactive_idle_ms"].get("p99"), "ms",
+                        "server ts - client clock; 'floor' = the same send on the idle stack just before"))
     for cmp in ph.get("sweep_cluster_vs_single") or []:
         tag = f"runners={cmp['runners']} S={cmp['sessions']}"
         what = "+".join(k for k, v in (cmp.get("clustered") or {}).items() if v) or "none"
