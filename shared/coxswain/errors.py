@@ -11,7 +11,7 @@
     │   │                                               lead_text_only, resolved, fenced
     │   └── WorkspaceNested       workspace_nested 409  inside or around another workspace
     ├── TooLarge                  too_large       413
-    ├── Unsupported               unsupported_type 415  an attachment type not allowed
+    ├── Unsupported               unsupported_media_type 415  an attachment type not allowed
     ├── TooManyPending            too_many_pending 429
     ├── TooManyStreams            too_many_streams 429   max_streams_per_principal event streams open
     ├── Refused                   refused         403   policy refused a path or command
@@ -108,7 +108,7 @@ class LeadTextOnly(Conflict):
 class Unsupported(CoxError):
     """An attachment whose media type ``[attachments] allowed_types`` does not list."""
 
-    code = "unsupported_type"
+    code = "unsupported_media_type"
     status = 415
 
 

@@ -221,7 +221,7 @@ def test_a_type_not_allowed_is_415_and_an_unknown_id_404(stack: Stack, api: Api)
     kept = blobs(stack)
     r = api.http.post(f"/v1/sessions/{sid}/attachments", files={"file": ("tool.exe", b"MZ", "application/x-msdownload")})
     assert r.status_code == 415, r.text
-    assert r.json()["error"] == "unsupported_type" and "application/x-msdownload" in r.json()["detail"]
+    assert r.json()["error"] == "unsupported_media_type" and "application/x-msdownload" in r.json()["detail"]
     assert blobs(stack) == kept
     r = api.send(sid, "with a made-up attachment", attachments=["att_nosuchthing"])
     assert r.status_code == 404 and r.json()["error"] == "not_found", r.text
