@@ -93,6 +93,22 @@ class LeadConfig(_Section):
     max_bytes: int = Field(32_768, ge=1)
 
 
+class AttachmentsConfig(_Section):
+    """Files a person attaches to a message (``POST /v1/sessions/{sid}/attachments``)."""
+
+    max_mb: float = Field(20.0, gt=0, le=1024)
+    """The largest attachment in MiB; a larger upload is 413 ``too_large`` and nothing is kept."""
+    allowed_types: list[str] = Field(default_factory=lambda: ["image/*", "text/*", "application/json",
+                                                              "application/pdf", "application/octet-stream"])
+    """Media types an attachment may have: exact (``application/pdf``) or a family (``image/*``)."""
+    ttl_s: int = Field(86_400, ge=60)
+    """An upload no message has referenced within this many seconds expires."""
+
+    def allows(self, media_type: str) -> bool:
+        family = media_type.split("/", 1)[0] + "/*"
+        return any(t in (media_type, family) for t in self.allowed_types)
+
+
 class ProviderConfig(_Section):
     """A real model reached through pydantic-ai. ``name`` is what sessions choose.
 
@@ -118,6 +134,12 @@ class ProviderConfig(_Section):
     context_window: int | None = Field(None, ge=1)
     """The model's context window in tokens (unset: unknown, so never compacted; for
     ``kind = "script"``: ``[model.script] context_window``)."""
+    vision: bool | None = None
+    """The model takes images (image attachments go to it as image parts). Unset: ``true`` for
+    ``kind = "anthropic"`` (every current Claude model does), ``false`` otherwise."""
+
+    def takes_images(self) -> bool:
+        return self.vision if self.vision is not None else self.kind == "anthropic"
 
     def key(self) -> str | None:
         """The API key: given here, else read from the variable ``api_key_env`` names."""
@@ -565,6 +587,7 @@ class Settings(BaseSettings):
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     lead: LeadConfig = Field(default_factory=LeadConfig)
+    attachments: AttachmentsConfig = Field(default_factory=AttachmentsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     runner: RunnerConfig = Field(default_factory=RunnerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)

@@ -8,9 +8,10 @@
     ├── NotFound                  not_found       404   also: another principal's session
     │   └── Collected             collected       410   a version the retention policy removed
     ├── Conflict                  (various)       409   busy, not_accepting, no_turn, lead_closed,
-    │   │                                               resolved, fenced, run_active
+    │   │                                               lead_text_only, resolved, fenced, run_active
     │   └── WorkspaceNested       workspace_nested 409  inside or around another workspace
     ├── TooLarge                  too_large       413
+    ├── Unsupported               unsupported_media_type 415  an attachment type not allowed
     ├── TooManyPending            too_many_pending 429
     ├── TooManyStreams            too_many_streams 429   max_streams_per_principal event streams open
     ├── Refused                   refused         403   policy refused a path or command
@@ -98,6 +99,19 @@ class NoTurn(Conflict):
     code = "no_turn"
 
 
+class LeadTextOnly(Conflict):
+    """A Lead carries text only: an attachment goes with a send or a queued message."""
+
+    code = "lead_text_only"
+
+
+class Unsupported(CoxError):
+    """An attachment whose media type ``[attachments] allowed_types`` does not list."""
+
+    code = "unsupported_media_type"
+    status = 415
+
+
 class LeadClosed(Conflict):
     code = "lead_closed"
 
@@ -156,7 +170,8 @@ _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
-        LeadClosed, Resolved, Fenced, RunActive, WorkspaceInvalid, WorkspaceNested, TooLarge, TooManyPending, TooManyStreams, Refused, Unavailable,
+        LeadClosed, LeadTextOnly, Unsupported, Resolved, Fenced, RunActive, WorkspaceInvalid, WorkspaceNested, TooLarge,
+        TooManyPending, TooManyStreams, Refused, Unavailable,
     )
 }
 

@@ -79,11 +79,25 @@ class SessionUpdated(_Event):
     changes: dict[str, Any]
 
 
+class AttachmentRef(BaseModel):
+    """An attachment as the message that carries it records it (``POST .../attachments`` made it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    attachment_id: str
+    name: str
+    media_type: str
+    size: int
+    sha256: str
+
+
 class UserMsg(_Event):
     type: Literal["user.msg"] = "user.msg"
     message_id: str
     text: str
     via: Via
+    attachments: list[AttachmentRef] = Field(default_factory=list)
+    """The files sent with the message (none for a Lead), in the order the person gave them."""
 
 
 class QueueAdded(_Event):

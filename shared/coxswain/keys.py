@@ -111,6 +111,10 @@ WRITES: Final = ":wip"
 done. Set under the lease's token right before the rename; whoever ends the turn settles each."""
 OBSERVED: Final = ":observed"
 """list of operator !command results waiting to be folded into the next tool result."""
+ATTACHMENTS: Final = ":att"
+"""hash attachment_id -> JSON {attachment_id, name, media_type, size, sha256, expires}: the
+session's uploads (the bytes are in the content-addressed attachments folder). ``expires``
+(ms) bounds an upload no message named; a message carries its own copy in ``user.msg``."""
 TX: Final = ":tx:"
 """prefix of strings ``<session>:tx:<tx>``, one per transition id: the first reply a function
 registered through ``once`` gave for that id (JSON {h: head, o: publish-lock owner}), PX
@@ -164,7 +168,7 @@ def active(b: int) -> str:
 
 
 ARCHIVED: Final = ("", QUEUE, STEER, LEADS, LEAD_ORDER, CLIENT_IDS, APPROVALS, OPEN_CALLS, STANDING, WRITES,
-                   OBSERVED)
+                   OBSERVED, ATTACHMENTS)
 """The suffixes of the keys an archived session's snapshot holds (``""``: the session hash): every
 key of a session but the lease, the outbox and its publish lock, which an archivable session has
 empty, and the transition replies (``TX``), which expire on their own and are left to do so. A

@@ -61,11 +61,15 @@ class SendMessage(_Body):
     text: Annotated[Text, Field(min_length=1)]
     mode: Mode | None = None
     client_id: Id | None = None
+    attachments: Annotated[list[Id], Field(max_length=32)] = Field(default_factory=list)
+    """Attachment ids from ``POST /v1/sessions/{sid}/attachments``, sent with the message."""
 
 
 class LeadMessage(_Body):
     text: Annotated[Text, Field(min_length=1)]
     client_id: Id | None = None
+    attachments: Annotated[list[Id], Field(max_length=32)] = Field(default_factory=list)
+    """Accepted only empty: a Lead with an attachment is 409 ``lead_text_only``."""
     turn_id: Id | None = None
     """The turn the person is leading; a Lead for a turn that is no longer running is 409 ``no_turn``."""
 
@@ -224,6 +228,15 @@ class Session(_Out):
     this seq to see the events that led to it."""
 
 
+class Attachment(_Out):
+    """``POST /v1/sessions/{sid}/attachments``: the file kept, to be named by a message."""
+
+    attachment_id: str
+    name: str
+    media_type: str
+    size: int
+
+
 class SendResult(_Out):
     message_id: str
     disposition: Literal["started", "queued", "steered"]
@@ -299,6 +312,16 @@ class PatchCmd(SessionRef, PatchSession):
 
 class SendCmd(SessionRef, SendMessage):
     pass
+
+
+class AttachCmd(SessionRef):
+    """The gateway kept an upload's bytes (content-addressed, by ``sha256``); record it."""
+
+    attachment_id: Id
+    name: Annotated[Text, Field(min_length=1, max_length=255)]
+    media_type: Annotated[str, Field(min_length=3, max_length=255)]
+    size: Annotated[int, Field(ge=0)]
+    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
 
 
 class LeadCmd(SessionRef, LeadMessage):

@@ -28,6 +28,8 @@ from . import bus, subjects
 from .models import (
     Accepted,
     ApprovalCmd,
+    AttachCmd,
+    Attachment,
     ChangesRequest,
     ChangesResult,
     CheckCmd,
@@ -136,6 +138,7 @@ def _judge_timeout(settings: Settings) -> float:
 RUNNER_CREATE: Final = Op(RUNNER, "create", CreateCmd, Session, 30.0, (GATEWAY,))
 RUNNER_PATCH: Final = Op(RUNNER, "patch", PatchCmd, Session, 30.0, (GATEWAY,))
 RUNNER_SEND: Final = Op(RUNNER, "send", SendCmd, SendResult, 30.0, (GATEWAY,))
+RUNNER_ATTACH: Final = Op(RUNNER, "attach", AttachCmd, Attachment, 30.0, (GATEWAY,))
 RUNNER_LEAD: Final = Op(RUNNER, "lead", LeadCmd, LeadResult, 30.0, (GATEWAY,))
 RUNNER_STOP: Final = Op(RUNNER, "stop", StopCmd, StopResult, 30.0, (GATEWAY,))
 RUNNER_ANSWER: Final = Op(RUNNER, "answer", ApprovalCmd, Accepted, 30.0, (GATEWAY,))
@@ -195,7 +198,7 @@ OPERATOR_OPS: Final[tuple[Op[Any, Any], ...]] = (VERSIONS_COLLECT,)
 """Operations only an operator sends (their ``callers`` is empty)."""
 
 OPS: Final[tuple[Op[Any, Any], ...]] = (
-    RUNNER_CREATE, RUNNER_PATCH, RUNNER_SEND, RUNNER_LEAD, RUNNER_STOP, RUNNER_ANSWER, RUNNER_OBSERVE,
+    RUNNER_CREATE, RUNNER_PATCH, RUNNER_SEND, RUNNER_ATTACH, RUNNER_LEAD, RUNNER_STOP, RUNNER_ANSWER, RUNNER_OBSERVE,
     RUNNER_RESTORE, RUNNER_UNDO, RUNNER_COMPACT, RUNNER_QUEUE_REMOVE, RUNNER_QUEUE_ORDER, RUNNER_WORKSPACES,
     GUARD_CHECK, JUDGE_DECIDE,
     VERSIONS_KEEP, VERSIONS_RESTORE, VERSIONS_UNDO, VERSIONS_SNAPSHOT, VERSIONS_AFTER, VERSIONS_DIFF,

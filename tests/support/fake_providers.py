@@ -16,11 +16,16 @@ holds, since compaction shortens it) with ``cases[NAME][n]``. A compaction's sum
 (its instructions say ``COMPACT_MARK``) gets ``SUMMARY``, or ``summary_error`` as an HTTP status.
 With ``window`` set, a request whose text (system, messages, tool arguments) is over ``window``
 tokens (4 characters each) is refused with 400 ``context_length_exceeded``, as real servers do.
+
+Vision: image parts are read off the wire (:func:`image_parts`: OpenAI ``image_url`` data URLs,
+Anthropic base64 ``image`` blocks). With ``vision = False`` the server is a text-only model: a
+request holding an image is refused with 400 and kept in ``refused``, as such a model refuses it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import threading
@@ -76,6 +81,8 @@ class FakeModels:
         self.stateful: set[str] = set()
         self.window: int | None = None
         self.summary_error: int | None = None
+        self.vision = True
+        """False: a request holding an image part is refused (400), as a text-only model does."""
         self.over_window: list[int] = []
         """Requests refused for being over ``window`` (their token counts)."""
         self._n = 0
@@ -104,6 +111,17 @@ class FakeModels:
         """The requests (not title requests) of one case, in order."""
         return [r for r in self.requests if r.get("_case") == case and r.get("_kind") == kind
                 and not r.get("_title") and not r.get("_summary")]
+
+    def images(self, case: str | None = None) -> list[tuple[str, bytes]]:
+        """Every image part the server received (of one case): (media type, bytes), in order."""
+        return [img for r in self.requests if case is None or r.get("_case") == case
+                for img in image_parts(r, str(r.get("_kind")))]
+
+    def _no_vision(self, kind: str, body: dict[str, Any]) -> Response | None:
+        if self.vision or not image_parts(body, kind):
+            return None
+        self.refused.append("image sent to a model without vision")
+        return _error(kind, 400, "this model does not support image input")
 
     def summaries(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if r.get("_summary")]
@@ -144,6 +162,8 @@ class FakeModels:
     # ------------------------------------------------------------------ OpenAI chat completions
     async def openai(self, request: Request) -> Response:
         body = await request.json()
+        if (refusal := self._no_vision("openai", body)) is not None:
+            return refusal
         msgs = body.get("messages", [])
         problem = _openai_unanswered(msgs)
         if problem:
@@ -224,6 +244,8 @@ class FakeModels:
     # ------------------------------------------------------------------ Anthropic messages
     async def anthropic(self, request: Request) -> Response:
         body = await request.json()
+        if (refusal := self._no_vision("anthropic", body)) is not None:
+            return refusal
         msgs = body.get("messages", [])
         problem = _anthropic_unanswered(msgs)
         if problem:
@@ -315,6 +337,26 @@ def _tokens(system: str, msgs: list[dict[str, Any]]) -> int:
         for c in m.get("tool_calls") or []:
             chars += len(c["function"].get("arguments") or "")
     return chars // 4
+
+
+def image_parts(body: dict[str, Any], kind: str) -> list[tuple[str, bytes]]:
+    """The image parts of a request as the wire carries them: (media type, decoded bytes)."""
+    out: list[tuple[str, bytes]] = []
+    for m in body.get("messages", []):
+        content = m.get("content")
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict):
+                continue
+            if kind == "openai" and part.get("type") == "image_url":
+                url = str((part.get("image_url") or {}).get("url", ""))
+                head, _, data = url.partition(",")
+                if head.startswith("data:") and head.endswith(";base64"):
+                    out.append((head[5:-7], base64.b64decode(data)))
+            elif kind == "anthropic" and part.get("type") == "image":
+                src = part.get("source") or {}
+                if src.get("type") == "base64":
+                    out.append((str(src.get("media_type")), base64.b64decode(src.get("data", ""))))
+    return out
 
 
 def _text(content: Any) -> str:

@@ -17,15 +17,17 @@ from coxswain import __version__
 
 from . import errors, metrics
 from .deps import Deps
-from .routers import events, ops, runs, sessions, steering, turns, versions
+from .routers import attachments, events, ops, runs, sessions, steering, turns, versions
 
-ROUTERS = (sessions.router, steering.router, versions.router, turns.router, runs.router, events.router, ops.router)
+ROUTERS = (sessions.router, steering.router, attachments.router, versions.router, turns.router, runs.router,
+           events.router, ops.router)
 
 
 def create_app(deps: Deps) -> FastAPI:
     app = FastAPI(title="coxswain", version=__version__)
     app.state.deps = deps
-    errors.install(app, max_body=deps.settings.max_body, root=deps.settings.root)
+    errors.install(app, max_body=deps.settings.max_body, root=deps.settings.root,
+                   upload_limit=int(deps.settings.attachments.max_mb * 1024 * 1024))
     app.add_middleware(metrics.Middleware)
     for router in ROUTERS:
         app.include_router(router)

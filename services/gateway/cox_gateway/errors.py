@@ -10,6 +10,7 @@ what a route declares for each error status it may answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ WHEN = {400: "The body is not UTF-8 JSON (`bad_json`).",
         409: "The session's state does not allow it now (`busy`, `conflict` or a more specific code).",
         410: "The retention policy removed a version this needs (`collected`).",
         413: "The body is over `max_body`, or what it holds is over a bound (`too_large`).",
+        415: "An attachment's media type is not in `[attachments] allowed_types` (`unsupported_media_type`).",
         422: "The body, query or path does not fit (`invalid`, `workspace_invalid`).",
         429: "Too many at once (`too_many_pending`, `too_many_streams`).",
         500: "A fork could not copy an entry of the workspace (`copy_failed`).",
@@ -78,8 +80,14 @@ def allowed(request: Request) -> str:
 
 
 class BodyTooLarge(HTTPException):
-    def __init__(self, limit: int) -> None:
-        super().__init__(status_code=413, detail=f"the request body is larger than {limit} bytes")
+    def __init__(self, limit: int, what: str = "") -> None:
+        super().__init__(status_code=413, detail=what or f"the request body is larger than {limit} bytes")
+
+
+UPLOAD_PATH = re.compile(r"^/v1/sessions/[^/]+/attachments/?$")
+"""The one route whose body may be larger than ``max_body``: an attachment's upload."""
+UPLOAD_SLACK = 65_536
+"""What a multipart body holds besides the file (boundaries, headers) at most."""
 
 
 class BodyLimit:
@@ -91,17 +99,23 @@ class BodyLimit:
     which the handler below turns into the usual JSON error).
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, upload_limit: int | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.upload_limit = upload_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, what = self.limit, ""
+        if self.upload_limit is not None and scope.get("method") == "POST" and UPLOAD_PATH.match(scope["path"]):
+            limit = self.upload_limit + UPLOAD_SLACK
+            what = (f"an attachment may have at most {self.upload_limit} bytes "
+                    f"([attachments] max_mb); nothing was kept")
         length = Headers(scope=scope).get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            too_large = BodyTooLarge(self.limit)
+        if length is not None and length.isdigit() and int(length) > limit:
+            too_large = BodyTooLarge(limit, what)
             await JSONResponse(body("too_large", str(too_large.detail)), status_code=413)(scope, receive, send)
             return
         total = 0
@@ -111,16 +125,17 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 total += len(message.get("body", b""))
-                if total > self.limit:
-                    raise BodyTooLarge(self.limit)
+                if total > limit:
+                    raise BodyTooLarge(limit, what)
             return message
 
         await self.app(scope, limited, send)
 
 
-def install(app: FastAPI, max_body: int | None = None, root: Path | None = None) -> None:
+def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
+            upload_limit: int | None = None) -> None:
     if max_body is not None:
-        app.add_middleware(BodyLimit, limit=max_body)
+        app.add_middleware(BodyLimit, limit=max_body, upload_limit=upload_limit)
 
     @app.exception_handler(CoxError)
     async def cox_error(request: Request, exc: CoxError) -> JSONResponse:

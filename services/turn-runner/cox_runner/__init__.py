@@ -18,7 +18,8 @@ orders its own modules the same way in its ``__init__``.
    - ``admission``: each person's action (create, patch, send, Lead, Stop, answer, observe,
      restore, undo, compact) as one atomic Redis transition.
    - ``queue_ops``: remove or reorder queued messages; the principal's workspaces.
-5. Drives and workspaces' owners
+5. Drives, workspaces' owners and attachments
+   - ``attachments``: an upload recorded; the attachments a send names, checked (vision too).
    - ``drive``: a drive: this runner holding a session's lease and running its turns one after
      another; starting one, ending a person's operation.
    - ``workspaces``: which principal owns a workspace, and resolving a workspace's name.

@@ -18,7 +18,14 @@ from typing import Any
 
 from coxswain import events as ev
 from coxswain import keys, session_view
-from coxswain.errors import Conflict, Invalid, NotFound, TooLarge, Unavailable, WorkspaceInvalid
+from coxswain.errors import (
+    Conflict,
+    Invalid,
+    NotFound,
+    TooLarge,
+    Unavailable,
+    WorkspaceInvalid,
+)
 from coxswain.ids import new_id
 from coxswain.models import (
     Accepted,
@@ -43,6 +50,7 @@ from coxswain.models import (
 )
 
 from . import cmdversions, compaction, drive, instructions, transcript
+from .attachments import Attachments
 from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
@@ -64,6 +72,7 @@ class Admission:
         self.r = deps
         self._workspaces: dict[str, str] = {}
         self.workspaces = Workspaces(deps)
+        self.attachments = Attachments(deps)
 
     # ------------------------------------------------------------------ sessions
     async def create(self, cmd: CreateCmd) -> Session:
@@ -120,16 +129,17 @@ class Admission:
                 await r.redis.hget(keys.session(cmd.sid), "principal") == cmd.principal:
             raise WorkspaceInvalid(ROOT_SESSION)
         agents = await instructions.agents_md_hash(ws)
+        attached, wire = await self.attachments.named(cmd.sid, cmd.attachments)
         res = await r.store.fns.send(
             sid=cmd.sid, principal=cmd.principal, message_id=message_id, text=cmd.text, mode=cmd.mode or "",
             client_id=cmd.client_id or "", runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
-            owner=r.owner, models=" ".join(sorted(r.models.names())), agents_md=agents,
+            owner=r.owner, models=" ".join(sorted(r.models.names())), agents_md=agents, attachments=wire,
         )
         if not res.get("replay"):
             if res.get("disposition") == "started":
                 drive.start_drive(r, Drive(sid=cmd.sid, token=str(res["token"]), acquired=sent, first={
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
-                }))
+                    "attachments": attached}))
             elif res.get("disposition") == "steered":
                 await r.doorbell.ring(res.get("runner"), cmd.sid, "steer")
         return SendResult(message_id=res["message_id"], disposition=res["disposition"],
@@ -149,6 +159,7 @@ class Admission:
     async def lead(self, cmd: LeadCmd) -> LeadResult:
         """Save a Lead for the running turn; its runner applies it at the next safe boundary."""
         r = self.r
+        Attachments.text_only(cmd.attachments)
         size = len(cmd.text.encode("utf-8"))
         if size > r.settings.lead.max_bytes:
             raise TooLarge(f"a Lead may hold {r.settings.lead.max_bytes} bytes of UTF-8; this one has {size}")

@@ -114,7 +114,7 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, 
     turn = Turn(
         sid=d.sid, turn_id=msg["turn_id"], token=d.token, message_id=msg["message_id"], text=msg["text"],
         via=msg.get("mode") or "send", workspace=Path(info.get("workspace") or "."),
-        model=info.get("model") or "script", info=info,
+        model=info.get("model") or "script", info=info, attachments=list(msg.get("attachments") or []),
     )
     if d.mcp is None and deps.settings.mcp.enabled():
         d.mcp = McpServers(deps.settings, deps.sandbox, deps.log.bind(sid=d.sid))

@@ -144,12 +144,14 @@ class TurnLoop:
         """The transcript so far: carried from this drive's previous turn (the lease was held from
         that turn to this one, so nobody else wrote to the conversation), else from the log."""
         t = self.turn
+        files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir, t.workspace)
         if self.carried is not None:
             self.rec.history = self.carried
-            self.rec.history.user(t.text, t.via)
+            await asyncio.to_thread(self.rec.history.user, t.text, t.via, t.attachments, files)
         else:
             # events.read flushes the outbox and reads the log up to the session's seq.
-            self.rec.history = transcript.build(await self.deps.events.read(t.sid))
+            events = await self.deps.events.read(t.sid)
+            self.rec.history = await asyncio.to_thread(transcript.build, events, files)
         await self.deps.models.load(t.model)
         found = await instructions.agents_md(t.workspace)
         if found is not None:

@@ -104,6 +104,7 @@ class Runner(Service):
         await self.endpoint(rpc.RUNNER_CREATE, a.create)
         await self.endpoint(rpc.RUNNER_PATCH, on(a.patch))
         await self.endpoint(rpc.RUNNER_SEND, on(a.send))
+        await self.endpoint(rpc.RUNNER_ATTACH, on(a.attachments.attach))
         await self.endpoint(rpc.RUNNER_LEAD, on(a.lead))
         await self.endpoint(rpc.RUNNER_STOP, on(a.stop))
         await self.endpoint(rpc.RUNNER_ANSWER, on(a.answer))

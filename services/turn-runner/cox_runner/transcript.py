@@ -22,9 +22,12 @@ the rewind's ``through_seq`` (:func:`coxswain.turns.rewound`); what follows the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic_ai.messages import (
+    BinaryContent,
     ModelMessage,
     ModelRequest,
     ModelRequestPart,
@@ -33,9 +36,11 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
     ToolReturnPart,
+    UserContent,
     UserPromptPart,
 )
 
+from coxswain import attachments as att
 from coxswain.turns import rewound
 
 from .compaction import apply_event
@@ -70,6 +75,54 @@ def fold(observed: list[dict[str, Any]] | None) -> str:
     return "".join(observed_text(str(o.get("command", "")), str(o.get("output", ""))) for o in observed or [])
 
 
+@dataclass(frozen=True)
+class AttachmentFiles:
+    """Where a message's attachments are read from (the content-addressed folder) and where a
+    file the model cannot take as a part is put for it (the workspace's store folder)."""
+
+    root: Path
+    store_dir: str
+    workspace: Path
+
+    def parts(self, attached: list[dict[str, Any]]) -> list[UserContent]:
+        out: list[UserContent] = []
+        for a in attached:
+            name, media, size = str(a.get("name", "")), str(a.get("media_type", "")), int(a.get("size") or 0)
+            label = f"Attached file {name} ({media}, {size} bytes)"
+            try:
+                data = att.blob(self.root, self.store_dir, str(a.get("sha256", ""))).read_bytes()
+            except (OSError, ValueError):
+                out.append(f"{label}: its content is no longer kept.")
+                continue
+            kind = att.kind(media)
+            if kind == "image":
+                out.append(f"{label}:")
+                out.append(BinaryContent(data=data, media_type=media, identifier=str(a.get("attachment_id", ""))))
+            elif kind == "text":
+                out.append(f"{label}:\n{data.decode('utf-8', errors='replace')}")
+            else:
+                rel = f"{self.store_dir}/{att.FOLDER}/{a.get('attachment_id', '')}-{att.safe_name(name)}"
+                dest = self.workspace / rel
+                if not dest.exists():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = dest.with_name(dest.name + ".tmp")
+                    tmp.write_bytes(data)
+                    tmp.replace(dest)
+                out.append(f"{label}, saved in the workspace at {rel} (read it there; it is read-only).")
+        return out
+
+
+def user_content(text: str, attached: list[dict[str, Any]] | None,
+                 files: AttachmentFiles | None) -> str | list[UserContent]:
+    """A person's message as the model gets it: the text, then each attachment (an image part,
+    the text of a text file, or where a file was put). Without ``files`` only their names."""
+    if not attached:
+        return text
+    if files is None:
+        return text + "".join(f"\n[attached: {a.get('name')} ({a.get('media_type')})]" for a in attached)
+    return [text, *files.parts(attached)]
+
+
 class Builder:
     """Accumulates messages; the turn loop uses the same builder for what it adds live."""
 
@@ -89,8 +142,9 @@ class Builder:
         """Per message, the value of :attr:`seq` when it was added (compaction cuts by it)."""
 
     # -- requests
-    def user(self, text: str, via: str) -> None:
-        self._users.append(UserPromptPart(content=text))
+    def user(self, text: str, via: str, attached: list[dict[str, Any]] | None = None,
+             files: AttachmentFiles | None = None) -> None:
+        self._users.append(UserPromptPart(content=user_content(text, attached, files)))
         self._vias.append(via)
 
     def tool_return(self, call_id: str, content: str, name: str | None = None) -> None:
@@ -142,7 +196,7 @@ class Builder:
         return msgs
 
 
-def build(events: list[dict[str, Any]]) -> Builder:
+def build(events: list[dict[str, Any]], files: AttachmentFiles | None = None) -> Builder:
     b = Builder()
     for ev in rewound(events):
         t = ev.get("type")
@@ -150,7 +204,7 @@ def build(events: list[dict[str, Any]]) -> Builder:
         if t == "context.compacted":
             apply_event(b, ev)
         elif t == "user.msg":
-            b.user(ev.get("text", ""), ev.get("via", "send"))
+            b.user(ev.get("text", ""), ev.get("via", "send"), ev.get("attachments"), files)
         elif t == "assistant.msg":
             b.assistant(ev.get("text", ""), ev.get("tool_calls") or [], ev.get("finish_reason"))
         elif t == "tool.result":

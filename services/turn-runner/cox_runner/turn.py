@@ -55,6 +55,8 @@ class Turn:
     via: str
     workspace: Path
     model: str
+    attachments: list[dict[str, Any]] = field(default_factory=list)
+    """The message's attachment records (as its ``user.msg`` carries them)."""
     started: float = field(default_factory=time.monotonic)
     bell: asyncio.Event = field(default_factory=asyncio.Event)
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)

@@ -70,6 +70,14 @@ class Models:
             return p.context_window
         return self.cfg.script.context_window if p.kind == "script" else None
 
+    def takes_images(self, name: str) -> bool:
+        """Whether image attachments may go to this model (``vision`` on its provider entry; the
+        built-in script model takes anything and ignores it)."""
+        p = self._by_name.get(name)
+        if p is None:
+            return name == "script"
+        return p.kind == "script" or p.takes_images()
+
     def get(self, name: str) -> Model:
         """The model, built once. Building may import a provider SDK and load price data (seconds):
         call :meth:`load` first from async code so that happens off the event loop."""

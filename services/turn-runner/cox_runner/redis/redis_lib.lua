@@ -189,7 +189,8 @@ local function begin_turn(base, sid, msg, turn_id, now, agents_md)
   redis.call('DEL', base .. ':open')
   local via = msg.mode
   if via == nil or via == '' then via = 'send' end
-  emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = msg.message_id, text = msg.text, via = via }, now)
+  emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = msg.message_id, text = msg.text, via = via,
+                      attachments = msg.attachments }, now)
   local start = { type = 'turn.start', turn_id = turn_id, message_id = msg.message_id, model = model }
   if agents_md ~= nil and agents_md ~= '' then start.agents_md = agents_md end
   emit_t(base, sid, start, now)
@@ -307,7 +308,7 @@ end
 --       lease_ms, turn_id, owner, known_models (space separated, '' = any)
 local function cox_send(keys, args)
   local base = keys[1]
-  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md =
+  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments =
     unpack(args)
   lease_ms = tonumber(lease_ms)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
@@ -329,6 +330,8 @@ local function cox_send(keys, args)
   end
   local now = now_ms()
   local msg = { message_id = message_id, text = text, mode = mode }
+  -- the attachments' records (a JSON array), carried with the message to its user.msg
+  if attachments ~= nil and attachments ~= '' then msg.attachments = cjson.decode(attachments) end
   local res
   if not busy(base) then
     local token = take_lease(base, sid, runner, lease_ms, now)
@@ -480,7 +483,7 @@ end
 -- then nops*4 op fields (op, suffix, field, value), then event bodies.
 -- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop); suffix in the allowed set.
 local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
-                  [':wip'] = true }
+                  [':wip'] = true, [':att'] = true }
 local function cox_emit(keys, args)
   local base = keys[1]
   local sid, token, owner, nops = args[1], args[2], args[3], tonumber(args[4])

@@ -1,0 +1,261 @@
+"""Attachments on sends, on a real stack (docs/api.md, "POST /v1/sessions/{sid}/attachments"): an
+image reaches a vision model as an image part (read off the fake provider's wire, OpenAI and
+Anthropic), a model without vision refuses it before any turn, a text file reaches the model as
+text and another file is put in the workspace and named, an upload over the limit is 413 with
+nothing kept, a type not allowed is 415, a Lead with one is 409 ``lead_text_only``, a queued
+message keeps its attachments, and a fork keeps them (readable again from the fork)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coxswain import keys
+from tests.support.checks import finished, last_seq, of_type
+from tests.support.fake_providers import FakeModels
+from tests.support.stack import Api, Stack, said
+
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
+NOTES = "attached notes: the build needs make 4.3\n"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModels]:
+    with FakeModels() as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeModels) -> Iterator[Stack]:
+    config = f"""
+[model]
+default = "script"
+
+[attachments]
+max_mb = 20
+allowed_types = ["image/*", "text/*", "application/pdf"]
+
+[[model.providers]]
+name = "fake-vision"
+kind = "openai"
+base_url = "{fake.url}/v1"
+model = "fake-vision-model"
+api_key = "sk-test-not-a-key"
+vision = true
+
+[[model.providers]]
+name = "fake-text-only"
+kind = "openai"
+base_url = "{fake.url}/v1"
+model = "fake-text-model"
+api_key = "sk-test-not-a-key"
+
+[[model.providers]]
+name = "fake-claude"
+kind = "anthropic"
+base_url = "{fake.url}"
+model = "claude-fake-1"
+api_key = "sk-ant-test-not-a-key"
+max_tokens = 256
+"""
+    s = Stack(tmp_path_factory.mktemp("attachments"), runners=1, config=config)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def api(stack: Stack) -> Iterator[Api]:
+    with stack.client() as a:
+        yield a
+
+
+@pytest.fixture(autouse=True)
+def vision_back(fake: FakeModels) -> Iterator[None]:
+    yield
+    fake.vision = True
+
+
+def upload(api: Api, sid: str, name: str, data: bytes, media_type: str) -> dict[str, Any]:
+    r = api.http.post(f"/v1/sessions/{sid}/attachments", files={"file": (name, data, media_type)})
+    assert r.status_code == 201, r.text
+    out = dict(r.json())
+    assert set(out) == {"attachment_id", "name", "media_type", "size"}
+    assert out["name"] == name and out["media_type"] == media_type and out["size"] == len(data)
+    return out
+
+
+def turn(api: Api, sid: str, text: str, ids: list[str]) -> list[dict[str, Any]]:
+    after = last_seq(api, sid)
+    r = api.send(sid, text, attachments=ids)
+    assert r.status_code == 202, r.text
+    end, evs = finished(api, sid, after=after)
+    assert end["outcome"] == "completed", end
+    return evs
+
+
+def user_msg(evs: list[dict[str, Any]], text: str) -> dict[str, Any]:
+    found = [e for e in of_type(evs, "user.msg") if e["text"].startswith(text)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def last_user_content(request: dict[str, Any]) -> Any:
+    return [m for m in request["messages"] if m.get("role") == "user"][-1]["content"]
+
+
+def blobs(stack: Stack) -> set[str]:
+    folder = stack.root / ".coxswain" / "attachments"
+    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+
+# ------------------------------------------------------------------ images
+
+
+@pytest.mark.parametrize(("model", "kind"), [("fake-vision", "openai"), ("fake-claude", "anthropic")])
+def test_an_image_reaches_a_vision_model_as_an_image_part_on_the_wire(api: Api, fake: FakeModels, model: str,
+                                                                      kind: str) -> None:
+    sid = api.create(f"att-img-{kind}", model=model)["id"]
+    a = upload(api, sid, "screen.png", PNG, "image/png")
+    case = f"img-{kind}"
+    evs = turn(api, sid, f"[case:{case}] what is in the picture", [a["attachment_id"]])
+
+    # the wire: the request of this case carries the image, bytes intact
+    assert fake.for_case(case, kind), "the model got no request"
+    assert fake.images(case)[:1] == [("image/png", PNG)]
+    # the log: user.msg carries the attachment's record
+    msg = user_msg(evs, f"[case:{case}]")
+    assert msg["attachments"] == [{"attachment_id": a["attachment_id"], "name": "screen.png",
+                                   "media_type": "image/png", "size": len(PNG),
+                                   "sha256": hashlib.sha256(PNG).hexdigest()}]
+    # readable again, with its type, name and digest
+    r = api.http.get(f"/v1/sessions/{sid}/attachments/{a['attachment_id']}")
+    assert r.status_code == 200 and r.content == PNG
+    assert r.headers["content-type"] == "image/png"
+    assert r.headers["x-cox-sha256"] == hashlib.sha256(PNG).hexdigest()
+    assert "screen.png" in r.headers["content-disposition"]
+
+
+def test_a_model_without_vision_refuses_an_image_before_the_turn(api: Api, fake: FakeModels) -> None:
+    fake.vision = False  # were it sent, the text-only server would refuse it (and the test would see it)
+    sid = api.create("att-no-vision", model="fake-text-only")["id"]
+    a = upload(api, sid, "screen.png", PNG, "image/png")
+    before = last_seq(api, sid)
+    requests = len(fake.requests)
+    r = api.send(sid, "[case:novision] look at this", attachments=[a["attachment_id"]])
+    assert r.status_code == 409, r.text
+    assert r.json()["error"] == "not_accepting"
+    detail = r.json()["detail"]
+    assert "fake-text-only" in detail and "images" in detail and "screen.png" in detail and "vision" in detail
+    s = api.session(sid)
+    assert not s["busy"] and s["last_seq"] == before, "nothing recorded, no turn started"
+    assert len(fake.requests) == requests and fake.refused == []
+    # the same session, switched to a model with vision, takes the image
+    fake.vision = True
+    assert api.http.patch(f"/v1/sessions/{sid}", json={"model": "fake-vision"}).status_code == 200
+    turn(api, sid, "[case:novision-then] now look", [a["attachment_id"]])
+    assert fake.images("novision-then")[:1] == [("image/png", PNG)]
+
+
+# ------------------------------------------------------------------ text and other files
+
+
+def test_a_text_file_reaches_the_model_as_text_and_another_file_is_put_in_the_workspace(
+        api: Api, fake: FakeModels) -> None:
+    s = api.create("att-files", model="fake-vision")
+    sid, ws = s["id"], Path(s["workspace"])
+    t = upload(api, sid, "notes.txt", NOTES.encode(), "text/plain")
+    pdf_bytes = b"%PDF-1.4\n% a tiny file\n"
+    p = upload(api, sid, "spec sheet.pdf", pdf_bytes, "application/pdf")
+    turn(api, sid, "[case:files] read these", [t["attachment_id"], p["attachment_id"]])
+
+    content = json.dumps(last_user_content(fake.for_case("files")[0]))
+    assert NOTES.strip() in content, content
+    rel = f".coxswain/attachments/{p['attachment_id']}-spec_sheet.pdf"
+    assert rel in content, content
+    assert (ws / rel).read_bytes() == pdf_bytes
+    assert fake.images("files") == []
+
+
+def test_a_queued_message_keeps_its_attachments(api: Api) -> None:
+    sid = api.create("att-queue")["id"]
+    t = upload(api, sid, "queued.txt", NOTES.encode(), "text/plain")
+    after = last_seq(api, sid)
+    assert api.send(sid, said("slow", {"text": "slow", "delay_ms": 1500})).status_code == 202
+    r = api.send(sid, said("queued with a file", {"history": True}), mode="queue", attachments=[t["attachment_id"]])
+    assert r.status_code == 202 and r.json()["disposition"] == "queued", r.text
+    finished(api, sid, after=after)
+    api.wait_type(sid, "turn.end", after=api.wait_type(sid, "user.msg", after=after, via="queue")["seq"])
+    evs = api.all_events(sid)
+    msg = user_msg(evs, "queued with a file")
+    assert [x["attachment_id"] for x in msg["attachments"]] == [t["attachment_id"]]
+    assert msg["attachments"][0]["sha256"] == hashlib.sha256(NOTES.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_an_attachment_over_the_limit_is_413_and_nothing_is_kept(stack: Stack, api: Api) -> None:
+    sid = api.create("att-big")["id"]
+    kept, before = blobs(stack), last_seq(api, sid)
+    big = b"\0" * (50 * 1024 * 1024)
+    r = api.http.post(f"/v1/sessions/{sid}/attachments", files={"file": ("big.bin", big, "application/pdf")})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"] == "too_large" and str(20 * 1024 * 1024) in r.json()["detail"]
+    assert blobs(stack) == kept
+    assert stack.redis_client().hlen(keys.session(sid) + keys.ATTACHMENTS) == 0
+    assert last_seq(api, sid) == before
+
+
+def test_a_type_not_allowed_is_415_and_an_unknown_id_404(stack: Stack, api: Api) -> None:
+    sid = api.create("att-type")["id"]
+    kept = blobs(stack)
+    r = api.http.post(f"/v1/sessions/{sid}/attachments", files={"file": ("tool.exe", b"MZ", "application/x-msdownload")})
+    assert r.status_code == 415, r.text
+    assert r.json()["error"] == "unsupported_media_type" and "application/x-msdownload" in r.json()["detail"]
+    assert blobs(stack) == kept
+    r = api.send(sid, "with a made-up attachment", attachments=["att_nosuchthing"])
+    assert r.status_code == 404 and r.json()["error"] == "not_found", r.text
+    assert api.http.get(f"/v1/sessions/{sid}/attachments/att_nosuchthing").status_code == 404
+    # another principal's session is 404 for the upload too
+    other = api.http.post("/v1/sessions/s_nosuchsession/attachments", files={"file": ("a.txt", b"x", "text/plain")})
+    assert other.status_code == 404
+
+
+def test_a_lead_with_an_attachment_is_409_lead_text_only(api: Api) -> None:
+    sid = api.create("att-lead")["id"]
+    t = upload(api, sid, "lead.txt", b"for the lead", "text/plain")
+    after = last_seq(api, sid)
+    assert api.send(sid, said("slow", {"text": "slow", "delay_ms": 3000})).status_code == 202
+    api.wait_type(sid, "turn.start", after=after)
+    r = api.http.post(f"/v1/sessions/{sid}/lead", json={"text": "use this", "attachments": [t["attachment_id"]]})
+    assert r.status_code == 409, r.text
+    assert r.json()["error"] == "lead_text_only"
+    _, evs = finished(api, sid, after=after)
+    assert of_type(evs, "lead.saved") == []
+
+
+# ------------------------------------------------------------------ fork
+
+
+def test_a_fork_keeps_the_attachment(api: Api) -> None:
+    sid = api.create("att-fork")["id"]
+    t = upload(api, sid, "forked.txt", NOTES.encode(), "text/plain")
+    turn(api, sid, said("turn one with a file", {"text": "ok"}), [t["attachment_id"]])
+    r = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 1})
+    assert r.status_code == 201, r.text
+    fid = r.json()["id"]
+    msg = user_msg(api.all_events(fid), "turn one with a file")
+    assert [x["attachment_id"] for x in msg["attachments"]] == [t["attachment_id"]]
+    got = api.http.get(f"/v1/sessions/{fid}/attachments/{t['attachment_id']}")
+    assert got.status_code == 200 and got.content == NOTES.encode()
+    assert got.headers["content-type"].startswith("text/plain")
