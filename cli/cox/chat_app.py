@@ -18,8 +18,11 @@ from .chat_client import ApiError, ChatApi
 from .chat_state import ChatModel, Item, Waiting, mcp_lines
 
 HINT_BUSY = "A turn is running: Enter is refused. Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead (join this turn)"
+HINT_RUN = ("Refused: a run drives this session (run_active), so nothing was sent. Esc stops the run; "
+            "after that a message goes on with the task as a chat. The text is kept.")
 REFUSALS = {
     "busy": HINT_BUSY,
+    "run_active": HINT_RUN,
     "no_turn": "No turn is running, so there is nothing to Lead: press Enter to send it. The text is kept.",
     "lead_closed": "This turn is finishing and takes no more Leads: Ctrl+O to queue it. The text is kept.",
 }
@@ -28,7 +31,20 @@ HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop �
         "/title NEW · /model NAME · /dontask on|off · /fork N · /rewind N [conversation|files|both] · /mcp · /clear · /quit")
 STATUS = {"proposed": "proposed", "running": "running", "waiting": "waiting for you", "ok": "done",
           "fail": "failed", "denied": "denied by you", "refused": "refused", "skipped": "skipped", "closed": "closed"}
-VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval"}
+VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval", "run": "sent by the run"}
+
+
+def run_line(run: dict[str, Any] | None) -> Text:
+    """The status line while a run drives the session: its confirm mode, its turns, what Stop does."""
+    if not run or run.get("state") != "running":
+        return Text("")
+    unattended = ", unattended" if run.get("unattended") else ""
+    supervised = run.get("confirm") == "person" and not run.get("unattended")
+    t = Text("RUN ", style="bold black on yellow")
+    t.append(f" a run drives this session (confirm {run.get('confirm')}{unattended}, "
+             f"turn {run.get('turns') or 0} of {run.get('max_turns')}): messages are refused until it ends"
+             + (" (Ctrl+L: a Lead joins its turn)" if supervised else "") + " · Esc stops the run", style="bold")
+    return t
 KIND = {"queue": "Queue", "steer": "Steer", "lead": "Lead"}
 
 
@@ -88,6 +104,7 @@ class ChatApp(App[int]):
     #approvals { height: auto; padding: 0 1; }
     #outbox { height: auto; max-height: 10; padding: 0 1; }
     #note { height: auto; padding: 0 1; color: $warning; }
+    #run { height: auto; padding: 0 1; }
     """
     BINDINGS = [
         Binding("ctrl+o", "queue", "Queue", priority=True),
@@ -118,6 +135,7 @@ class ChatApp(App[int]):
         yield VerticalScroll(id="transcript")
         yield Static(id="approvals")
         yield Static(id="outbox")
+        yield Static(id="run")
         yield Input(id="draft", placeholder="Message: Enter sends · /help")
         yield Static(id="note")
         yield Footer()
@@ -199,6 +217,7 @@ class ChatApp(App[int]):
         self.query_one("#plan", Static).update(self.plan_text())
         self.query_one("#approvals", Static).update(self.approvals_text())
         self.query_one("#outbox", Static).update(self.outbox_text())
+        self.query_one("#run", Static).update(run_line(m.info.get("run")))
         m.changed = {c for c in m.changed if c == "need-session"}
         if at_end or new:
             box.scroll_end(animate=False)
@@ -215,6 +234,10 @@ class ChatApp(App[int]):
             t.append(f" (next: {i['next_model']})")
         t.append(" · ")
         t.append("working" if i.get("busy") else "idle", style="bold yellow" if i.get("busy") else "green")
+        run = i.get("run")
+        if isinstance(run, dict):  # a run: running (the program drives it) or ended (a chat now)
+            t.append(f" · run {run.get('state')}" + (f" {run.get('outcome')}" if run.get("state") == "ended" else ""),
+                     style="bold yellow" if run.get("state") == "running" else "dim")
         t.append(f" · stream {self.stream_status} · don't ask {'on' if i.get('dont_ask') else 'off'}")
         t.append(f" · {Path(str(i.get('workspace') or '')).name}", style="dim")
         servers = i.get("mcp_servers") or []
@@ -331,7 +354,7 @@ class ChatApp(App[int]):
         text = self.take()
         if text is None:
             return
-        if kind == "send" and m.info.get("busy"):
+        if kind == "send" and m.info.get("busy") and m.run_driving() is None:  # a run: the server says run_active
             self.say(HINT_BUSY, error=True)
             return
         try:
@@ -353,6 +376,10 @@ class ChatApp(App[int]):
             self.redraw()
         except ApiError as exc:
             what = "Lead not saved" if kind == "lead" else "Not sent"
+            if kind == "lead" and exc.code == "run_active":
+                self.say("Refused: this run is not supervised (confirm is not person, or it is unattended), so it takes "
+                         "no Lead. Esc stops the run. The text is kept.", error=True)
+                return
             self.say(REFUSALS.get(exc.code) or f"{what}: {exc.detail}. The text is kept.", error=True)
 
     async def action_queue(self) -> None:
@@ -376,7 +403,7 @@ class ChatApp(App[int]):
         if not r.get("turn_id"):
             self.say("Nothing was running.")
             return
-        parts = []
+        parts = ["the run ends (run.end stopped)"] if m.run_driving() is not None else []
         if r.get("discarded"):
             parts.append(f"{len(r['discarded'])} queued discarded")
         if r.get("unapplied_leads"):

@@ -77,6 +77,11 @@ class ChatModel:
             return "tool, then the Lead boundary" if lead else "tool"
         return "model"
 
+    def run_driving(self) -> dict[str, Any] | None:
+        """The run driving this session, or None: a run that ended is a chat again (docs/api.md, Runs)."""
+        run = self.info.get("run")
+        return run if isinstance(run, dict) and run.get("state") == "running" else None
+
     def queued(self) -> list[Waiting]:
         """The messages a person may still move or remove, in the order they will run."""
         return [w for w in self.outbox.values() if w.fate == "queued" and w.kind == "queue"]
@@ -257,7 +262,27 @@ def _queue_reordered(m: ChatModel, ev: Event) -> None:
     m.mark("outbox")
 
 
+def _run_start(m: ChatModel, ev: Event) -> None:
+    m.info["run"] = {"state": "running", "confirm": ev.get("confirm"), "unattended": bool(ev.get("unattended")),
+                     "max_turns": ev.get("max_turns"), "turns": 0, "outcome": None}
+    unattended = ", unattended" if ev.get("unattended") else ""
+    m.note(ev, f"Run started: the program drives this session (confirm {ev.get('confirm')}{unattended}, "
+               f"at most {ev.get('max_turns')} turns)")
+    m.mark("head", "run")
+
+
+def _run_end(m: ChatModel, ev: Event) -> None:
+    m.info["run"] = {**(m.info.get("run") or {}), "state": "ended", "outcome": ev.get("outcome"), "turns": ev.get("turns")}
+    n = ev.get("turns")
+    m.note(ev, f"Run ended: {ev.get('outcome')} after {n} turn{'' if n == 1 else 's'}. "
+               "This is a chat now: a message goes on with the task.", "" if ev.get("outcome") == "completed" else "bad")
+    m.mark("head", "run")
+
+
 def _turn_start(m: ChatModel, ev: Event) -> None:
+    run = m.run_driving()
+    if run is not None:  # the server counts a run's turns as they begin
+        run["turns"] = int(run.get("turns") or 0) + 1
     m.turn = {"turn_id": ev.get("turn_id"), "started": ev.get("ts", 0), "tools": 0, "tokens": 0, "cost": 0.0}
     m.totals["turns"] += 1
     m.info.update(busy=True, turn_id=ev.get("turn_id"), model=ev.get("model") or m.info.get("model"))
@@ -491,7 +516,7 @@ def mcp_lines(servers: list[dict[str, Any]]) -> list[str]:
 HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "session.created": _created, "title.set": _title, "session.updated": _updated, "user.msg": _user,
     "queue.added": _queue_added, "queue.discarded": _discarded, "queue.removed": _queue_removed,
-    "queue.reordered": _queue_reordered, "turn.start": _turn_start,
+    "queue.reordered": _queue_reordered, "turn.start": _turn_start, "run.start": _run_start, "run.end": _run_end,
     TURN_END: _turn_end, "assistant.delta": _delta, "assistant.msg": _assistant, "tool.call": _tool_call,
     "policy.decision": _policy, "approval.pending": _approval_pending, "approval.resolved": _approval_resolved,
     "tool.result": _tool_result, "tool.skipped": _tool_skipped, "version.kept": _kept, "file.written": _written,

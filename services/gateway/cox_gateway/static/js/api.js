@@ -41,6 +41,7 @@ export class Api {
   s(sid, rest = "") { return `/v1/sessions/${encodeURIComponent(sid)}${rest}`; }
   models() { return this.call("GET", "/v1/models"); }
   sessions() { return this.call("GET", "/v1/sessions"); }
+  runs(state) { return this.call("GET", `/v1/runs${state ? `?state=${encodeURIComponent(state)}` : ""}`); }
   create(body) { return this.call("POST", "/v1/sessions", body); }
   session(sid) { return this.call("GET", this.s(sid)); }
   patch(sid, body) { return this.call("PATCH", this.s(sid), body); }

@@ -6,10 +6,12 @@ import { $, clear, h } from "./dom.js";
 import { Inspector } from "./inspector.js";
 import { EventStream } from "./sse.js";
 import { SessionModel } from "./state.js";
-import { tickElapsed, View } from "./view.js";
+import { runLabel, tickElapsed, View } from "./view.js";
 
 const TOKEN_KEY = "cox.token";
 const HINT_BUSY = "A turn is running: Send is refused. Choose Queue (Ctrl+O) or Steer (Ctrl+S), or Lead (Ctrl+L) to join this turn.";
+const HINT_RUN = "Refused: a run drives this session (409 run_active), so nothing was sent. Stop (Esc) ends the run; after that a message goes on with the task as a chat. Your text is still in the box.";
+const SESSIONS_EVERY_MS = 5000; // the list follows runs started elsewhere
 
 const app = {
   api: null, model: null, stream: null, view: null, inspector: null, models: [],
@@ -80,13 +82,23 @@ $("#new-workspace").addEventListener("input", () => { $("#new-error").textConten
 
 async function loadSessions() {
   let list;
-  try { list = await app.api.sessions(); } catch { return; }
+  // "Runs only": the caller's runs (GET /v1/runs), running and ended, newest first.
+  const runsOnly = $("#runs-only").checked;
+  try { list = runsOnly ? (await app.api.runs()).runs : await app.api.sessions(); } catch { return; }
+  if (runsOnly !== $("#runs-only").checked) return; // the filter changed meanwhile: its own load draws
   const cur = app.model?.sid;
-  clear($("#sessions"), list.map((s) => h("a", {
-    href: `#/s/${s.id}`, class: s.id === cur ? "current" : "", dataset: { sid: s.id },
-  }, h("div", {}, s.title || "untitled", s.busy ? h("span", { class: "dot", title: "working" }) : null),
-  h("div", { class: "ws" }, s.workspace.split("/").pop()))));
+  // The open session's run is the live one (its events move it); the list's may be a poll old.
+  const live = (s) => (s.id === cur && app.model?.info.run ? app.model.info.run : s.run);
+  clear($("#sessions"), list.length ? list.map((s) => {
+    const run = live(s);
+    return h("a", {
+      href: `#/s/${s.id}`, class: s.id === cur ? "current" : "", dataset: { sid: s.id, run: run ? run.state : "" },
+    }, h("div", {}, s.title || "untitled", s.busy ? h("span", { class: "dot", title: "working" }) : null),
+    run ? h("div", { class: `run-badge run-${run.state}`, title: "a run: the program drives this session" }, runLabel(run)) : null,
+    h("div", { class: "ws" }, s.workspace.split("/").pop()));
+  }) : h("p", { class: "muted empty-list" }, runsOnly ? "No runs yet (POST /v1/runs starts one)." : "No sessions yet."));
 }
+$("#runs-only").addEventListener("change", () => loadSessions());
 
 $("#new-session").addEventListener("submit", async (e) => {
   e.preventDefault();
@@ -260,6 +272,7 @@ async function turnOp(model, op, n) {
 
 const REFUSALS = {
   busy: HINT_BUSY,
+  run_active: HINT_RUN,
   no_turn: "No turn is running, so there is nothing to Lead: Send it instead. Your text is still in the box.",
   lead_closed: "This turn is finishing and no longer takes a Lead: Queue it instead. Your text is still in the box.",
 };
@@ -276,7 +289,8 @@ async function act(kind) {
   if (kind === "stop") return stop();
   const text = draftText();
   if (text === null) return;
-  if (kind === "send" && model.info.busy) { note(HINT_BUSY, true, { untilIdle: true }); return; }
+  // While a run drives, the server refuses (409 run_active) and the refusal says why.
+  if (kind === "send" && model.info.busy && !model.runDriving()) { note(HINT_BUSY, true, { untilIdle: true }); return; }
   const box = $("#draft");
   try {
     if (kind === "lead") {
@@ -296,8 +310,10 @@ async function act(kind) {
     if (box.value === text) box.value = ""; // only now: a refused message stays in the box
     flush();
   } catch (err) {
-    note(REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true,
-      err.code === "busy" ? { untilIdle: true } : {});
+    const lead = kind === "lead" && err.code === "run_active"
+      ? "Refused: this run is not supervised (its confirm is not “person”, or it is unattended), so it takes no Lead. Stop (Esc) ends the run. Your text is still in the box." : null;
+    note(lead || REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true,
+      err.code === "busy" || err.code === "run_active" ? { untilIdle: true } : {});
   }
 }
 
@@ -306,7 +322,7 @@ async function stop() {
   try {
     const r = await app.api.stop(model.sid);
     if (!r.turn_id) { note("Nothing was running."); return; }
-    const parts = [];
+    const parts = model.runDriving() ? ["the run ends (run.end stopped)"] : [];
     if (r.discarded?.length) parts.push(`${r.discarded.length} queued discarded`);
     if (r.unapplied_leads?.length) parts.push(`${r.unapplied_leads.length} Lead(s) saved but not applied`);
     note(`Stopped.${parts.length ? " " + parts.join("; ") + "." : ""}`);
@@ -336,7 +352,7 @@ document.addEventListener("keydown", (e) => {
     if (inComposer) act(KEYS[k]);
     return;
   }
-  if (e.key === "Escape" && inComposer && app.model.info.busy) {
+  if (e.key === "Escape" && inComposer && (app.model.info.busy || app.model.runDriving())) {
     e.preventDefault(); act("stop");
   }
 });
@@ -426,6 +442,8 @@ async function start(token) {
   $("#app").hidden = false;
   await loadModels();
   await Promise.all([loadSessions(), loadWorkspaces()]);
+  clearInterval(app.listTimer);
+  app.listTimer = setInterval(() => { if (!$("#app").hidden) loadSessions(); }, SESSIONS_EVERY_MS);
   app.model = null;
   route();
 }

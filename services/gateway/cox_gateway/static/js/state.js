@@ -41,6 +41,9 @@ export class SessionModel {
 
   mark(...what) { for (const w of what) this.changed.add(w); }
 
+  /** The run driving this session, or null: a run that ended is a chat again. */
+  runDriving() { const r = this.info.run; return r && r.state === "running" ? r : null; }
+
   add(item) {
     item.key = item.key || `i${this.items.length}`;
     this.items.push(item);
@@ -197,7 +200,20 @@ const HANDLERS = {
     m.note(ev, `Queue reordered (${order.length} waiting)`, "small");
     m.mark("outbox");
   },
+  "run.start"(m, ev) {
+    m.info.run = { state: "running", confirm: ev.confirm, unattended: !!ev.unattended, max_turns: ev.max_turns, turns: 0, outcome: null };
+    m.note(ev, `Run started: the program drives this session (confirm ${ev.confirm}${ev.unattended ? ", unattended" : ""}, at most ${ev.max_turns} turns)`, "run-start");
+    m.mark("head", "sessions");
+  },
+  "run.end"(m, ev) {
+    m.info.run = { ...(m.info.run || {}), state: "ended", outcome: ev.outcome, turns: ev.turns };
+    m.note(ev, `Run ended: ${ev.outcome} after ${ev.turns} turn${ev.turns === 1 ? "" : "s"}. This is a chat now: a message goes on with the task.`,
+      "run-end" + (ev.outcome === "completed" ? "" : " bad"));
+    m.mark("head", "sessions");
+  },
   "turn.start"(m, ev) {
+    const run = m.runDriving();
+    if (run) { run.turns = (run.turns || 0) + 1; m.mark("sessions"); }
     m.info.busy = true; m.info.turn_id = ev.turn_id; m.info.model = ev.model || m.info.model;
     m.plan = null;
     m.turn = { turn_id: ev.turn_id, started: ev.ts, tools: 0, input: 0, output: 0, cost: 0 };

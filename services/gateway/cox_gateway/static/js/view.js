@@ -4,7 +4,24 @@ import { changeView, contentView } from "./diff.js";
 import { $, clear, h, short } from "./dom.js";
 import { markdown } from "./md.js";
 
-const VIA = { send: "", queue: "queued", steer: "steered", lead: "Lead", approval: "with an approval" };
+const VIA = { send: "", queue: "queued", steer: "steered", lead: "Lead", approval: "with an approval", run: "sent by the run" };
+
+/** A run's state in a few words, for its badge here and in the session list (docs/api.md, Runs). */
+export function runLabel(run) {
+  if (!run) return "";
+  const turns = `${run.turns ?? 0} turn${run.turns === 1 ? "" : "s"}`;
+  if (run.state === "running") {
+    return `run · running · confirm ${run.confirm}${run.unattended ? " · unattended" : ""} · turn ${run.turns ?? 0} of ${run.max_turns}`;
+  }
+  return `run · ended ${run.outcome || ""} · ${turns} · confirm ${run.confirm}${run.unattended ? " · unattended" : ""}`;
+}
+
+/** The line above the composer while a run drives: who drives, what Stop does, what comes after. */
+export function runBanner(run) {
+  const supervised = run.confirm === "person" && !run.unattended;
+  return `A run drives this session (confirm ${run.confirm}${run.unattended ? ", unattended" : ""}, turn ${run.turns ?? 0} of ${run.max_turns}): ` +
+    `messages are refused until it ends${supervised ? " (a Lead joins its turn)" : ""}. Stop (Esc) ends the run; after that a message goes on with the task as a chat.`;
+}
 // A person's Deny, a refusal by policy (guard, the judge, a setting) and a failure of a call
 // that ran are three different things, and look different.
 const STATUS = {
@@ -127,13 +144,25 @@ export class View {
     $("#workspace").textContent = i.workspace || "";
     this.turnStatus(model);
     const busy = !!i.busy;
+    // A run: its badge (state, confirm mode, turns); while it drives, the banner over the composer.
+    const run = i.run || null, driving = model.runDriving();
+    const badge = $("#run");
+    badge.hidden = !run;
+    badge.textContent = runLabel(run);
+    badge.dataset.state = run ? run.state : "";
+    badge.className = "badge run" + (driving ? " busy" : "");
+    const banner = $("#run-banner");
+    banner.hidden = !driving;
+    banner.textContent = driving ? runBanner(driving) : "";
+    // While a run drives, Send goes to the server, which refuses it (409 run_active) and says why.
     $("#btn-send").classList.toggle("primary", !busy);
-    $("#btn-send").disabled = busy;
-    $("#btn-send").title = busy ? "A turn is running: choose Queue or Steer, or Lead" : "Enter";
-    $("#btn-queue").classList.toggle("primary", busy);
-    $("#btn-steer").classList.toggle("primary", busy);
-    $("#btn-lead").disabled = !busy;
-    $("#btn-stop").disabled = !busy;
+    $("#btn-send").disabled = busy && !driving;
+    $("#btn-send").title = driving ? "A run drives this session: messages are refused until it ends"
+      : busy ? "A turn is running: choose Queue or Steer, or Lead" : "Enter";
+    $("#btn-queue").classList.toggle("primary", busy && !driving);
+    $("#btn-steer").classList.toggle("primary", busy && !driving);
+    $("#btn-lead").disabled = !busy || (driving && (driving.confirm !== "person" || driving.unattended));
+    $("#btn-stop").disabled = !busy && !driving;
   }
 
   /** Elapsed time, tool calls, tokens and cost of the turn and the session; what the turn waits for. */
