@@ -395,6 +395,8 @@ class ChatApp(App[int]):
         m = self.m
         if m is None:
             return
+        # Read before the call: the run's run.end can arrive on the stream before Stop's reply.
+        run_driving = m.run_driving() is not None
         try:
             r = await self.api.stop(m.sid)
         except ApiError as exc:
@@ -403,7 +405,7 @@ class ChatApp(App[int]):
         if not r.get("turn_id"):
             self.say("Nothing was running.")
             return
-        parts = ["the run ends (run.end stopped)"] if m.run_driving() is not None else []
+        parts = ["the run ends (run.end stopped)"] if run_driving else []
         if r.get("discarded"):
             parts.append(f"{len(r['discarded'])} queued discarded")
         if r.get("unapplied_leads"):

@@ -319,10 +319,12 @@ async function act(kind) {
 
 async function stop() {
   const model = app.model;
+  // Read before the call: the run's run.end can reach the stream before Stop's reply does.
+  const runDriving = Boolean(model.runDriving());
   try {
     const r = await app.api.stop(model.sid);
     if (!r.turn_id) { note("Nothing was running."); return; }
-    const parts = model.runDriving() ? ["the run ends (run.end stopped)"] : [];
+    const parts = runDriving ? ["the run ends (run.end stopped)"] : [];
     if (r.discarded?.length) parts.push(`${r.discarded.length} queued discarded`);
     if (r.unapplied_leads?.length) parts.push(`${r.unapplied_leads.length} Lead(s) saved but not applied`);
     note(`Stopped.${parts.length ? " " + parts.join("; ") + "." : ""}`);
