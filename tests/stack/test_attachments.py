@@ -19,7 +19,7 @@ import pytest
 from coxswain import keys
 from tests.support.checks import finished, last_seq, of_type
 from tests.support.fake_providers import FakeModels
-from tests.support.stack import Api, Stack, said
+from tests.support.stack import Api, Stack, running, said
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==")
@@ -65,12 +65,8 @@ model = "claude-fake-1"
 api_key = "sk-ant-test-not-a-key"
 max_tokens = 256
 """
-    s = Stack(tmp_path_factory.mktemp("attachments"), runners=1, config=config)
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("attachments"), runners=1, config=config) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.checks import finished, last_seq, of_type
 from tests.support.fake_providers import SUMMARY, FakeModels, Reply
-from tests.support.stack import Api, Stack, script, tool
+from tests.support.stack import Api, Stack, running, script, tool
 
 WINDOW = 4000
 BIG = "".join(f"line {i:03d} of the big file\n" for i in range(28))  # ~700 characters
@@ -60,12 +60,8 @@ api_key = "sk-ant-test-not-a-key"
 max_tokens = 256
 context_window = {WINDOW}
 """
-    s = Stack(tmp_path_factory.mktemp("compaction"), runners=1, config=config)
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("compaction"), runners=1, config=config) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(autouse=True)

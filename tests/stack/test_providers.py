@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.checks import finished, last_seq, of_type, one
 from tests.support.fake_providers import TITLE, FakeModels, Reply
-from tests.support.stack import Api, Stack
+from tests.support.stack import Api, Stack, running
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +47,8 @@ model = "claude-fake-1"
 api_key = "sk-ant-test-not-a-key"
 max_tokens = 256
 """
-    s = Stack(tmp_path_factory.mktemp("providers"), runners=1, config=config)
-    s.start()
-    try:
+    with running(tmp_path_factory.mktemp("providers"), runners=1, config=config) as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(autouse=True)
