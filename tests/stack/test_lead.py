@@ -220,8 +220,13 @@ def test_a_burst_of_leads_racing_the_end_of_turns_is_never_lost(stack: Stack, ap
     exhausted: list[int] = []
     lock = threading.Lock()
 
-    def hammer() -> None:
+    def hammer(ready: threading.Barrier, go: threading.Event) -> None:
+        # Its connection is open before the turn starts: on a loaded machine a client made after
+        # turn.start could miss a short turn altogether (no Lead accepted in any round).
         with stack.client() as c:
+            assert c.http.get(f"/v1/sessions/{sid}").status_code == 200
+            ready.wait(60)
+            assert go.wait(60)
             for i in range(40):
                 r = lead(c, sid, f"race {threading.get_ident()} {i}")
                 with lock:
@@ -238,12 +243,15 @@ def test_a_burst_of_leads_racing_the_end_of_turns_is_never_lost(stack: Stack, ap
                 exhausted.append(1)
 
     for round_ in range(4):
-        after = last_seq(api, sid)
-        assert api.send(sid, script({"text": f"round {round_}", "delay_ms": 150 + 50 * round_})).status_code == 202
-        api.wait_type(sid, "turn.start", after=after)
-        threads = [threading.Thread(target=hammer) for _ in range(6)]
+        ready, go = threading.Barrier(7), threading.Event()
+        threads = [threading.Thread(target=hammer, args=(ready, go)) for _ in range(6)]
         for t in threads:
             t.start()
+        ready.wait(60)
+        after = last_seq(api, sid)
+        assert api.send(sid, script({"text": f"round {round_}", "delay_ms": 300 + 100 * round_})).status_code == 202
+        api.wait_type(sid, "turn.start", after=after)
+        go.set()
         for t in threads:
             t.join(60)
         end, _ = finished(api, sid, after=after, timeout=60)
