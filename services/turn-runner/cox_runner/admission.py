@@ -77,7 +77,7 @@ class Admission:
     # ------------------------------------------------------------------ sessions
     async def create(self, cmd: CreateCmd) -> Session:
         s = self.r.settings
-        await asyncio.to_thread(s.root.mkdir, parents=True, exist_ok=True)
+        s.root.mkdir(parents=True, exist_ok=True)  # a stat when it exists: not worth a thread (workspaces.py)
         name = self.workspaces.name_of(cmd.workspace)
         model = cmd.model or s.model.default or ""
         if model and model not in self.r.models.names():

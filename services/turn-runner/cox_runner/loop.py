@@ -147,7 +147,10 @@ class TurnLoop:
         files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir, t.workspace)
         if self.carried is not None:
             self.rec.history = self.carried
-            await asyncio.to_thread(self.rec.history.user, t.text, t.via, t.attachments, files)
+            if t.attachments:  # their files are read: off the loop
+                await asyncio.to_thread(self.rec.history.user, t.text, t.via, t.attachments, files)
+            else:  # a text part, microseconds: a thread's hop would cost more than the call
+                self.rec.history.user(t.text, t.via, t.attachments, files)
         else:
             # events.read flushes the outbox and reads the log up to the session's seq.
             events = await self.deps.events.read(t.sid)

@@ -80,7 +80,7 @@ class Runs:
             raise Invalid(f"unknown model {model!r}; configured: {', '.join(sorted(r.models.names()))}")
         if not model:
             raise NotAccepting("no model is chosen for this run and [model] default is empty")
-        await asyncio.to_thread(s.root.mkdir, parents=True, exist_ok=True)
+        s.root.mkdir(parents=True, exist_ok=True)  # a stat when it exists: not worth a thread (workspaces.py)
         sid = new_id("s")
         spaces = self.a.workspaces
         copied: tuple[Path, str, bool] | None = None
