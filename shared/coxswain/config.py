@@ -40,6 +40,9 @@ class ApprovalConfig(_Section):
     writes: Literal["allow", "ask"] = "allow"
     commands: Literal["judge", "ask", "allow"] = "judge"
     allow_commands: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(0.0, ge=0)
+    """An approval nobody answers in this many seconds is declined (actor ``timeout``) and the
+    turn goes on; 0: it waits until answered, the turn is stopped or it ends."""
 
 
 class JudgeConfig(_Section):

@@ -45,8 +45,9 @@ SkipReason = Literal["lead", "approval", "steer", "stop", "truncated", "limit", 
 instruction); ``limit``: a hard limit ended the turn; ``canceled``/``error``/``unavailable``: the
 turn ended so."""
 Verdict = Literal["allow", "ask", "refuse"]
-Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox", "hook", "run"]
-"""``run``: a run's own rule answered (``confirm: "yolo"`` allowed, or an unattended run declined)."""
+Actor = Literal["setting", "standing", "judge", "person", "policy", "dont_ask", "sandbox", "hook", "run", "timeout"]
+"""``run``: a run's own rule answered (``confirm: "yolo"`` allowed, or an unattended run declined);
+``timeout``: nobody answered within ``[approval] timeout_s``, so it was declined."""
 
 
 class _Event(BaseModel):

@@ -302,6 +302,7 @@ class Gate:
         base = keys.session(t.sid)
         redis = self.deps.redis
         started = time.monotonic()
+        timeout_s = self.deps.settings.approval.timeout_s
         try:
             while True:
                 t.bell.clear()
@@ -316,8 +317,17 @@ class Gate:
                 if not sec and (await self.policy_inputs())[1]:  # re-read after any doorbell
                     await self.answer(aid, "allow", actor="dont_ask", reason="the don't-ask switch is on")
                     continue
+                wait_s = APPROVAL_POLL_S
+                if timeout_s > 0:
+                    left = started + timeout_s - time.monotonic()
+                    if left <= 0:
+                        # declined, as a person's Deny would be; a person's answer that came first wins
+                        await self.answer(aid, "deny", actor="timeout",
+                                          reason=f"nobody answered within [approval] timeout_s ({timeout_s:g} s)")
+                        continue
+                    wait_s = min(wait_s, left)
                 try:
-                    await asyncio.wait_for(t.bell.wait(), APPROVAL_POLL_S)
+                    await asyncio.wait_for(t.bell.wait(), wait_s)
                 except TimeoutError:
                     pass
         finally:
@@ -350,4 +360,6 @@ class Gate:
 
 
 def _who(actor: str) -> str:
+    if actor == "timeout":
+        return "nobody in time ([approval] timeout_s)"
     return "the don't-ask switch" if actor == "dont_ask" else "the person"
