@@ -43,6 +43,9 @@ class ApprovalConfig(_Section):
     timeout_s: float = Field(0.0, ge=0)
     """An approval nobody answers in this many seconds is declined (actor ``timeout``) and the
     turn goes on; 0: it waits until answered, the turn is stopped or it ends."""
+    link_ttl_s: float = Field(3600.0, ge=0)
+    """How long an approval's answer link (``answer_url``) is good for from the approval's
+    opening; 0: approvals carry no link."""
 
 
 class JudgeConfig(_Section):
@@ -374,6 +377,9 @@ class GatewayConfig(_Section):
     (its stream closed; it resumes with ``after`` or ``Last-Event-ID``)."""
     stream_stall_s: float = Field(10.0, gt=0)
     """A stream whose client has not taken one write for this long is dropped too."""
+    public_url: str = Field("", pattern=r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$")
+    """The gateway's address as a person's phone reaches it (``https://cox.example.org``): the
+    base of approvals' answer links. Empty: a link is the path on the gateway (``/answer/...``)."""
 
 
 class VersionsConfig(_Section):

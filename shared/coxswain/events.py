@@ -219,6 +219,9 @@ class ApprovalPending(_Event):
     args: Any = None
     reason: str = ""
     preview: dict[str, Any] | None = None
+    answer_url: str | None = None
+    """A single-use link that answers this approval without the bearer token, until it expires
+    (``[approval] link_ttl_s``); none for an approval answered in the same step (an unattended run)."""
 
 
 class ApprovalResolved(_Event):

@@ -145,6 +145,8 @@ class ApprovalInfo(_Out):
     reason: str = ""
     judge: dict[str, Any] | None = None
     turn_id: str | None = None
+    answer_url: str | None = None
+    """The approval's answer link (``approval.pending``'s ``answer_url``)."""
 
 
 class Plan(_Out):

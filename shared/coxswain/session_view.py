@@ -89,7 +89,7 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
         leads=[LeadInfo(lead_id=x["lead_id"], state=x.get("state", "pending"), text=x.get("text", ""))
                for x in lead_list],
         approvals=[ApprovalInfo(**_pick(a, "approval_id", "call_id", "name", "args", "security", "reason",
-                                        "judge", "turn_id")) for a in pending],
+                                        "judge", "turn_id", "answer_url")) for a in pending],
         plan=plan,
         dont_ask=h.get("dont_ask") == "1",
         usage=UsageTotals(

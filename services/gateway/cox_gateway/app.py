@@ -17,10 +17,10 @@ from coxswain import __version__
 
 from . import errors, metrics
 from .deps import Deps
-from .routers import attachments, events, ops, runs, sessions, steering, turns, versions
+from .routers import answers, attachments, events, ops, runs, sessions, steering, turns, versions
 
 ROUTERS = (sessions.router, steering.router, attachments.router, versions.router, turns.router, runs.router,
-           events.router, ops.router)
+           events.router, ops.router, answers.router)
 
 
 def create_app(deps: Deps) -> FastAPI:

@@ -28,8 +28,8 @@ from typing import Any
 
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
+from coxswain import approval_links, keys
 from coxswain import events as ev
-from coxswain import keys
 from coxswain.errors import CoxError, Resolved
 from coxswain.ids import new_id
 from coxswain.models import (
@@ -297,6 +297,11 @@ class Gate:
                     f"({why or call.name})")
             await self._decided(call, "refuse", "run", said, g)
             return GateOutcome(False, said, "run", g.path if g else None, guard=g)
+        ttl_s = self.deps.settings.approval.link_ttl_s
+        if ttl_s > 0:
+            link_key = await approval_links.runner_key(self.deps.redis)
+            token = approval_links.sign(link_key, t.sid, aid, int((time.time() + ttl_s) * 1000))
+            pending.answer_url = record["answer_url"] = approval_links.url(self.deps.settings.gateway.public_url, token)
         await self.rec.emit(pending, ops=[("hset", keys.APPROVALS, aid, json.dumps(record, ensure_ascii=False))])
         self.open_approval = aid
         base = keys.session(t.sid)
