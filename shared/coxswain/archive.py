@@ -100,14 +100,15 @@ def hash_of(entry: Entry) -> dict[str, str]:
 
 
 def view(entry: Entry, principal: str | None, sandbox: SandboxConfig | None = None,
-         mcp: McpConfig | None = None) -> Session | None:
+         mcp: McpConfig | None = None, admin: bool = False) -> Session | None:
     """The API's session object of an archived session (what :func:`coxswain.session_view.load`
     answers for one in Redis), or None when it belongs to another principal."""
     from . import session_view
 
     kv = entry.key_values()
     h = hash_of(entry)
-    if not h or (principal is not None and h.get("principal") != principal):
+    access = session_view.access_of(h, principal, admin) if principal is not None else None
+    if not h or (principal is not None and access is None):
         return None
 
     def lst(sfx: str) -> list[str]:
@@ -125,4 +126,5 @@ def view(entry: Entry, principal: str | None, sandbox: SandboxConfig | None = No
         network = "on" if sandbox.network else "session" if STANDING_NETWORK in standing else "off"
         out.sandbox = SandboxInfo(mode=sandbox.mode, network=network)
     out.mcp_servers = session_view.mcp_servers(h.get("mcp"), mcp, busy=False)
+    out.access = access  # type: ignore[assignment]  # one of the Literal's values (access_of)
     return out

@@ -495,6 +495,11 @@ class AuthConfig(_Section):
     """Bearer token -> principal name, for more than the one local principal."""
     shares: list[ShareConfig] = Field(default_factory=list)
     """Workspaces shared with principals other than their owner (docs/api.md, "Workspaces")."""
+    roles: dict[str, Literal["reader", "member", "admin"]] = Field(default_factory=dict)
+    """Principal -> role (docs/api.md, "Roles and sharing"); a principal without one is a ``member``."""
+
+    def role_of(self, principal: str) -> str:
+        return self.roles.get(principal, "member")
 
     def shared_with(self, principal: str) -> set[str]:
         """The workspace names shared with ``principal``."""

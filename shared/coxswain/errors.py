@@ -15,6 +15,7 @@
     ├── TooManyPending            too_many_pending 429
     ├── TooManyStreams            too_many_streams 429   max_streams_per_principal event streams open
     ├── Refused                   refused         403   policy refused a path or command
+    ├── Forbidden                 forbidden       403   the session is visible to the caller, the call is not theirs to make
     └── Unavailable               unavailable     503   NATS, Redis or a service is down
 
 Over NATS an error travels as ``{"ok": false, "error": code, "status": n, "detail": text}`` and
@@ -161,6 +162,13 @@ class Refused(CoxError):
     status = 403
 
 
+class Forbidden(CoxError):
+    """The caller may see the session (a reader, an approver) but not make this call."""
+
+    code = "forbidden"
+    status = 403
+
+
 class Unavailable(CoxError):
     code = "unavailable"
     status = 503
@@ -171,7 +179,7 @@ _BY_CODE: dict[str, type[CoxError]] = {
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
         LeadClosed, LeadTextOnly, Unsupported, Resolved, Fenced, RunActive, WorkspaceInvalid, WorkspaceNested, TooLarge,
-        TooManyPending, TooManyStreams, Refused, Unavailable,
+        TooManyPending, TooManyStreams, Refused, Forbidden, Unavailable,
     )
 }
 

@@ -73,6 +73,19 @@ class TitleSet(_Event):
     source: Literal["auto", "manual"]
 
 
+class SessionShared(_Event):
+    """The session was shared with ``principal`` as a ``reader`` or an ``approver`` (or its role changed)."""
+
+    type: Literal["session.shared"] = "session.shared"
+    principal: str
+    role: Literal["reader", "approver"]
+
+
+class SessionUnshared(_Event):
+    type: Literal["session.unshared"] = "session.unshared"
+    principal: str
+
+
 class SessionUpdated(_Event):
     """A setting changed (model, dont_ask, auto_title); ``changes`` holds the new values."""
 
@@ -511,7 +524,7 @@ Event = Annotated[
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
     | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
     | SessionArchived | SessionRestored | SessionRewound | SessionForked
-    | HookDecision | McpServer | NetworkRequest | Check | RunStart | RunEnd,
+    | HookDecision | McpServer | NetworkRequest | Check | RunStart | RunEnd | SessionShared | SessionUnshared,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

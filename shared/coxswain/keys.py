@@ -77,6 +77,7 @@ SESSION_FIELDS: Final[Mapping[str, str]] = MappingProxyType({
     # runs (cox_run; cox_turn_end goes on with a run or ends it)
     "run": "JSON of the session's run ({state: running|ended, confirm, unattended, max_turns, turns, outcome?, "
            "last?}); absent for a chat",
+    "shares": "JSON {principal: reader|approver} of those the session is shared with; absent when none",
 })
 """The fields of the session hash (:func:`session`), each with what it holds. Every value is a
 string. The Lua library writes most of them; the runner adds ``plan``, ``mcp`` and ``usage_*``
@@ -208,6 +209,13 @@ def runs_of(name: str) -> str:
     """zset sid -> created ms: the runs one principal started (``GET /v1/runs``). Written before
     the run's session is created, like :func:`principal`."""
     return f"cox:runs:{check_id(name, 'principal')}"
+
+
+def shared_with(name: str) -> str:
+    """zset sid -> shared ms: the sessions shared with one principal. Written before the share
+    is recorded (another slot) and cleaned after an unshare; listing checks each session's own
+    ``shares`` field, which is the truth."""
+    return f"cox:p:{check_id(name, 'principal')}:shared"
 
 
 def principal(name: str) -> str:

@@ -199,6 +199,11 @@ class RunInfo(_Out):
     """Once ended: ``completed``, ``stopped``, ``max_turns`` or the last turn's outcome."""
 
 
+class ShareInfo(_Out):
+    principal: str
+    role: Literal["reader", "approver"]
+
+
 class Session(_Out):
     id: str
     workspace: str
@@ -228,6 +233,11 @@ class Session(_Out):
     """The seq of the session's latest recorded event. Events are published to the log just
     after they are recorded, so a reader that saw this state reads the log until it reaches
     this seq to see the events that led to it."""
+    shares: list[ShareInfo] = Field(default_factory=list)
+    """Who else may see it (``reader``) or also answer its approvals and Stop it (``approver``)."""
+    access: Literal["owner", "admin", "reader", "approver"] | None = None
+    """The caller's access: ``owner``, ``admin`` (an admin's view of another's session), or the
+    role it was shared with the caller as (a session shared with the caller is marked so)."""
 
 
 class Attachment(_Out):
@@ -308,8 +318,18 @@ class CheckCmd(SessionRef, CheckBody):
     pass
 
 
+class ShareBody(_Body):
+    """``POST /v1/sessions/{sid}/shares``."""
+
+    principal: Id
+    role: Literal["reader", "approver"]
+
+
 class PatchCmd(SessionRef, PatchSession):
-    pass
+    share: ShareBody | None = None
+    """Set (or change) a share; not part of PATCH's body (the shares routes send it)."""
+    unshare: Id | None = None
+    """Remove the share of this principal (404 when it has none)."""
 
 
 class SendCmd(SessionRef, SendMessage):

@@ -17,14 +17,41 @@ from .models import (
     RunInfo,
     SandboxInfo,
     Session,
+    ShareInfo,
     UsageTotals,
 )
 
 
+def shares_of(h: dict[str, str]) -> dict[str, str]:
+    """The session's shares (principal -> ``reader`` | ``approver``) from its hash."""
+    raw = h.get("shares")
+    if not raw:
+        return {}
+    try:
+        got = json.loads(raw)
+    except ValueError:
+        return {}
+    return {str(p): str(r) for p, r in got.items()} if isinstance(got, dict) else {}
+
+
+def access_of(h: dict[str, str], principal: str, admin: bool = False) -> str | None:
+    """``principal``'s access to the session whose hash is ``h``: ``owner``, ``admin``, the role
+    it was shared with them as (``reader``, ``approver``), or None (it reads as no session)."""
+    if not h:
+        return None
+    if h.get("principal") == principal:
+        return "owner"
+    if admin:
+        return "admin"
+    return shares_of(h).get(principal)
+
+
 async def load(redis: Any, sid: str, principal: str | None,
-               sandbox: SandboxConfig | None = None, mcp: McpConfig | None = None) -> Session | None:
-    """The session, or None when it does not exist or belongs to another principal. With
-    ``sandbox`` (the process's settings) the view says where the session's commands run."""
+               sandbox: SandboxConfig | None = None, mcp: McpConfig | None = None,
+               admin: bool = False) -> Session | None:
+    """The session, or None when it does not exist or ``principal`` has no access to it (its
+    owner's, an admin's, or shared with them: :func:`access_of`). With ``sandbox`` (the
+    process's settings) the view says where the session's commands run."""
     base = keys.session(sid)
     # One MULTI (all keys in the session's slot, so a cluster runs it too). Raw commands: redis-py's
     # cluster transaction passes the typed commands' ``keys`` to reply parsers that take none.
@@ -36,9 +63,11 @@ async def load(redis: Any, sid: str, principal: str | None,
         pipe.execute_command("HGETALL", base + keys.APPROVALS)
         pipe.execute_command("SMEMBERS", base + keys.STANDING)
         h, steer, queue, leads, approvals, standing = await pipe.execute()
-    if not h or (principal is not None and h.get("principal") != principal):
+    access = access_of(h, principal, admin) if principal is not None else None
+    if not h or (principal is not None and access is None):
         return None
     view = build(sid, h, steer, queue, leads, approvals)
+    view.access = access  # type: ignore[assignment]  # one of the Literal's values (access_of)
     view.standing = sorted(standing)
     if sandbox is not None:
         network = "on" if sandbox.network else "session" if STANDING_NETWORK in standing else "off"
@@ -103,6 +132,8 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
         next_model=h.get("next_model") or None,
         run=run_info(h.get("run")),
         last_seq=int(h.get("seq", 0) or 0),
+        shares=[ShareInfo(principal=p, role=r) for p, r in sorted(shares_of(h).items())
+                if r in ("reader", "approver")],
     )
 
 

@@ -45,7 +45,9 @@ SERVICE_OF = {**{module: name for name, module in SERVICES.items()}, "cox_runner
 class Stack:
     def __init__(self, tmp: Path, runners: int = 2, config: str = "", env: dict[str, str] | None = None,
                  lease_ms: int | None = None, runner_env: dict[str, str] | None = None, redis_cluster: bool = False,
-                 nats_cluster: bool = False) -> None:
+                 nats_cluster: bool = False, tokens: dict[str, str] | None = None, auth: str = "") -> None:
+        """``tokens``: more bearer tokens (token -> principal) beside ``TOKEN`` and ``OTHER_TOKEN``;
+        ``auth``: more lines of the ``[auth]`` table (e.g. ``roles = {...}``)."""
         self.tmp = tmp
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.runners = runners
@@ -55,6 +57,8 @@ class Stack:
         self.url = f"http://127.0.0.1:{self.port}"
         self.lease_ms = lease_ms or default_lease_ms()
         self.config_text = config
+        self.tokens = {OTHER_TOKEN: "other", **(tokens or {})}
+        self.auth_text = auth
         self.extra_env = env or {}
         self.runner_env = runner_env or {}
         """Environment only the turn-runners get (e.g. a PATH without bwrap)."""
@@ -84,7 +88,8 @@ class Stack:
         self.nats.start()
         self.redis.start()
         cfg = self.tmp / "coxswain.toml"
-        cfg.write_text(self.config_text + f'\n[auth]\ntokens = {{ "{OTHER_TOKEN}" = "other" }}\n')
+        listed = ", ".join(f'"{t}" = "{p}"' for t, p in self.tokens.items())
+        cfg.write_text(self.config_text + f"\n[auth]\ntokens = {{ {listed} }}\n{self.auth_text}\n")
         self.env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))},
             "COX_NATS_URL": self.nats.url, "COX_REDIS_URL": self.redis.url, "COX_TOKEN": TOKEN,

@@ -117,7 +117,7 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, streams: Streams, sid: str, after: int, who: str,
-                 seq_now: Callable[[], Awaitable[int]]) -> None:
+                 seq_now: Callable[[], Awaitable[int]], shared: bool = False) -> None:
         self.status_code = 200
         self.background = None
         self.init_headers({"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
@@ -126,6 +126,8 @@ class EventStream(Response):
         self.sid = sid
         self.after = after
         self.who = who
+        self.shared = shared
+        """The session is the caller's by a share: a later ``session.unshared`` of it ends the stream."""
         self.dropped = ""
         self._transport: Any = None
 
@@ -181,6 +183,7 @@ class EventStream(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             if not await write(b"retry: 1000\n\n"):
                 return
+            opened = await self.seq_now() if self.shared else 0
             tail = streams.tail(self.sid, self.after, self.seq_now, max_bytes=settings.stream_buffer_bytes,
                                 on_overflow=overflow)
             async with tail:
@@ -198,6 +201,14 @@ class EventStream(Response):
                         text = frame(ev)
                         chunk.append(text)
                         size += len(text)
+                        if (self.shared and ev.get("type") == "session.unshared" and ev.get("principal") == self.who
+                                and int(ev.get("seq") or 0) > opened):
+                            # the share was taken back: this event is the stream's last (a clean end)
+                            if await write("".join(chunk).encode()):
+                                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                            metrics.STREAMS_DROPPED.labels("unshared").inc()
+                            streams.log.info("stream.ended", sid=self.sid, principal=self.who, reason="unshared")
+                            return
                         if size >= CHUNK_BYTES:
                             if not await write("".join(chunk).encode()):
                                 return

@@ -93,18 +93,12 @@ class Admission:
         return view
 
     async def patch(self, cmd: PatchCmd) -> Session:
-        fields: list[tuple[str, str]] = []
-        if cmd.title is not None:
-            fields.append(("title", cmd.title))
-        if cmd.auto_title is not None:
-            fields.append(("auto_title", "1" if cmd.auto_title else "0"))
-        if cmd.model is not None:
-            if cmd.model not in self.r.models.names():
-                raise Invalid(f"unknown model {cmd.model!r}; configured: {', '.join(sorted(self.r.models.names()))}")
-            fields.append(("model", cmd.model))
-        if cmd.dont_ask is not None:
-            fields.append(("dont_ask", "1" if cmd.dont_ask else "0"))
+        if cmd.model is not None and cmd.model not in self.r.models.names():
+            raise Invalid(f"unknown model {cmd.model!r}; configured: {', '.join(sorted(self.r.models.names()))}")
+        fields = await _sharing(self.r.redis, cmd) if cmd.share or cmd.unshare else _patch_fields(cmd)
         res = await self.r.store.fns.patch(sid=cmd.sid, principal=cmd.principal, owner=self.r.owner, fields=fields)
+        if cmd.unshare is not None:
+            await self.r.redis.zrem(keys.shared_with(cmd.unshare), cmd.sid)
         if cmd.dont_ask is not None:
             # the holder re-reads its settings; turned on, it also answers a pending approval
             await self.r.doorbell.ring(res.get("runner"), cmd.sid, "approval")
@@ -367,3 +361,26 @@ class Admission:
             # The lease lapsed (Redis gone or this runner stalled): a takeover releases the
             # session or runs what was queued meanwhile.
             r.log.warning("op.lease_lost", sid=d.sid, op=op, error=str(exc))
+
+
+async def _sharing(redis: Any, cmd: PatchCmd) -> list[tuple[str, str]]:
+    """A share change's one field for ``cox_patch``; a new share's index entry goes first
+    (another slot: an entry without a share is skipped when listed)."""
+    if cmd.share is not None:
+        await redis.zadd(keys.shared_with(cmd.share.principal), {cmd.sid: int(time.time() * 1000)})
+        return [("share", json.dumps({"principal": cmd.share.principal, "role": cmd.share.role}))]
+    return [("unshare", str(cmd.unshare))]
+
+
+def _patch_fields(cmd: PatchCmd) -> list[tuple[str, str]]:
+    """PATCH's changes as ``cox_patch``'s (name, value) pairs."""
+    fields: list[tuple[str, str]] = []
+    if cmd.title is not None:
+        fields.append(("title", cmd.title))
+    if cmd.auto_title is not None:
+        fields.append(("auto_title", "1" if cmd.auto_title else "0"))
+    if cmd.model is not None:
+        fields.append(("model", cmd.model))
+    if cmd.dont_ask is not None:
+        fields.append(("dont_ask", "1" if cmd.dont_ask else "0"))
+    return fields

@@ -43,7 +43,7 @@ def _media_type(upload: UploadFile) -> str:
 async def upload(sid: Sid, file: Annotated[UploadFile, File()], services: ServicesDep, reads: ReadsDep,
                  settings: SettingsDep, who: Principal) -> Attachment:
     """Keep a file (multipart, field ``file``) to send with a message; it expires unless a message names it."""
-    await reads.owned(sid, who)
+    acting = await reads.writable(sid, who)  # before its bytes are kept: a reader keeps nothing
     name = (file.filename or "").strip()
     if not name or len(name) > 255:
         raise Invalid("the file needs a name (the multipart part's filename), at most 255 characters")
@@ -64,7 +64,7 @@ async def upload(sid: Sid, file: Annotated[UploadFile, File()], services: Servic
     sha, size = await asyncio.to_thread(att.keep, settings.root, settings.store_dir, chunks())
     if size > limit:  # a part without a size: measured as it was kept (the blob stays unnamed)
         raise TooLarge(f"an attachment may have at most {limit} bytes ([attachments] max_mb); this one has {size}")
-    return await services.call(rpc.RUNNER_ATTACH, AttachCmd(principal=who, sid=sid, attachment_id=new_id("att"),
+    return await services.call(rpc.RUNNER_ATTACH, AttachCmd(principal=acting, sid=sid, attachment_id=new_id("att"),
                                                             name=name, media_type=media, size=size, sha256=sha))
 
 

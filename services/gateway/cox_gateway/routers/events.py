@@ -50,4 +50,5 @@ async def events(
                 out = await tail.next(timeout=wait, limit=limit)
         return JSONResponse(out)
     streams.slots.take(who)  # given back when the stream ends (EventStream)
-    return EventStream(streams, sid, start, who, reads.seq_now(sid))
+    shared = h.get("principal") != who and reads.role(who) != "admin"
+    return EventStream(streams, sid, start, who, reads.seq_now(sid), shared=shared)

@@ -18,8 +18,9 @@ router = APIRouter(responses=errors.responses(401, 503))
 
 
 @router.post("/v1/runs", status_code=201, responses=errors.responses(400, 404, 409, 413, 422))
-async def start_run(body: CreateRun, services: ServicesDep, who: Principal) -> RunCreated:
+async def start_run(body: CreateRun, services: ServicesDep, reads: ReadsDep, who: Principal) -> RunCreated:
     """A session whose turns the program drives until one completes (or ``max_turns``)."""
+    reads.create(who)
     return await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump()))
 
 
@@ -34,7 +35,8 @@ async def list_runs(reads: ReadsDep, who: Principal, state: Literal["running", "
 
 
 @router.post("/v1/sessions/{sid}/check", responses=errors.responses(400, 404, 409, 413, 422))
-async def check(sid: Sid, body: CheckBody, services: ServicesDep, who: Principal) -> CheckResult:
+async def check(sid: Sid, body: CheckBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> CheckResult:
     """Run the owner's command in the sandbox in the session's workspace (no approval; 409
     ``busy`` while a turn runs); recorded as a ``check`` event. Exit code 0 is a pass."""
-    return await services.call(rpc.RUNNER_CHECK, CheckCmd(principal=who, sid=sid, **body.model_dump()))
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_CHECK,
+                                                               CheckCmd(principal=p, sid=sid, **body.model_dump())))

@@ -6,15 +6,18 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi import Path as PathParam
 
 from coxswain import rpc
 from coxswain.errors import NotFound
+from coxswain.ids import ID_RE
 from coxswain.models import (
     CreateCmd,
     CreateSession,
     PatchCmd,
     PatchSession,
     Session,
+    ShareBody,
     WorkspacesCmd,
     WorkspacesResult,
 )
@@ -38,7 +41,8 @@ async def list_models(settings: SettingsDep, who: Principal) -> dict[str, Any]:
 
 
 @router.post("/v1/sessions", status_code=201, responses=errors.responses(400, 404, 409, 413, 422, 503))
-async def create_session(body: CreateSession, services: ServicesDep, who: Principal) -> Session:
+async def create_session(body: CreateSession, services: ServicesDep, reads: ReadsDep, who: Principal) -> Session:
+    reads.create(who)
     return await services.call(rpc.RUNNER_CREATE, CreateCmd(principal=who, **body.model_dump()))
 
 
@@ -51,8 +55,31 @@ async def get_session(sid: Sid, reads: ReadsDep, who: Principal) -> Session:
 
 
 @router.patch("/v1/sessions/{sid}", responses=errors.responses(400, 404, 413, 422, 503))
-async def patch_session(sid: Sid, body: PatchSession, services: ServicesDep, who: Principal) -> Session:
-    return await services.call(rpc.RUNNER_PATCH, PatchCmd(principal=who, sid=sid, **body.model_dump()))
+async def patch_session(sid: Sid, body: PatchSession, services: ServicesDep, reads: ReadsDep, who: Principal) -> Session:
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_PATCH,
+                                                               PatchCmd(principal=p, sid=sid, **body.model_dump())))
+
+
+@router.post("/v1/sessions/{sid}/shares", responses=errors.responses(400, 403, 404, 413, 422, 503))
+async def share(sid: Sid, body: ShareBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> Session:
+    """Share the session with ``principal`` as a ``reader`` or an ``approver`` (its owner or an
+    admin; ``session.shared``); sharing again changes the role."""
+    return await _sharing(sid, who, reads, lambda p: services.call(rpc.RUNNER_PATCH, PatchCmd(principal=p, sid=sid, share=body)))
+
+
+@router.delete("/v1/sessions/{sid}/shares/{principal}", responses=errors.responses(403, 404, 422, 503))
+async def unshare(sid: Sid, principal: Annotated[str, PathParam(pattern=ID_RE.pattern)], services: ServicesDep,
+                  reads: ReadsDep, who: Principal) -> Session:
+    """Take the share back (``session.unshared``): at once, the principal's open event streams
+    of the session close."""
+    return await _sharing(sid, who, reads,
+                          lambda p: services.call(rpc.RUNNER_PATCH, PatchCmd(principal=p, sid=sid, unshare=principal)))
+
+
+async def _sharing(sid: str, who: str, reads: Any, call: Any) -> Session:
+    """Only the owner or an admin changes who a session is shared with (an approver: 403)."""
+    view: Session = await reads.write(sid, who, call)
+    return await reads.view(sid, who) or view
 
 
 @router.get("/v1/workspaces", responses=errors.responses(503))

@@ -29,46 +29,46 @@ from coxswain.models import (
 )
 
 from .. import errors
-from ..deps import Principal, ServicesDep, Sid, VersionId
+from ..deps import Principal, ReadsDep, ServicesDep, Sid, VersionId
 
 router = APIRouter(responses=errors.responses(401, 404, 422, 503))
 
 
 @router.post("/v1/sessions/{sid}/messages", status_code=202, responses=errors.responses(400, 409, 413))
-async def send(sid: Sid, body: SendMessage, services: ServicesDep, who: Principal) -> SendResult:
+async def send(sid: Sid, body: SendMessage, services: ServicesDep, reads: ReadsDep, who: Principal) -> SendResult:
     check_text(body.text)  # 413 before it travels: what is accepted must be recordable
-    return await services.call(rpc.RUNNER_SEND, SendCmd(principal=who, sid=sid, **body.model_dump()))
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_SEND, SendCmd(principal=p, sid=sid, **body.model_dump())))
 
 
 @router.post("/v1/sessions/{sid}/lead", status_code=202, responses=errors.responses(400, 409, 413, 429))
-async def lead(sid: Sid, body: LeadMessage, services: ServicesDep, who: Principal) -> LeadResult:
-    return await services.call(rpc.RUNNER_LEAD, LeadCmd(principal=who, sid=sid, **body.model_dump()))
+async def lead(sid: Sid, body: LeadMessage, services: ServicesDep, reads: ReadsDep, who: Principal) -> LeadResult:
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_LEAD, LeadCmd(principal=p, sid=sid, **body.model_dump())))
 
 
 @router.post("/v1/sessions/{sid}/stop")
-async def stop(sid: Sid, services: ServicesDep, who: Principal) -> StopResult:
-    return await services.call(rpc.RUNNER_STOP, StopCmd(principal=who, sid=sid))
+async def stop(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Principal) -> StopResult:
+    return await reads.approve(sid, who, lambda p: services.call(rpc.RUNNER_STOP, StopCmd(principal=p, sid=sid)))
 
 
 @router.post("/v1/sessions/{sid}/approvals/{aid}", responses=errors.responses(400, 409, 413))
-async def answer(sid: Sid, aid: VersionId, body: ApprovalAnswer, services: ServicesDep, who: Principal) -> dict[str, Any]:
-    await services.call(rpc.RUNNER_ANSWER, ApprovalCmd(principal=who, sid=sid, approval_id=aid, **body.model_dump()))
+async def answer(sid: Sid, aid: VersionId, body: ApprovalAnswer, services: ServicesDep, reads: ReadsDep, who: Principal) -> dict[str, Any]:
+    await reads.approve(sid, who, lambda p: services.call(rpc.RUNNER_ANSWER, ApprovalCmd(principal=p, sid=sid, approval_id=aid, **body.model_dump())))
     return {"ok": True, "approval_id": aid, "decision": body.decision}
 
 
 @router.delete("/v1/sessions/{sid}/queue/{mid}", responses=errors.responses(409))
-async def queue_remove(sid: Sid, mid: VersionId, services: ServicesDep, who: Principal) -> QueueResult:
+async def queue_remove(sid: Sid, mid: VersionId, services: ServicesDep, reads: ReadsDep, who: Principal) -> QueueResult:
     """Remove a queued message before it starts (recorded as ``queue.removed``); 409 ``not_queued`` after."""
-    return await services.call(rpc.RUNNER_QUEUE_REMOVE, QueueRemoveCmd(principal=who, sid=sid, message_id=mid))
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_QUEUE_REMOVE, QueueRemoveCmd(principal=p, sid=sid, message_id=mid)))
 
 
 @router.put("/v1/sessions/{sid}/queue/order", responses=errors.responses(400, 409, 413))
-async def queue_order(sid: Sid, body: QueueOrder, services: ServicesDep, who: Principal) -> QueueResult:
+async def queue_order(sid: Sid, body: QueueOrder, services: ServicesDep, reads: ReadsDep, who: Principal) -> QueueResult:
     """Reorder the queue: every queued message id once, in the new order (``queue.reordered``)."""
-    return await services.call(rpc.RUNNER_QUEUE_ORDER, QueueOrderCmd(principal=who, sid=sid, **body.model_dump()))
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_QUEUE_ORDER, QueueOrderCmd(principal=p, sid=sid, **body.model_dump())))
 
 
 @router.post("/v1/sessions/{sid}/observe", status_code=202, responses=errors.responses(400, 413))
-async def observe(sid: Sid, body: ObserveBody, services: ServicesDep, who: Principal) -> dict[str, Any]:
-    await services.call(rpc.RUNNER_OBSERVE, ObserveCmd(principal=who, sid=sid, **body.model_dump()))
+async def observe(sid: Sid, body: ObserveBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> dict[str, Any]:
+    await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_OBSERVE, ObserveCmd(principal=p, sid=sid, **body.model_dump())))
     return {"ok": True}

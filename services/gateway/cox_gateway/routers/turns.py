@@ -19,25 +19,25 @@ from coxswain.models import (
 )
 
 from .. import errors
-from ..deps import Principal, ServicesDep, Sid
+from ..deps import Principal, ReadsDep, ServicesDep, Sid
 
 router = APIRouter(responses=errors.responses(400, 401, 404, 409, 413, 422, 503))
 
 
 @router.post("/v1/sessions/{sid}/compact")
-async def compact(sid: Sid, services: ServicesDep, who: Principal, body: CompactBody | None = None) -> CompactResult:
+async def compact(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Principal, body: CompactBody | None = None) -> CompactResult:
     """Compact the transcript between turns (``context.compacted``); 409 ``busy`` during a turn."""
     focus = body.focus if body is not None else None
-    return await services.call(rpc.RUNNER_COMPACT, CompactCmd(principal=who, sid=sid, focus=focus))
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_COMPACT, CompactCmd(principal=p, sid=sid, focus=focus)))
 
 
 @router.post("/v1/sessions/{sid}/fork", status_code=201, responses=errors.responses(410, 500))
-async def fork(sid: Sid, body: ForkBody, services: ServicesDep, who: Principal) -> Session:
+async def fork(sid: Sid, body: ForkBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> Session:
     """A new session: the transcript up to the end of turn ``at_turn``, the files as they were then."""
-    return await services.call(rpc.RUNNER_FORK, ForkCmd(principal=who, sid=sid, **body.model_dump()))
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_FORK, ForkCmd(principal=p, sid=sid, **body.model_dump())))
 
 
 @router.post("/v1/sessions/{sid}/rewind", responses=errors.responses(410))
-async def rewind(sid: Sid, body: RewindBody, services: ServicesDep, who: Principal) -> RewindResult:
+async def rewind(sid: Sid, body: RewindBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> RewindResult:
     """Between turns: back to the end of turn ``to_turn`` (``session.rewound``); 409 ``busy`` during a turn."""
-    return await services.call(rpc.RUNNER_REWIND, RewindCmd(principal=who, sid=sid, **body.model_dump()))
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_REWIND, RewindCmd(principal=p, sid=sid, **body.model_dump())))

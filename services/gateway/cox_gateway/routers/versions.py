@@ -49,8 +49,8 @@ async def diff(sid: Sid, vid: VersionId, services: ServicesDep, reads: ReadsDep,
 
 
 @router.post("/v1/sessions/{sid}/versions/{vid}/restore", responses=errors.responses(403, 409, 410))
-async def restore(sid: Sid, vid: VersionId, services: ServicesDep, who: Principal) -> WriteOutcome:
-    return await services.call(rpc.RUNNER_RESTORE, RestoreCmd(principal=who, sid=sid, version_id=vid))
+async def restore(sid: Sid, vid: VersionId, services: ServicesDep, reads: ReadsDep, who: Principal) -> WriteOutcome:
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_RESTORE, RestoreCmd(principal=p, sid=sid, version_id=vid)))
 
 
 @router.get("/v1/sessions/{sid}/undo")
@@ -61,5 +61,5 @@ async def undo_target(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Pri
 
 
 @router.post("/v1/sessions/{sid}/undo", responses=errors.responses(403, 409, 410))
-async def undo(sid: Sid, services: ServicesDep, who: Principal) -> WriteOutcome:
-    return await services.call(rpc.RUNNER_UNDO, UndoCmd(principal=who, sid=sid))
+async def undo(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Principal) -> WriteOutcome:
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_UNDO, UndoCmd(principal=p, sid=sid)))

@@ -267,7 +267,8 @@ local function cox_create(keys, args)
   return with_pub(base, owner, reply({ sid = sid, created = now }))
 end
 
--- ARGV: sid, principal, owner, then field/value pairs among title, auto_title, model, dont_ask
+-- ARGV: sid, principal, owner, then field/value pairs among title, auto_title, model, dont_ask,
+-- share (JSON {principal, role}) and unshare (a principal); a share change is sent alone
 local function cox_patch(keys, args)
   local base = keys[1]
   local sid, principal, owner = args[1], args[2], args[3]
@@ -296,6 +297,24 @@ local function cox_patch(keys, args)
       redis.call('HSET', base, f, v)
       changes[f] = (v == '1')
       n = n + 1
+    elseif f == 'share' or f == 'unshare' then
+      local raw = redis.call('HGET', base, 'shares')
+      local shares = {}
+      if raw and raw ~= '' then shares = cjson.decode(raw) end
+      if f == 'share' then
+        local s = cjson.decode(v)
+        if s.principal == redis.call('HGET', base, 'principal') then
+          return refuse('invalid', 'the session is its owner\'s already: share it with someone else')
+        end
+        shares[s.principal] = s.role
+        emit_t(base, sid, { type = 'session.shared', principal = s.principal, role = s.role }, now)
+      else
+        if shares[v] == nil then return refuse('not_found', 'the session is not shared with that principal') end
+        shares[v] = nil
+        emit_t(base, sid, { type = 'session.unshared', principal = v }, now)
+      end
+      if next(shares) == nil then redis.call('HDEL', base, 'shares')
+      else redis.call('HSET', base, 'shares', cjson.encode(shares)) end
     end
   end
   if n > 0 then emit_t(base, sid, { type = 'session.updated', changes = changes }, now) end
