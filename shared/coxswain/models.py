@@ -105,6 +105,9 @@ class CreateRun(_Body):
     create: bool | None = None
     """With ``workspace``: as for ``POST /v1/sessions`` (default true); with ``template`` only
     false is meaningful (the copy is always a new folder)."""
+    client_id: Id | None = None
+    """An idempotency key: a second ``POST /v1/runs`` of the same principal with the same
+    ``client_id`` answers the run the first one made (200, ``replay: true``) and starts nothing."""
 
 
 class CheckBody(_Body):
@@ -266,6 +269,8 @@ class RunCreated(_Out):
     session_id: str
     workspace: str
     run: RunInfo
+    replay: bool = False
+    """True when ``client_id`` named a run already made: this is that run, as it is now (200)."""
 
 
 class RunsResult(_Out):

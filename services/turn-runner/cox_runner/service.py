@@ -118,7 +118,7 @@ class Runner(Service):
         forks = Forks(a)
         await self.endpoint(rpc.RUNNER_FORK, on(forks.fork))
         await self.endpoint(rpc.RUNNER_REWIND, on(forks.rewind))
-        runs = Runs(a)
+        runs = Runs(a, self.archiver.reload)
         await self.endpoint(rpc.RUNNER_RUN, runs.create)
         await self.endpoint(rpc.RUNNER_CHECK, on(runs.check))
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
