@@ -255,3 +255,33 @@ def test_a_fork_keeps_the_attachment(api: Api) -> None:
     got = api.http.get(f"/v1/sessions/{fid}/attachments/{t['attachment_id']}")
     assert got.status_code == 200 and got.content == NOTES.encode()
     assert got.headers["content-type"].startswith("text/plain")
+
+
+# ------------------------------------------------------------------ the store folder is no workspace
+
+
+def test_no_workspace_can_be_or_reach_into_the_store_folder(stack: Stack, api: Api) -> None:
+    """The blobs live in ``<root>/.coxswain/attachments``: a session, a run or a run's template on
+    ``.coxswain`` itself, a path through it, a spelling that resolves to it, or a link to it is
+    refused (422), so no session's commands ever get the blobs as their workspace."""
+    sid = api.create("att-store-attack")["id"]
+    upload(api, sid, "secret.txt", b"another session's file\n", "text/plain")
+    store = stack.root / ".coxswain"
+    assert (store / "attachments").is_dir()
+    (stack.root / "link-to-store").symlink_to(store, target_is_directory=True)
+    (stack.root / "link-to-blobs").symlink_to(store / "attachments", target_is_directory=True)
+    names = [".coxswain", ".coxswain/", "./.coxswain", ".coxswain/attachments", ".coxswain/new-folder",
+             "x/../.coxswain", "x/../.coxswain/attachments", str(store), str(store / "attachments"),
+             "link-to-store", "link-to-store/attachments", "link-to-blobs", "sub/.coxswain"]
+    before = {p.name for p in store.iterdir()}
+    for name in names:
+        for path, body in [("/v1/sessions", {"workspace": name}),
+                           ("/v1/runs", {"workspace": name, "text": "x"}),
+                           ("/v1/runs", {"template": name, "text": "x"})]:
+            r = api.http.post(path, json=body)
+            assert r.status_code == 422 and r.json()["error"] in ("workspace_invalid", "invalid"), (path, body, r.text)
+    assert {p.name for p in store.iterdir()} == before, "nothing made in the store folder"
+    assert not (stack.root / "sub").exists()
+    listed = api.http.get("/v1/workspaces")
+    assert listed.status_code == 200, listed.text
+    assert not any(".coxswain" in str(w) or "link-to-" in str(w) for w in listed.json()["workspaces"]), listed.text
