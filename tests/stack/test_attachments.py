@@ -285,3 +285,44 @@ def test_no_workspace_can_be_or_reach_into_the_store_folder(stack: Stack, api: A
     listed = api.http.get("/v1/workspaces")
     assert listed.status_code == 200, listed.text
     assert not any(".coxswain" in str(w) or "link-to-" in str(w) for w in listed.json()["workspaces"]), listed.text
+
+
+# ------------------------------------------------------------------ JSON with base64
+
+
+def test_an_upload_as_json_with_base64_is_kept_like_a_multipart_one(stack: Stack, api: Api, fake: FakeModels) -> None:
+    sid = api.create("att-json", model="fake-vision")["id"]
+    url = f"/v1/sessions/{sid}/attachments"
+    r = api.http.post(url, json={"name": "shot.png", "media_type": "image/png", "data": base64.b64encode(PNG).decode()})
+    assert r.status_code == 201, r.text
+    img = r.json()
+    assert (img["name"], img["media_type"], img["size"]) == ("shot.png", "image/png", len(PNG))
+    # no media_type: guessed from the name, as for a multipart part without one
+    r = api.http.post(url, json={"name": "notes.txt", "data": base64.b64encode(NOTES.encode()).decode()})
+    assert r.status_code == 201 and r.json()["media_type"] == "text/plain", r.text
+    txt = r.json()
+    got = api.http.get(f"{url}/{img['attachment_id']}")
+    assert got.status_code == 200 and got.content == PNG
+    turn(api, sid, "[case:json-upload] look", [img["attachment_id"], txt["attachment_id"]])
+    assert fake.images("json-upload")[:1] == [("image/png", PNG)]
+    assert NOTES.strip() in json.dumps(last_user_content(fake.for_case("json-upload")[0]))
+
+    kept, before = blobs(stack), last_seq(api, sid)
+    bad: list[tuple[Any, int, str]] = [
+        ({"name": "a.txt", "data": "not base64!"}, 422, "invalid"),
+        ({"name": "", "data": ""}, 422, "invalid"),
+        ({"data": "eA=="}, 422, "invalid"),
+        ({"name": "a.txt", "data": "eA==", "extra": 1}, 422, "invalid"),
+        ({"name": "tool.exe", "media_type": "application/x-msdownload", "data": "TVo="}, 415,
+         "unsupported_media_type"),
+        ({"name": "big.pdf", "media_type": "application/pdf",
+          "data": base64.b64encode(b"\0" * (20 * 1024 * 1024 + 1)).decode()}, 413, "too_large"),
+    ]
+    for body, status, code in bad:
+        r = api.http.post(url, json=body)
+        assert (r.status_code, r.json()["error"]) == (status, code), (str(body)[:80], r.text[:300])
+    r = api.http.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert (r.status_code, r.json()["error"]) == (400, "bad_json"), r.text
+    r = api.http.post(url, content=b"x", headers={"content-type": "text/plain"})
+    assert (r.status_code, r.json()["error"]) == (422, "invalid"), r.text
+    assert blobs(stack) == kept and last_seq(api, sid) == before, "nothing kept or recorded"
