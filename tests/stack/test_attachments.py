@@ -326,3 +326,36 @@ def test_an_upload_as_json_with_base64_is_kept_like_a_multipart_one(stack: Stack
     r = api.http.post(url, content=b"x", headers={"content-type": "text/plain"})
     assert (r.status_code, r.json()["error"]) == (422, "invalid"), r.text
     assert blobs(stack) == kept and last_seq(api, sid) == before, "nothing kept or recorded"
+
+
+# ------------------------------------------------------------------ rewind
+
+
+def test_a_rewind_before_the_message_drops_the_attachment_from_the_conversation_and_keeps_the_file(
+        stack: Stack, api: Api, fake: FakeModels) -> None:
+    sid = api.create("att-rewind", model="fake-vision")["id"]
+    secret_notes = "rewound notes: the port is 4242\n"
+    turn(api, sid, "[case:rw-1] first", [])
+    t = upload(api, sid, "rewound.txt", secret_notes.encode(), "text/plain")
+    i = upload(api, sid, "rewound.png", PNG, "image/png")
+    turn(api, sid, "[case:rw-2] with files", [t["attachment_id"], i["attachment_id"]])
+    assert "4242" in json.dumps(fake.for_case("rw-2")[0]["messages"]) and fake.images("rw-2")
+
+    r = api.http.post(f"/v1/sessions/{sid}/rewind", json={"to_turn": 1, "scope": "conversation"})
+    assert r.status_code == 200, r.text
+    turn(api, sid, "[case:rw-3] after the rewind", [])
+    sent = json.dumps(fake.for_case("rw-3")[0]["messages"])
+    assert "rw-1" in sent, "the kept turn is in the conversation"
+    assert "4242" not in sent and "rw-2" not in sent and fake.images("rw-3") == [], \
+        "the rewound message and its attachments are not"
+    # the log keeps the message, so its files stay readable and kept (docs/api.md)
+    for a, data in ((t, secret_notes.encode()), (i, PNG)):
+        got = api.http.get(f"/v1/sessions/{sid}/attachments/{a['attachment_id']}")
+        assert got.status_code == 200 and got.content == data
+        assert hashlib.sha256(data).hexdigest() in blobs(stack)
+    # and a rewind to the turn that carried them gives them back to the model
+    r = api.http.post(f"/v1/sessions/{sid}/rewind", json={"to_turn": 2, "scope": "conversation"})
+    assert r.status_code == 200, r.text
+    turn(api, sid, "[case:rw-4] back again", [])
+    assert "4242" in json.dumps(fake.for_case("rw-4")[0]["messages"]) and fake.images("rw-4")[:1] == [
+        ("image/png", PNG)]
