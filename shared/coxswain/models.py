@@ -404,6 +404,11 @@ class CallSpec(_Body):
     args: dict[str, Any]
 
 
+ATTACHMENT_CALL = "attachment"
+"""The name of guard's check of an attachment's content before a turn gives it to the model (not
+a tool the model has): args ``{attachment_id, name, media_type, content}``; it answers ``ask``
+(a security confirm, the person's) when the content looks like a credential, else ``allow``."""
+
 STANDING_NETWORK = "network"
 """The standing approval a person's "always" on a network confirm records: the session's
 commands may ask for the network without asking again."""

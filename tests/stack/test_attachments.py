@@ -359,3 +359,50 @@ def test_a_rewind_before_the_message_drops_the_attachment_from_the_conversation_
     turn(api, sid, "[case:rw-4] back again", [])
     assert "4242" in json.dumps(fake.for_case("rw-4")[0]["messages"]) and fake.images("rw-4")[:1] == [
         ("image/png", PNG)]
+
+
+# ------------------------------------------------------------------ credentials
+
+
+AWS = "deploy notes\nAWS_ACCESS_KEY_ID = 'AKIAIOSFODNN7EXAMPLE'\nregion = 'eu-west-1'\n"
+
+
+@pytest.mark.parametrize("decision", ["deny", "allow"])
+def test_an_attachment_that_looks_like_a_credential_asks_the_person_before_the_model_gets_it(
+        api: Api, fake: FakeModels, decision: str) -> None:
+    sid = api.create(f"att-cred-{decision}", model="fake-vision")["id"]
+    a = upload(api, sid, "creds.txt", AWS.encode(), "text/plain")
+    case = f"cred-{decision}"
+    after = last_seq(api, sid)
+    assert api.send(sid, f"[case:{case}] deploy with these", attachments=[a["attachment_id"]]).status_code == 202
+    pending = api.wait_type(sid, "approval.pending", after=after)
+    assert pending["security"] is True and pending["name"] == "attachment", pending
+    assert pending["args"]["attachment_id"] == a["attachment_id"] and pending["args"]["name"] == "creds.txt"
+    assert "credential" in pending["reason"] and "AWS" in pending["reason"], pending
+    assert "AKIA" not in json.dumps(pending), "the question names the file, never its content"
+    assert fake.for_case(case) == [], "the model gets nothing while the person is asked"
+    r = api.http.post(f"/v1/sessions/{sid}/approvals/{pending['approval_id']}", json={"decision": decision})
+    assert r.status_code == 200, r.text
+    end, evs = finished(api, sid, after=after)
+    assert end["outcome"] == "completed", end
+    sent = json.dumps(fake.for_case(case)[0]["messages"])
+    withheld = of_type(evs, "attachment.withheld")
+    if decision == "deny":
+        assert "AKIA" not in sent and "creds.txt" in sent and "withheld" in sent, sent
+        assert [(w["attachment_id"], w["name"]) for w in withheld] == [(a["attachment_id"], "creds.txt")]
+        # a later turn's transcript, rebuilt from the log, still leaves it out
+        turn(api, sid, f"[case:{case}-later] and now?", [])
+        assert "AKIA" not in json.dumps(fake.for_case(f"{case}-later")[0]["messages"])
+    else:
+        assert "AKIAIOSFODNN7EXAMPLE" in sent and withheld == []
+    # either way the message keeps it: readable again
+    got = api.http.get(f"/v1/sessions/{sid}/attachments/{a['attachment_id']}")
+    assert got.status_code == 200 and got.content == AWS.encode()
+
+
+def test_a_clean_text_attachment_asks_nobody(api: Api, fake: FakeModels) -> None:
+    sid = api.create("att-clean", model="fake-vision")["id"]
+    a = upload(api, sid, "plain.txt", NOTES.encode(), "text/plain")
+    evs = turn(api, sid, "[case:clean] read", [a["attachment_id"]])
+    assert of_type(evs, "approval.pending") == [] and of_type(evs, "attachment.withheld") == []
+    assert NOTES.strip() in json.dumps(fake.for_case("clean")[0]["messages"])

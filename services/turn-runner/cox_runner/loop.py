@@ -144,7 +144,8 @@ class TurnLoop:
         """The transcript so far: carried from this drive's previous turn (the lease was held from
         that turn to this one, so nobody else wrote to the conversation), else from the log."""
         t = self.turn
-        files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir, t.workspace)
+        held = await self.gate.screen_attachments(t.attachments) if t.attachments else frozenset()
+        files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir, t.workspace, held)
         if self.carried is not None:
             self.rec.history = self.carried
             await asyncio.to_thread(self.rec.history.user, t.text, t.via, t.attachments, files)
