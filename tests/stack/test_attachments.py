@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ default = "script"
 
 [attachments]
 max_mb = 20
+collect_every_s = 0.5
 allowed_types = ["image/*", "text/*", "application/pdf"]
 
 [[model.providers]]
@@ -406,3 +409,39 @@ def test_a_clean_text_attachment_asks_nobody(api: Api, fake: FakeModels) -> None
     evs = turn(api, sid, "[case:clean] read", [a["attachment_id"]])
     assert of_type(evs, "approval.pending") == [] and of_type(evs, "attachment.withheld") == []
     assert NOTES.strip() in json.dumps(fake.for_case("clean")[0]["messages"])
+
+
+# ------------------------------------------------------------------ collecting unnamed uploads
+
+
+def test_an_upload_no_message_named_is_removed_after_ttl_and_a_named_one_is_kept(stack: Stack, api: Api) -> None:
+    """Blobs are aged by their mtime (their latest upload): one no message named and older than
+    ``ttl_s`` + the grace is removed by the runner's collector; one a message named stays, as does
+    a fresh one; a crashed upload's old temporary goes too."""
+    sid = api.create("att-collect")["id"]
+    unnamed = upload(api, sid, "unnamed.txt", b"nobody sends this\n", "text/plain")
+    named = upload(api, sid, "named.txt", b"this one is sent\n", "text/plain")
+    fresh = upload(api, sid, "fresh.txt", b"uploaded just now\n", "text/plain")
+    turn(api, sid, said("send one", {"text": "ok"}), [named["attachment_id"]])
+    folder = stack.root / ".coxswain" / "attachments"
+    sha = {k: hashlib.sha256(v).hexdigest() for k, v in (("unnamed", b"nobody sends this\n"),
+                                                          ("named", b"this one is sent\n"),
+                                                          ("fresh", b"uploaded just now\n"))}
+    assert (folder / "kept" / sha["named"]).exists() and not (folder / "kept" / sha["unnamed"]).exists()
+    old = time.time() - 86_400 - 3600
+    for k in ("unnamed", "named"):
+        os.utime(folder / sha[k], (old, old))
+    crashed = folder / ".up-crashed"
+    crashed.write_bytes(b"half an upload")
+    os.utime(crashed, (old, old))
+    deadline = time.monotonic() + 20
+    while (folder / sha["unnamed"]).exists() or crashed.exists():
+        assert time.monotonic() < deadline, "the collector did not remove the old unnamed blob"
+        time.sleep(0.2)
+    assert (folder / sha["named"]).exists() and (folder / sha["fresh"]).exists()
+    assert not [p for p in folder.iterdir() if p.name.startswith(".gc-")], "nothing left aside"
+    got = api.http.get(f"/v1/sessions/{sid}/attachments/{named['attachment_id']}")
+    assert got.status_code == 200 and got.content == b"this one is sent\n"
+    gone = api.http.get(f"/v1/sessions/{sid}/attachments/{unnamed['attachment_id']}")
+    assert gone.status_code == 404 and "no longer kept" in gone.json()["detail"], gone.text
+    assert api.http.get(f"/v1/sessions/{sid}/attachments/{fresh['attachment_id']}").status_code == 200

@@ -230,7 +230,7 @@ class Gate:
             req = GuardRequest(sid=t.sid, workspace=str(t.workspace), call=CallSpec(
                 call_id=new_id("c"), name=ATTACHMENT_CALL,
                 args={**meta, "content": data.decode("utf-8", errors="replace")[:SCREENED_CHARS]}))
-            g = await infra.call(self.deps, t, self.budget, self.log, "guard", lambda _, r=req: self.deps.clients.guard(r))
+            g = await self._guard(req)
             if g.verdict == "allow":
                 continue
             # the question and the log name the file, never its content (it may be a secret)
@@ -246,6 +246,10 @@ class Gate:
                 await self.rec.emit(ev.AttachmentWithheld(sid=t.sid, turn_id=t.turn_id, attachment_id=aid, name=name,
                                                           reason=g.reason))
         return frozenset(held)
+
+    async def _guard(self, req: GuardRequest) -> GuardResult:
+        return await infra.call(self.deps, self.turn, self.budget, self.log, "guard",
+                                lambda _: self.deps.clients.guard(req))
 
     async def policy_inputs(self) -> tuple[frozenset[str], bool]:
         """The session's standing approvals and don't-ask switch: read once (one round trip), then

@@ -128,6 +128,8 @@ class Runner(Service):
         self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
         self.spawn(self.deps.run_slots.run(), "run-slots", critical=True)
         self.spawn(self._every(1.0, limits.of(self.sandbox).reap), "orphan-reaper", critical=True)
+        self.spawn(self._every(self.settings.attachments.collect_every_s, a.attachments.collect),
+                   "attachment-collector", critical=True)
         if self.settings.sessions.idle_days > 0:
             self.spawn(self._every(self.settings.sessions.archive_every_s, self._archive), "archiver", critical=True)
 

@@ -115,10 +115,11 @@ async def upload(sid: Sid, request: Request, services: ServicesDep, reads: Reads
         limit = int(settings.attachments.max_mb * 1024 * 1024)
         if (size or 0) > limit:
             raise TooLarge(f"an attachment may have at most {limit} bytes ([attachments] max_mb); this one has {size}")
-        sha, size = await asyncio.to_thread(att.keep, settings.root, settings.store_dir, chunks)
+        sha, kept = await asyncio.to_thread(att.keep, settings.root, settings.store_dir, chunks)
     finally:
         if form is not None:
             await form.close()
+    size = kept
     if size > limit:  # a part without a size: measured as it was kept (the blob stays unnamed)
         raise TooLarge(f"an attachment may have at most {limit} bytes ([attachments] max_mb); this one has {size}")
     return await services.call(rpc.RUNNER_ATTACH, AttachCmd(principal=who, sid=sid, attachment_id=new_id("att"),
