@@ -59,7 +59,7 @@ def safe_name(name: str) -> str:
 def keep(root: Path | str, store_dir: str, chunks: Iterable[bytes]) -> tuple[str, int]:
     """Write ``chunks`` as a blob; answer its sha256 and size (blocking: run it in a thread)."""
     d = folder(root, store_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    ensure_kept(root, store_dir)  # before the first blob: only blobs from before marks get marked
     h = hashlib.sha256()
     size = 0
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".up-")
@@ -138,8 +138,6 @@ def collect(root: Path | str, store_dir: str, ttl_s: float, now: float, grace_s:
     replaced meanwhile (fresh) or a send marked meanwhile is put back (the same bytes: the name is
     their digest), else removed. Safe beside other runners doing the same (each rename is atomic)."""
     d = folder(root, store_dir)
-    if not d.is_dir():
-        return []
     kept = ensure_kept(root, store_dir)
     limit = now - ttl_s - grace_s
     removed: list[str] = []

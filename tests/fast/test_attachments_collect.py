@@ -19,7 +19,12 @@ def blob(root: Path, data: bytes, age: float) -> str:
 
 
 def test_blobs_there_before_marks_existed_are_all_kept(tmp_path: Path) -> None:
-    before = blob(tmp_path, b"from an older version", TTL * 10)
+    # written as an older version wrote blobs: no kept folder
+    before = hashlib.sha256(b"from an older version").hexdigest()
+    legacy = att.blob(tmp_path, ".coxswain", before)
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b"from an older version")
+    os.utime(legacy, (NOW - TTL * 10, NOW - TTL * 10))
     assert att.collect(tmp_path, ".coxswain", TTL, NOW) == [], "a message may name it: kept"
     assert att.blob(tmp_path, ".coxswain", before).exists()
     later = blob(tmp_path, b"unnamed, after marks", TTL * 10)

@@ -445,3 +445,46 @@ def test_an_upload_no_message_named_is_removed_after_ttl_and_a_named_one_is_kept
     gone = api.http.get(f"/v1/sessions/{sid}/attachments/{unnamed['attachment_id']}")
     assert gone.status_code == 404 and "no longer kept" in gone.json()["detail"], gone.text
     assert api.http.get(f"/v1/sessions/{sid}/attachments/{fresh['attachment_id']}").status_code == 200
+
+
+# ------------------------------------------------------------------ the model changed while it waited
+
+
+def test_a_queued_image_whose_session_moved_to_a_model_without_vision_is_refused_when_it_starts(
+        api: Api, fake: FakeModels) -> None:
+    """Queued while the session's model took images, started after it was switched to one that
+    does not: the turn is refused before the model is asked (a clear ``turn.end``), the message
+    keeps its attachment, the queue goes on, a later turn on that model is not sent the image,
+    and back on a model with vision the same attachment is sent again."""
+    fake.vision = False  # were the image sent, the text-only server would refuse it (fake.refused)
+    sid = api.create("att-switch")["id"]  # the script model: it takes images
+    img = upload(api, sid, "queued.png", PNG, "image/png")
+    after = last_seq(api, sid)
+    assert api.send(sid, said("slow", {"text": "slow", "delay_ms": 1500})).status_code == 202
+    api.wait_type(sid, "turn.start", after=after)
+    r = api.send(sid, "[case:switched] look at this", mode="queue", attachments=[img["attachment_id"]])
+    assert r.status_code == 202 and r.json()["disposition"] == "queued", r.text
+    r = api.send(sid, "[case:switched-next] and this after", mode="queue")
+    assert r.status_code == 202, r.text
+    assert api.http.patch(f"/v1/sessions/{sid}", json={"model": "fake-text-only"}).status_code == 200
+    msg = api.wait_type(sid, "user.msg", after=after, via="queue", timeout=30)
+    end = api.wait_type(sid, "turn.end", after=msg["seq"], timeout=30)
+    assert end["outcome"] == "error", end
+    for word in ("not_accepting", "fake-text-only", "images", "queued.png", "kept"):
+        assert word in end["detail"], end
+    assert fake.for_case("switched") == [] and fake.refused == [], "nothing went to the model"
+    assert [a["attachment_id"] for a in msg["attachments"]] == [img["attachment_id"]], "the message keeps it"
+    # the queue goes on: the next message runs on the new model, which is told of the image, not sent it
+    nxt = api.wait_type(sid, "user.msg", after=end["seq"], via="queue", timeout=30)
+    nend = api.wait_type(sid, "turn.end", after=nxt["seq"], timeout=30)
+    assert nend["outcome"] == "completed", nend
+    assert fake.refused == [] and fake.images("switched-next") == []
+    assert "queued.png" in json.dumps(fake.for_case("switched-next")[0]["messages"])
+    got = api.http.get(f"/v1/sessions/{sid}/attachments/{img['attachment_id']}")
+    assert got.status_code == 200 and got.content == PNG
+    # back on a model that takes images, the same attachment goes with a send again
+    fake.vision = True
+    api.wait_idle(sid)
+    assert api.http.patch(f"/v1/sessions/{sid}", json={"model": "fake-vision"}).status_code == 200
+    turn(api, sid, "[case:switched-back] now look", [img["attachment_id"]])
+    assert fake.images("switched-back")[:1] == [("image/png", PNG)]

@@ -86,6 +86,9 @@ class AttachmentFiles:
     workspace: Path
     withheld: frozenset[str] = frozenset()
     """Attachments not given to the model (``attachment.withheld``): named, their content left out."""
+    images: bool = True
+    """Whether the turn's model takes images; when not, an image is named instead of sent (an
+    earlier message's, from when the session was on a model that did)."""
 
     def parts(self, attached: list[dict[str, Any]]) -> list[UserContent]:
         out: list[UserContent] = []
@@ -102,7 +105,9 @@ class AttachmentFiles:
                 out.append(f"{label}: its content is no longer kept.")
                 continue
             kind = att.kind(media)
-            if kind == "image":
+            if kind == "image" and not self.images:
+                out.append(f"{label}: not shown: the model this turn runs on does not take images.")
+            elif kind == "image":
                 out.append(f"{label}:")
                 out.append(BinaryContent(data=data, media_type=media, identifier=str(a.get("attachment_id", ""))))
             elif kind == "text":
