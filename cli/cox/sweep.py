@@ -1,8 +1,8 @@
 """``cox sweep TASKS.jsonl --out RESULTS.jsonl``: run every task as an unattended run (on each of
 ``--models``), ``--parallel`` at a time, check each in its workspace, and write one result line per
 (task, model). Resumable: the same command again skips what has a result and re-attaches to runs
-still going, so no task runs twice on one model (``sweep_plan``: the journal and how a run whose
-session was never recorded is found again). Exit 0 once every task has a result (passed or not),
+still going, so no task runs twice on one model (``sweep_plan``: the journal, and the
+``client_id`` that makes a POST sent again answer the run the first one made). Exit 0 once every task has a result (passed or not),
 1 when the sweep stopped before (Ctrl-C, the gateway lost: the runs go on; run it again), 2 on a
 usage error (a bad task file, an unknown model, no token, no gateway).
 """
@@ -44,15 +44,19 @@ from .sweep_plan import (
     SweepFileError,
     Unit,
     candidates,
+    client_id,
     intent,
     journal_path,
     load_tasks,
+    new_nonce,
+    nonce_of,
     parse_models,
     plan,
     read_jsonl,
     reconcile,
     resume,
     started,
+    sweep_line,
     sweep_tag,
 )
 from .sweep_report import Tally, View, result, summarize, summary_table
@@ -122,6 +126,7 @@ class Sweep:
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
         self.stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
         self.lost: str | None = None
+        self.nonce = ""
 
     async def main(self, tasks: list[Any], models: list[str] | None) -> int:
         try:
@@ -137,7 +142,8 @@ class Sweep:
             return _fail([f"the gateway at {self.api.url} did not answer: {exc}" if exc.status == 0 else str(exc)])
         try:
             units = plan(tasks, models, str(offered["default"]), offered["models"])
-            state = resume(read_jsonl(self.out), read_jsonl(journal_path(self.out)))
+            journaled = read_jsonl(journal_path(self.out))
+            state = resume(read_jsonl(self.out), journaled)
         except SweepFileError as exc:
             return _fail(exc.messages)
         keys = {u.key for u in units}
@@ -156,6 +162,11 @@ class Sweep:
             self.err.print(f"cox sweep: {len(before)} done, re-attaching to {n} runs, {len(todo) - n} to start")
 
         self.results, self.journal = Appender(self.out), Appender(journal_path(self.out))
+        nonce = nonce_of(journaled)
+        if nonce is None:
+            nonce = new_nonce()
+            self.journal.add(sweep_line(nonce))
+        self.nonce = nonce
         self.view = View(self.err, len(units), before)
         gate = asyncio.Semaphore(self.parallel)
         # runs to re-attach to first: they are going already
@@ -255,7 +266,7 @@ class Sweep:
 
     def body(self, unit: Unit) -> dict[str, Any]:
         body: dict[str, Any] = {"text": unit.task.prompt, "model": unit.model, "confirm": self.confirm,
-                                "unattended": True}
+                                "unattended": True, "client_id": client_id(self.nonce, unit)}
         if unit.task.template is not None:
             body["template"] = unit.task.template
         else:
@@ -266,17 +277,18 @@ class Sweep:
 
     async def start(self, unit: Unit) -> str | dict[str, Any]:
         """Start the run of ``unit``: its session id, or its result when the server refuses it.
-        The intent is on disk before the POST; a POST whose answer is lost is looked up among the
-        runs before it is sent again (it may have made one)."""
+        The intent is on disk before the POST; a POST whose answer is lost is sent again with the
+        same ``client_id``, which answers the run it made if it made one (200, ``replay``)."""
         at = int(time.time() * 1000)
-        self.journal.add(intent(unit, at))
+        body = self.body(unit)
+        self.journal.add(intent(unit, at, body["client_id"]))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60.0
         pause = 0.5
         workspace: str | None = None
         while True:
             try:
-                made = await self.api.call("POST", "/v1/runs", self.body(unit))
+                made = await self.api.call("POST", "/v1/runs", body)
                 sid, workspace = str(made["session_id"]), made.get("workspace")
                 break
             except ApiError as exc:
@@ -287,10 +299,6 @@ class Sweep:
                     raise GatewayLost(str(exc)) from exc
             await asyncio.sleep(pause)
             pause = min(pause * 2, 4.0)
-            found = await self.find({unit: at})
-            if unit.key in found:
-                sid = found[unit.key]
-                break
         self.claimed.add(sid)
         self.journal.add(started(unit, sid, workspace))
         return sid

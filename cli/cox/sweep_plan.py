@@ -2,15 +2,17 @@
 journal beside it, and which runs a resumed sweep re-attaches to. No I/O to the gateway here.
 
 **Resuming.** A task is run at most once per model. ``RESULTS.jsonl`` holds one line per finished
-(id, model); ``RESULTS.jsonl.journal`` records, fsynced, an *intent* before each
-``POST /v1/runs`` and the session it made (*started*) after. A sweep started again skips what has
-a result, re-attaches to the started sessions, and for an intent with no session (the sweep died
-between the POST and the journal write, or the POST's answer was lost) looks the run up among
-the principal's runs (``GET /v1/runs``) before it would start another: :func:`reconcile` takes the
-run on the task's model and workspace (``<template>-run-<n>``, or the task's own folder), with
-the task's prompt as its first message and settings, created nearest the intent, and not already
-some other task's. Only when there is none is the task started again, which is then right: its
-POST never made a run.
+(id, model); ``RESULTS.jsonl.journal`` records, fsynced, the sweep's nonce (its first line), an
+*intent* before each ``POST /v1/runs`` and the session it made (*started*) after. Every POST
+carries a ``client_id`` derived from the nonce, the task id and the model (:func:`client_id`), so
+the server makes at most one run per unit however often it is sent. A sweep started again skips
+what has a result, re-attaches to the started sessions, and for an intent with no session (the
+sweep died between the POST and the journal write, or the POST's answer was lost) sends the POST
+again: the server answers the run the first one made (200, ``replay``), or makes it if it never
+did. An intent without a ``client_id`` (a journal an older cox sweep wrote) is looked up among the
+principal's runs (``GET /v1/runs``) instead: :func:`reconcile` takes the run on the task's model
+and workspace (``<template>-run-<n>``, or the task's own folder), with the task's prompt as its
+first message and settings, created nearest the intent, and not already some other task's.
 
 **Workspaces.** A task with a ``template`` runs in the server's fresh copy of it. A task without
 one runs in a folder of its own named for the sweep, the task and the model
@@ -24,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,8 +243,34 @@ def journal_path(out: Path) -> Path:
     return out.with_name(out.name + ".journal")
 
 
-def intent(unit: Unit, at_ms: int) -> dict[str, Any]:
-    return {"event": "intent", "id": unit.task.id, "model": unit.model, "at": at_ms}
+def sweep_line(nonce: str) -> dict[str, Any]:
+    """The journal's line naming this sweep: the nonce its runs' ``client_id`` are derived from."""
+    return {"event": "sweep", "nonce": nonce}
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def nonce_of(journal: list[dict[str, Any]]) -> str | None:
+    """The nonce of the journal's (first) sweep line; None for a fresh journal, or one an older
+    cox sweep wrote."""
+    return next((str(j["nonce"]) for j in journal if j.get("event") == "sweep" and j.get("nonce")), None)
+
+
+def client_id(nonce: str, unit: Unit) -> str:
+    """The ``client_id`` of the run of ``unit`` in the sweep of ``nonce``: the same on every
+    attempt of this sweep (so a POST sent again answers the run the first one made), another in a
+    sweep whose results file and journal were removed to start afresh."""
+    digest = hashlib.sha256(f"{nonce}\n{unit.task.id}\n{unit.model}".encode()).hexdigest()
+    return f"sw-{digest[:48]}"
+
+
+def intent(unit: Unit, at_ms: int, cid: str | None = None) -> dict[str, Any]:
+    line: dict[str, Any] = {"event": "intent", "id": unit.task.id, "model": unit.model, "at": at_ms}
+    if cid is not None:
+        line["client_id"] = cid
+    return line
 
 
 def started(unit: Unit, session_id: str, workspace: str | None) -> dict[str, Any]:
@@ -274,7 +303,9 @@ def resume(results: list[dict[str, Any]], journal: list[dict[str, Any]]) -> Resu
         if key in r.done:
             continue
         if j.get("event") == "intent":
-            if key not in r.attach:
+            # An intent with a client_id needs no look-up: its POST sent again answers the run it
+            # made, if it made one. One without (an older cox sweep's) is looked up.
+            if key not in r.attach and not j.get("client_id"):
                 r.unsure[key] = int(j.get("at") or 0)
         elif j.get("event") == "started":
             r.attach[key] = str(j["session_id"])

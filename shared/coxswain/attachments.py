@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Literal
 
 FOLDER = "attachments"
+KEPT = "kept"
+"""``<folder>/kept/<sha256>``: an empty file for each blob a message named (kept for good)."""
+COLLECT_GRACE_S = 600
+"""How much longer than ``ttl_s`` an unnamed blob stays: room for a send that named it just
+before its upload expired to mark it kept."""
 TEXT_TYPES = ("application/json", "application/xml", "application/toml", "application/yaml",
               "application/x-yaml", "application/javascript", "application/x-sh")
 
@@ -54,7 +59,7 @@ def safe_name(name: str) -> str:
 def keep(root: Path | str, store_dir: str, chunks: Iterable[bytes]) -> tuple[str, int]:
     """Write ``chunks`` as a blob; answer its sha256 and size (blocking: run it in a thread)."""
     d = folder(root, store_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    ensure_kept(root, store_dir)  # before the first blob: only blobs from before marks get marked
     h = hashlib.sha256()
     size = 0
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".up-")
@@ -74,3 +79,86 @@ def keep(root: Path | str, store_dir: str, chunks: Iterable[bytes]) -> tuple[str
         raise
     return sha, size
 
+
+
+# ---------------------------------------------------------------- what is kept, and collecting the rest
+#
+# A blob is *named* once a message carries it (``user.msg``): from then on the log names it, so
+# it is kept for good (:func:`mark_kept`, before the send is recorded: a send that fails leaves a
+# blob kept that need not be, never the reverse). A blob no message named is an upload whose
+# record expires ``ttl_s`` after it was made; the blob's mtime is its latest upload (an upload of
+# the same content replaces the file), so once it is older than ``ttl_s`` + the grace no record
+# that could still be named refers to it, and :func:`collect` removes it.
+
+
+def kept_folder(root: Path | str, store_dir: str) -> Path:
+    return folder(root, store_dir) / KEPT
+
+
+def ensure_kept(root: Path | str, store_dir: str) -> Path:
+    """The folder of kept marks, made on first use with a mark for every blob already there
+    (those were kept before marks existed: a message may name any of them)."""
+    d = folder(root, store_dir)
+    kept = d / KEPT
+    if kept.is_dir():
+        return kept
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=d, prefix=".kept-"))
+    for p in d.iterdir():
+        if _is_blob(p.name):
+            (tmp / p.name).touch()
+    try:
+        os.rename(tmp, kept)
+    except OSError:  # another process made it first (with the same marks)
+        for p in tmp.iterdir():
+            with contextlib.suppress(OSError):
+                p.unlink()
+        with contextlib.suppress(OSError):
+            tmp.rmdir()
+    return kept
+
+
+def mark_kept(root: Path | str, store_dir: str, sha256s: Iterable[str]) -> None:
+    """Mark these blobs named by a message: :func:`collect` never removes them (blocking)."""
+    kept = ensure_kept(root, store_dir)
+    for sha in sha256s:
+        if re.fullmatch(r"[0-9a-f]{64}", sha):
+            (kept / sha).touch()
+
+
+def _is_blob(name: str) -> bool:
+    return re.fullmatch(r"[0-9a-f]{64}", name) is not None
+
+
+def collect(root: Path | str, store_dir: str, ttl_s: float, now: float, grace_s: float = COLLECT_GRACE_S) -> list[str]:
+    """Remove the blobs no message named whose latest upload is older than ``ttl_s`` + the grace,
+    and upload temporaries as old (a crashed upload's); answer the digests removed (blocking).
+
+    Safe beside uploads: a blob is first renamed aside, then looked at again; one an upload
+    replaced meanwhile (fresh) or a send marked meanwhile is put back (the same bytes: the name is
+    their digest), else removed. Safe beside other runners doing the same (each rename is atomic)."""
+    d = folder(root, store_dir)
+    kept = ensure_kept(root, store_dir)
+    limit = now - ttl_s - grace_s
+    removed: list[str] = []
+    for p in d.iterdir():
+        name = p.name
+        try:
+            if name.startswith(".up-") and p.stat().st_mtime < limit:
+                p.unlink()
+                continue
+            if not _is_blob(name) or (kept / name).exists() or p.stat().st_mtime >= limit:
+                continue
+            aside = d / f".gc-{name}-{os.getpid()}"
+            os.rename(p, aside)
+        except OSError:
+            continue  # gone meanwhile (another runner), or a stat that raced an upload: next pass
+        try:
+            if aside.stat().st_mtime >= limit or (kept / name).exists():
+                os.replace(aside, p)  # an upload or a send came in between: it stays
+            else:
+                aside.unlink()
+                removed.append(name)
+        except OSError:
+            continue
+    return removed

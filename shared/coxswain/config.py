@@ -108,7 +108,10 @@ class AttachmentsConfig(_Section):
                                                               "application/pdf", "application/octet-stream"])
     """Media types an attachment may have: exact (``application/pdf``) or a family (``image/*``)."""
     ttl_s: int = Field(86_400, ge=60)
-    """An upload no message has referenced within this many seconds expires."""
+    """An upload no message has referenced within this many seconds expires; its bytes are
+    removed once no message named them and this long (and ``collect_grace_s``) passed."""
+    collect_every_s: float = Field(600.0, gt=0)
+    """How often each turn-runner looks for attachment bytes to remove (:func:`coxswain.attachments.collect`)."""
 
     def allows(self, media_type: str) -> bool:
         family = media_type.split("/", 1)[0] + "/*"

@@ -114,6 +114,16 @@ class UserMsg(_Event):
     """The files sent with the message (none for a Lead), in the order the person gave them."""
 
 
+class AttachmentWithheld(_Event):
+    """An attachment of the turn's message that is not given to the model: its content looks
+    like a credential and the person (or an unattended run) denied it. The message keeps it."""
+
+    type: Literal["attachment.withheld"] = "attachment.withheld"
+    attachment_id: str
+    name: str
+    reason: str
+
+
 class QueueAdded(_Event):
     type: Literal["queue.added"] = "queue.added"
     message_id: str
@@ -517,7 +527,7 @@ class NetworkRequest(_Event):
 
 
 Event = Annotated[
-    SessionCreated | TitleSet | SessionUpdated | UserMsg | QueueAdded | QueueRemoved | QueueReordered
+    SessionCreated | TitleSet | SessionUpdated | UserMsg | AttachmentWithheld | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied

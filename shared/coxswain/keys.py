@@ -218,6 +218,18 @@ def shared_with(name: str) -> str:
     return f"cox:p:{check_id(name, 'principal')}:shared"
 
 
+RUN_CLIENT_ID_KEEP_MS: Final = 30 * 24 * 3600 * 1000
+"""How long a run's ``client_id`` is remembered (from the first ``POST /v1/runs`` that used it)."""
+
+
+def run_client_id(name: str, client_id: str) -> str:
+    """string -> the sid reserved for the run ``name`` asked for with ``client_id`` (``POST
+    /v1/runs``), set NX before the run's session is made (its own call: another slot), PX
+    :data:`RUN_CLIENT_ID_KEEP_MS`. Two requests with one ``client_id`` get one sid, and making a
+    session whose sid exists is refused, so they make one run between them."""
+    return f"cox:runs:cid:{check_id(name, 'principal')}:{check_id(client_id, 'client_id')}"
+
+
 def principal(name: str) -> str:
     """zset sid -> created ms: the sessions one principal owns. Written before the session is
     created (its own call: another slot); an entry without a session is skipped when listed."""

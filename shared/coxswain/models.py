@@ -105,6 +105,9 @@ class CreateRun(_Body):
     create: bool | None = None
     """With ``workspace``: as for ``POST /v1/sessions`` (default true); with ``template`` only
     false is meaningful (the copy is always a new folder)."""
+    client_id: Id | None = None
+    """An idempotency key: a second ``POST /v1/runs`` of the same principal with the same
+    ``client_id`` answers the run the first one made (200, ``replay: true``) and starts nothing."""
 
 
 class CheckBody(_Body):
@@ -278,6 +281,8 @@ class RunCreated(_Out):
     session_id: str
     workspace: str
     run: RunInfo
+    replay: bool = False
+    """True when ``client_id`` named a run already made: this is that run, as it is now (200)."""
 
 
 class RunsResult(_Out):
@@ -420,6 +425,11 @@ class CallSpec(_Body):
     name: str
     args: dict[str, Any]
 
+
+ATTACHMENT_CALL = "attachment"
+"""The name of guard's check of an attachment's content before a turn gives it to the model (not
+a tool the model has): args ``{attachment_id, name, media_type, content}``; it answers ``ask``
+(a security confirm, the person's) when the content looks like a credential, else ``allow``."""
 
 STANDING_NETWORK = "network"
 """The standing approval a person's "always" on a network confirm records: the session's

@@ -18,12 +18,15 @@ from cox.sweep_plan import (
     Task,
     Unit,
     candidates,
+    client_id,
     intent,
+    nonce_of,
     own_workspace,
     read_jsonl,
     reconcile,
     resume,
     started,
+    sweep_line,
     sweep_tag,
     workspace_fits,
 )
@@ -148,3 +151,20 @@ def test_journal_lines_name_the_unit() -> None:
     assert intent(u, 5) == {"event": "intent", "id": "t9", "model": "claude", "at": 5}
     assert json.loads(json.dumps(started(u, "s_x", "repo-run-3"))) == {
         "event": "started", "id": "t9", "model": "claude", "session_id": "s_x", "workspace": "repo-run-3"}
+
+
+def test_client_ids_are_fixed_per_sweep_task_and_model_and_valid_ids() -> None:
+    a, b = unit("t1"), unit("t2")
+    cid = client_id("n1", a)
+    assert cid == client_id("n1", unit("t1", prompt="another prompt")), "the task id and model name it"
+    assert len({cid, client_id("n1", b), client_id("n2", a), client_id("n1", unit("t1", model="other"))}) == 4
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", cid), cid
+
+
+def test_an_intent_with_a_client_id_is_posted_again_not_looked_up() -> None:
+    a, b = unit("t1"), unit("t2")
+    journal = [sweep_line("n1"), intent(a, T0, client_id("n1", a)), intent(b, T0)]
+    assert nonce_of(journal) == "n1" and nonce_of([intent(b, T0)]) is None
+    r = resume([], journal)
+    assert r.unsure == {b.key: T0}, "only the older sweep's intent (no client_id) is looked up"
+    assert r.attach == {} and r.done == {}

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cox.sweep_plan import Task, Unit, client_id, intent, new_nonce, sweep_line
 from tests.support.stack import TOKEN, Api, Stack, script, stack_fixture, tool
 
 stack = stack_fixture("cox_sweep", runners=2)
@@ -139,11 +140,12 @@ def test_a_sweep_killed_halfway_and_started_again_has_one_session_per_task(
             p.wait()
     done = {x["id"] for x in results(out)}
     assert N // 2 <= len(done) < N, "killed halfway"
-    in_flight = {j["id"] for j in map(json.loads, journal.read_text().splitlines())} - done
+    in_flight = {j["id"] for j in map(json.loads, journal.read_text().splitlines()) if "id" in j} - done
     assert in_flight, "runs were going when it was killed"
 
     # The window no journal closes: a POST made the run, and the sweep died before it wrote the
-    # session down. Made here as the sweep makes it, behind an intent line of the journal.
+    # session down. Made here as an older cox sweep made it (an intent line without a client_id, a
+    # POST without one): found again among the runs (the client_id case is the test below).
     fresh = [t for t in tasks_list if t["id"] not in done and t["id"] not in in_flight]
     assert fresh
     lost = fresh[0]
@@ -232,3 +234,36 @@ def test_ctrl_c_leaves_the_runs_going_and_the_same_command_picks_them_up(
     sessions = runs_of(api, "sw-d")
     assert len(sessions) == n and {s["id"] for s in sessions} == {x["session_id"] for x in got}
     assert {s["id"] for s in going} <= {x["session_id"] for x in got}, "the runs going were re-attached to"
+
+
+def test_a_sweep_that_died_right_after_its_post_runs_the_task_once(
+        stack: Stack, api: Api, tmp_path: Path) -> None:
+    """The sweep died after its POST made the run and before the journal had the session (here:
+    its journal's nonce and intent written, and the POST sent with the client_id the sweep derives,
+    as the sweep would have). Started again it sends the POST again, which answers that run
+    (``replay``): the task runs once, and the task nobody started runs too."""
+    template(api, stack, "sw-e")
+    tasks_list = [task(i, "sw-e", delay_ms=300) for i in range(2)]
+    tasks = write_tasks(tmp_path / "tasks.jsonl", tasks_list)
+    out = tmp_path / "results.jsonl"
+    journal = tmp_path / "results.jsonl.journal"
+    nonce = new_nonce()
+    unit = Unit(Task.model_validate(tasks_list[0]), "script")
+    cid = client_id(nonce, unit)
+    journal.write_text(json.dumps(sweep_line(nonce)) + "\n"
+                       + json.dumps(intent(unit, int(time.time() * 1000), cid)) + "\n")
+    made = api.http.post("/v1/runs", json={"text": unit.task.prompt, "template": "sw-e", "model": "script",
+                                           "confirm": "yolo", "unattended": True, "max_turns": 4, "client_id": cid})
+    assert made.status_code == 201, made.text
+
+    r = sweep(stack, tasks, out, "--yolo")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {x["id"]: x for x in results(out)}
+    assert sorted(got) == ["t00", "t01"] and all(x["passed"] for x in got.values()), got
+    assert got["t00"]["session_id"] == made.json()["session_id"], "re-attached to the run the POST made"
+    sessions = runs_of(api, "sw-e")
+    assert len(sessions) == 2 and {s["id"] for s in sessions} == {x["session_id"] for x in got.values()}
+    assert len([e for e in api.all_events(got["t00"]["session_id"]) if e["type"] == "user.msg"]) == 1
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert [x for x in lines if x["event"] == "sweep"] == [sweep_line(nonce)], "the nonce is kept, not renewed"
+    assert all(x.get("client_id") for x in lines if x["event"] == "intent")

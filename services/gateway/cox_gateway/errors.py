@@ -111,6 +111,8 @@ class BodyLimit:
         limit, what = self.limit, ""
         if self.upload_limit is not None and scope.get("method") == "POST" and UPLOAD_PATH.match(scope["path"]):
             limit = self.upload_limit + UPLOAD_SLACK
+            if Headers(scope=scope).get("content-type", "").lower().startswith("application/json"):
+                limit = -(-self.upload_limit // 3) * 4 + UPLOAD_SLACK  # the bytes in base64
             what = (f"an attachment may have at most {self.upload_limit} bytes "
                     f"([attachments] max_mb); nothing was kept")
         length = Headers(scope=scope).get("content-length")

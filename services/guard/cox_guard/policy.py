@@ -19,6 +19,10 @@ Order, first match wins:
 4. The settings: ``writes = allow|ask``; ``commands = allow|ask|judge`` (judge kind ``none``
    sends the call to the person).
 
+An attachment's content (``attachment``, not a tool: the runner asks before a turn gives a
+person's file to the model) that looks like a credential is a security confirm, as a write of it
+would be.
+
 An MCP server's tool (``<server>__<tool>``, ``[[mcp.servers]]``): a tool not enabled is refused;
 taint in its arguments is a security confirm; a tool configured read-only is then allowed; any
 other is an action decided like a command: a standing ``mcp:<server>__<tool>``, then ``commands``.
@@ -37,7 +41,7 @@ from pathlib import Path, PurePosixPath
 from coxswain import safefs, shell, textdiff, textedit
 from coxswain.config import McpServerConfig, Settings
 from coxswain.errors import CoxError
-from coxswain.models import STANDING_NETWORK, GuardRequest, GuardResult
+from coxswain.models import ATTACHMENT_CALL, STANDING_NETWORK, GuardRequest, GuardResult
 
 from . import secrets, taint
 
@@ -97,6 +101,8 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
     name, args = req.call.name, req.call.args
     if name in NO_WORKSPACE:
         return GuardResult(verdict="allow", actor="setting", reason="no workspace access")
+    if name == ATTACHMENT_CALL:
+        return attachment(str(args.get("name", "")), str(args.get("content", "")))
     root = safefs.real_under(settings.root, req.workspace)
     if root is None:
         return GuardResult(verdict="refuse", actor="policy", reason="the workspace is not under the configured root")
@@ -108,6 +114,17 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
     if mcp is not None:
         return _mcp(settings, req, root, mcp[0], mcp[1])
     return GuardResult(verdict="refuse", actor="policy", reason=f"unknown tool {name!r}")
+
+
+def attachment(name: str, content: str) -> GuardResult:
+    """A person's attachment, before a turn gives it to the model: content that looks like a
+    credential asks the person, as a write of it would (a security confirm)."""
+    kinds = secrets.find(content)
+    if kinds:
+        return GuardResult(verdict="ask", actor="policy", security=True, route="person",
+                           reason=f"the attachment {name} looks like it holds a credential ({', '.join(kinds)}): "
+                                  "a security confirm before the model gets it")
+    return GuardResult(verdict="allow", actor="policy", reason="no credential in the attachment")
 
 
 def _mcp(settings: Settings, req: GuardRequest, root: Path, server: McpServerConfig, tool: str) -> GuardResult:

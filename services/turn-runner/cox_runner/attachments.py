@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
 
+from coxswain import attachments as att
 from coxswain import keys
 from coxswain.errors import LeadTextOnly, NotAccepting, NotFound
 from coxswain.models import AttachCmd, Attachment
@@ -62,4 +64,14 @@ class Attachments:
             if name and not r.models.takes_images(name):
                 raise NotAccepting(f"model {name!r} does not take images ({', '.join(images)}): set vision = true "
                                    "on its [[model.providers]] entry if it does, or choose a model that does")
+        # named by a message from now on: never collected (marked before the send is recorded)
+        await asyncio.to_thread(att.mark_kept, r.settings.root, r.settings.store_dir, [str(a["sha256"]) for a in out])
         return out, json.dumps(out, ensure_ascii=False)
+
+    async def collect(self) -> None:
+        """Remove the bytes of uploads no message named, ``ttl_s`` (and the grace) after the last."""
+        r = self.r
+        gone = await asyncio.to_thread(att.collect, r.settings.root, r.settings.store_dir,
+                                       r.settings.attachments.ttl_s, time.time())
+        if gone:
+            r.log.info("attachments.collected", blobs=len(gone))

@@ -29,10 +29,12 @@ from typing import Any
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
 from coxswain import approval_links, keys
+from coxswain import attachments as att
 from coxswain import events as ev
 from coxswain.errors import CoxError, Resolved
 from coxswain.ids import new_id
 from coxswain.models import (
+    ATTACHMENT_CALL,
     STANDING_NETWORK,
     CallSpec,
     GuardRequest,
@@ -52,6 +54,8 @@ from .recorder import Recorder
 from .turn import Turn
 
 APPROVAL_POLL_S = 1.0
+SCREENED_CHARS = 1_000_000
+"""How much of an attachment's text guard's credential check sees (a request fits a NATS message)."""
 UNATTENDED = "unattended"
 """The reason an unattended run's declines are recorded with (``approval.resolved``, actor ``run``)."""
 
@@ -203,6 +207,49 @@ class Gate:
             judge_info = j.model_dump(mode="json", exclude_none=True, exclude={"usage"})
 
         return await self.ask_person(call, g, judge_info)
+
+    async def screen_attachments(self, attached: list[dict[str, Any]]) -> frozenset[str]:
+        """Before the turn gives its message's attachments to the model: each one that is not an
+        image is checked by guard for content that looks like a credential, and such a one asks
+        the person (a security confirm, ``approval.pending``) as a write of it would. One the
+        person (or an unattended run) denies is withheld: ``attachment.withheld``, and the model
+        is told its name only. Answers the ids withheld."""
+        t = self.turn
+        root, store_dir = self.deps.settings.root, self.deps.settings.store_dir
+        held: set[str] = set()
+        for a in attached:
+            aid, name, media = str(a.get("attachment_id", "")), str(a.get("name", "")), str(a.get("media_type", ""))
+            if att.kind(media) == "image":
+                continue
+            try:
+                path = att.blob(root, store_dir, str(a.get("sha256", "")))
+                data = await asyncio.to_thread(_head, path, SCREENED_CHARS * 4)
+            except (OSError, ValueError):
+                continue  # nothing to give: the transcript says its content is no longer kept
+            meta = {"attachment_id": aid, "name": name, "media_type": media, "size": int(a.get("size") or 0)}
+            req = GuardRequest(sid=t.sid, workspace=str(t.workspace), call=CallSpec(
+                call_id=new_id("c"), name=ATTACHMENT_CALL,
+                args={**meta, "content": data.decode("utf-8", errors="replace")[:SCREENED_CHARS]}))
+            g = await self._guard(req)
+            if g.verdict == "allow":
+                continue
+            # the question and the log name the file, never its content (it may be a secret)
+            call = CallSpec(call_id=req.call.call_id, name=ATTACHMENT_CALL, args=meta)
+            await self.rec.emit(ev.PolicyDecision(sid=t.sid, turn_id=t.turn_id, call_id=call.call_id,
+                                                  verdict=g.verdict, actor=g.actor, reason=g.reason,
+                                                  security=g.security, name=call.name))
+            allowed = False
+            if g.verdict == "ask":
+                allowed = (await self.ask_person(call, g, None)).allowed
+            if not allowed:
+                held.add(aid)
+                await self.rec.emit(ev.AttachmentWithheld(sid=t.sid, turn_id=t.turn_id, attachment_id=aid, name=name,
+                                                          reason=g.reason))
+        return frozenset(held)
+
+    async def _guard(self, req: GuardRequest) -> GuardResult:
+        return await infra.call(self.deps, self.turn, self.budget, self.log, "guard",
+                                lambda _: self.deps.clients.guard(req))
 
     async def policy_inputs(self) -> tuple[frozenset[str], bool]:
         """The session's standing approvals and don't-ask switch: read once (one round trip), then
@@ -362,6 +409,11 @@ class Gate:
         aid, self.open_approval = self.open_approval, None
         if aid is not None:
             await self.answer(aid, "deny", actor="policy", reason=reason)
+
+
+def _head(path: Any, n: int) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
 
 
 def _who(actor: str) -> str:

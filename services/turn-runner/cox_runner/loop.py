@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from pydantic_ai.messages import TextPart, ToolCallPart
 
+from coxswain import attachments as att
 from coxswain import events as ev
 from coxswain import hookspec, keys
 from coxswain.errors import CoxError, describe
@@ -144,7 +145,12 @@ class TurnLoop:
         """The transcript so far: carried from this drive's previous turn (the lease was held from
         that turn to this one, so nobody else wrote to the conversation), else from the log."""
         t = self.turn
-        files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir, t.workspace)
+        images = self.deps.models.takes_images(t.model)
+        pictured = [str(a.get("name", "")) for a in t.attachments if att.kind(str(a.get("media_type", ""))) == "image"]
+        refused = bool(pictured) and not images
+        held = await self.gate.screen_attachments(t.attachments) if t.attachments and not refused else frozenset()
+        files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir, t.workspace, held,
+                                           images)
         if self.carried is not None:
             self.rec.history = self.carried
             if t.attachments:  # their files are read: off the loop
@@ -155,6 +161,15 @@ class TurnLoop:
             # events.read flushes the outbox and reads the log up to the session's seq.
             events = await self.deps.events.read(t.sid)
             self.rec.history = await asyncio.to_thread(transcript.build, events, files)
+        if refused:
+            # Checked when the message was sent or queued; the session's model changed since (a
+            # queued message runs on the model chosen meanwhile). Refused before the model is
+            # asked (the transcript loaded first, so the drive's next turn carries it on); the
+            # message keeps its attachments in the log.
+            raise EndTurn(Ending("error", detail=(
+                f"not_accepting: model {t.model!r} does not take images ({', '.join(pictured)}); the session's "
+                "model was changed after this message was queued. Nothing was sent to the model; the message "
+                "and its attachments are kept: choose a model that takes images and send them again")))
         await self.deps.models.load(t.model)
         found = await instructions.agents_md(t.workspace)
         if found is not None:

@@ -22,10 +22,11 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from coxswain import events as ev
-from coxswain import keys
+from coxswain import keys, session_view
 from coxswain.errors import (
     Conflict,
     Invalid,
@@ -61,9 +62,11 @@ def next_free(parent: Path, base: str) -> int:
 
 
 class Runs:
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, reload: Callable[[str], Awaitable[bool]] | None = None) -> None:
         self.a = admission
         self.r = admission.r
+        self.reload = reload
+        """Loads an archived session back (the archiver's): a replayed client_id may name one."""
 
     # ------------------------------------------------------------------ a run
     async def create(self, cmd: RunCmd) -> RunCreated:
@@ -82,6 +85,16 @@ class Runs:
             raise NotAccepting("no model is chosen for this run and [model] default is empty")
         s.root.mkdir(parents=True, exist_ok=True)  # a stat when it exists: not worth a thread (workspaces.py)
         sid = new_id("s")
+        if cmd.client_id is not None:
+            # The sid is reserved for the client_id first (SET NX): every request with it makes
+            # the session under that one sid, and cox_run refuses a sid that exists, so of two
+            # concurrent requests (or a request and its retry after a crash) one makes the run.
+            k = keys.run_client_id(cmd.principal, cmd.client_id)
+            had = await r.redis.set(k, sid, nx=True, px=keys.RUN_CLIENT_ID_KEEP_MS, get=True)
+            if had is not None:
+                sid = str(had)
+                if (made := await self._made(sid, cmd.principal)) is not None:
+                    return made
         spaces = self.a.workspaces
         copied: tuple[Path, str, bool] | None = None
         if cmd.template is not None:
@@ -105,11 +118,15 @@ class Runs:
                 lease_ms=s.runner.lease_ms, turn_id=turn_id, agents_md=await instructions.agents_md_hash(str(ws)),
                 run=run, start_body=start,
             )
-        except BaseException:
+        except BaseException as exc:
             if copied is not None:  # a copy nobody runs in is not left behind
                 await asyncio.to_thread(shutil.rmtree, copied[0], True)
                 if copied[2]:
                     await spaces.release(copied[1], cmd.principal)
+            if cmd.client_id is not None and isinstance(exc, Conflict):
+                # a concurrent request with this client_id made the session first: its run
+                if (made := await self._made(sid, cmd.principal)) is not None:
+                    return made
             raise
         r.log.info("run.started", sid=sid, workspace=str(ws), confirm=cmd.confirm, unattended=cmd.unattended,
                    max_turns=cmd.max_turns, template=cmd.template)
@@ -118,6 +135,18 @@ class Runs:
         }))
         return RunCreated(session_id=sid, workspace=str(ws), run=RunInfo(
             state="running", confirm=cmd.confirm, unattended=cmd.unattended, max_turns=cmd.max_turns, turns=1))
+
+    async def _made(self, sid: str, principal: str) -> RunCreated | None:
+        """The run already made under ``sid`` (a replay of its ``client_id``), as it is now; None
+        while its session does not exist (the request that reserved the sid has not made it yet,
+        or died before it did: this request makes it)."""
+        view = await session_view.load(self.r.redis, sid, principal, self.r.settings.sandbox, self.r.settings.mcp)
+        if view is None and self.reload is not None and await self.reload(sid):  # archived since
+            view = await session_view.load(self.r.redis, sid, principal, self.r.settings.sandbox, self.r.settings.mcp)
+        if view is None or view.run is None:
+            return None
+        self.r.log.info("run.replayed", sid=sid)
+        return RunCreated(session_id=sid, workspace=view.workspace, run=view.run, replay=True)
 
     async def _copy(self, template: str, principal: str, sid: str) -> tuple[Path, str, bool]:
         """Copy the template into ``<template>-run-<n>`` beside it (n the next free), claimed for

@@ -118,7 +118,7 @@ class Runner(Service):
         forks = Forks(a)
         await self.endpoint(rpc.RUNNER_FORK, on(forks.fork))
         await self.endpoint(rpc.RUNNER_REWIND, on(forks.rewind))
-        runs = Runs(a)
+        runs = Runs(a, self.archiver.reload)
         await self.endpoint(rpc.RUNNER_RUN, runs.create)
         await self.endpoint(rpc.RUNNER_CHECK, on(runs.check))
         self._ctl = await self.nc.subscribe(subjects.control(self.runner_id), cb=self._on_control)
@@ -128,6 +128,8 @@ class Runner(Service):
         self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
         self.spawn(self.deps.run_slots.run(), "run-slots", critical=True)
         self.spawn(self._every(1.0, limits.of(self.sandbox).reap), "orphan-reaper", critical=True)
+        self.spawn(self._every(self.settings.attachments.collect_every_s, a.attachments.collect),
+                   "attachment-collector", critical=True)
         if self.settings.sessions.idle_days > 0:
             self.spawn(self._every(self.settings.sessions.archive_every_s, self._archive), "archiver", critical=True)
 

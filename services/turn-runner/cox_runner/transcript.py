@@ -22,6 +22,7 @@ the rewind's ``through_seq`` (:func:`coxswain.turns.rewound`); what follows the 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,19 +84,30 @@ class AttachmentFiles:
     root: Path
     store_dir: str
     workspace: Path
+    withheld: frozenset[str] = frozenset()
+    """Attachments not given to the model (``attachment.withheld``): named, their content left out."""
+    images: bool = True
+    """Whether the turn's model takes images; when not, an image is named instead of sent (an
+    earlier message's, from when the session was on a model that did)."""
 
     def parts(self, attached: list[dict[str, Any]]) -> list[UserContent]:
         out: list[UserContent] = []
         for a in attached:
             name, media, size = str(a.get("name", "")), str(a.get("media_type", "")), int(a.get("size") or 0)
             label = f"Attached file {name} ({media}, {size} bytes)"
+            if str(a.get("attachment_id", "")) in self.withheld:
+                out.append(f"{label}: withheld: its content looks like a credential and the person did not allow "
+                           "it to be given to you.")
+                continue
             try:
                 data = att.blob(self.root, self.store_dir, str(a.get("sha256", ""))).read_bytes()
             except (OSError, ValueError):
                 out.append(f"{label}: its content is no longer kept.")
                 continue
             kind = att.kind(media)
-            if kind == "image":
+            if kind == "image" and not self.images:
+                out.append(f"{label}: not shown: the model this turn runs on does not take images.")
+            elif kind == "image":
                 out.append(f"{label}:")
                 out.append(BinaryContent(data=data, media_type=media, identifier=str(a.get("attachment_id", ""))))
             elif kind == "text":
@@ -196,8 +208,15 @@ class Builder:
         return msgs
 
 
+def withheld(events: list[dict[str, Any]]) -> frozenset[str]:
+    """The attachments the log says are not given to the model (rewound or not: a denial stays)."""
+    return frozenset(str(e.get("attachment_id")) for e in events if e.get("type") == "attachment.withheld")
+
+
 def build(events: list[dict[str, Any]], files: AttachmentFiles | None = None) -> Builder:
     b = Builder()
+    if files is not None and (held := withheld(events)):
+        files = dataclasses.replace(files, withheld=files.withheld | held)
     for ev in rewound(events):
         t = ev.get("type")
         b.seq = max(b.seq, int(ev.get("seq") or 0))

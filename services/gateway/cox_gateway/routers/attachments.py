@@ -10,16 +10,22 @@ record in ``user.msg``, which is what reads, forks and rewinds go by.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import mimetypes
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import Any
 
-from fastapi import APIRouter, File, UploadFile
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile as StarletteUpload
 
 from coxswain import attachments as att
 from coxswain import eventlog, keys, rpc
-from coxswain.errors import Invalid, NotFound, TooLarge, Unsupported
+from coxswain.errors import BadJson, Invalid, NotFound, TooLarge, Unsupported
 from coxswain.ids import new_id
 from coxswain.models import AttachCmd, Attachment
 
@@ -31,37 +37,89 @@ router = APIRouter(responses=errors.responses(401, 404, 422, 503))
 CHUNK = 1 << 20
 
 
-def _media_type(upload: UploadFile) -> str:
-    given = (upload.content_type or "").split(";", 1)[0].strip().lower()
+def _media_type(given: str | None, name: str) -> str:
+    given = (given or "").split(";", 1)[0].strip().lower()
     if given and given != "application/octet-stream":
         return given
-    guessed, _ = mimetypes.guess_type(upload.filename or "")
+    guessed, _ = mimetypes.guess_type(name)
     return guessed or "application/octet-stream"
 
 
-@router.post("/v1/sessions/{sid}/attachments", status_code=201, responses=errors.responses(400, 413, 415))
-async def upload(sid: Sid, file: Annotated[UploadFile, File()], services: ServicesDep, reads: ReadsDep,
-                 settings: SettingsDep, who: Principal) -> Attachment:
-    """Keep a file (multipart, field ``file``) to send with a message; it expires unless a message names it."""
-    acting = await reads.writable(sid, who)  # before its bytes are kept: a reader keeps nothing
-    name = (file.filename or "").strip()
-    if not name or len(name) > 255:
-        raise Invalid("the file needs a name (the multipart part's filename), at most 255 characters")
-    media = _media_type(file)
-    if not settings.attachments.allows(media):
-        raise Unsupported(f"attachments of type {media} are not accepted; allowed: "
-                          f"{', '.join(settings.attachments.allowed_types)} ([attachments] allowed_types)")
-    limit = int(settings.attachments.max_mb * 1024 * 1024)
-    size = file.size if file.size is not None else 0
-    if size > limit:
-        raise TooLarge(f"an attachment may have at most {limit} bytes ([attachments] max_mb); this one has {size}")
+class Base64Upload(BaseModel):
+    """``POST .../attachments`` as JSON: the file's bytes in base64 (standard alphabet, padded)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(min_length=1, max_length=255)
+    media_type: str | None = Field(None, min_length=3, max_length=255)
+    data: str
+
+
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {"type": "object", "required": ["file"],
+                                       "properties": {"file": {"type": "string", "format": "binary"}}}},
+    "application/json": {"schema": Base64Upload.model_json_schema()},
+}}}
+
+
+async def _parts(request: Request) -> tuple[str, str | None, Iterable[bytes], int | None, Any]:
+    """The upload's name, given media type, its bytes (chunks) and size when known, from either
+    form: multipart (the field ``file``) or JSON ``{name, media_type?, data}`` (base64)."""
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype == "application/json":
+        raw = await request.body()
+        try:
+            got = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadJson("the body is not valid UTF-8 JSON") from exc
+        try:
+            up = Base64Upload.model_validate(got)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from exc
+        try:
+            data = base64.b64decode(up.data, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise Invalid("data must be the file's bytes in base64 (the standard alphabet, padded)") from exc
+        return up.name.strip(), up.media_type, [data], len(data), None
+    if ctype != "multipart/form-data":
+        raise Invalid("an upload is multipart/form-data (the file in the field file) or application/json "
+                      "{name, media_type?, data: base64}")
+    form = await request.form()
+    file = form.get("file")
+    if not isinstance(file, StarletteUpload):
+        raise Invalid("the multipart body needs the file in the field file")
 
     def chunks() -> Any:
         file.file.seek(0)
         while c := file.file.read(CHUNK):
             yield c
 
-    sha, size = await asyncio.to_thread(att.keep, settings.root, settings.store_dir, chunks())
+    return (file.filename or "").strip(), file.content_type, chunks(), file.size, form
+
+
+@router.post("/v1/sessions/{sid}/attachments", status_code=201, responses=errors.responses(400, 413, 415),
+             openapi_extra=UPLOAD_BODY)
+async def upload(sid: Sid, request: Request, services: ServicesDep, reads: ReadsDep, settings: SettingsDep,
+                 who: Principal) -> Attachment:
+    """Keep a file (multipart, field ``file``; or JSON ``{name, media_type?, data}`` with the
+    bytes in base64) to send with a message; it expires unless a message names it."""
+    acting = await reads.writable(sid, who)  # before its bytes are kept: a reader keeps nothing
+    name, given, chunks, size, form = await _parts(request)
+    try:
+        if not name or len(name) > 255:
+            raise Invalid("the file needs a name (the multipart part's filename, or name), at most 255 characters")
+        media = _media_type(given, name)
+        if not settings.attachments.allows(media):
+            raise Unsupported(f"attachments of type {media} are not accepted; allowed: "
+                              f"{', '.join(settings.attachments.allowed_types)} ([attachments] allowed_types)")
+        limit = int(settings.attachments.max_mb * 1024 * 1024)
+        if (size or 0) > limit:
+            raise TooLarge(f"an attachment may have at most {limit} bytes ([attachments] max_mb); this one has {size}")
+        sha, kept = await asyncio.to_thread(att.keep, settings.root, settings.store_dir, chunks)
+    finally:
+        if form is not None:
+            await form.close()
+    size = kept
     if size > limit:  # a part without a size: measured as it was kept (the blob stays unnamed)
         raise TooLarge(f"an attachment may have at most {limit} bytes ([attachments] max_mb); this one has {size}")
     return await services.call(rpc.RUNNER_ATTACH, AttachCmd(principal=acting, sid=sid, attachment_id=new_id("att"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
 
 from coxswain import keys, rpc
 from coxswain.models import CheckBody, CheckCmd, CheckResult, CreateRun, RunCmd, RunCreated, RunsResult
@@ -17,11 +17,18 @@ from ..deps import Principal, ReadsDep, ServicesDep, Sid
 router = APIRouter(responses=errors.responses(401, 503))
 
 
-@router.post("/v1/runs", status_code=201, responses=errors.responses(400, 404, 409, 413, 422))
-async def start_run(body: CreateRun, services: ServicesDep, reads: ReadsDep, who: Principal) -> RunCreated:
-    """A session whose turns the program drives until one completes (or ``max_turns``)."""
+@router.post("/v1/runs", status_code=201, responses={
+    200: {"model": RunCreated, "description": "the run a POST with this `client_id` made before (`replay: true`)"},
+    **errors.responses(400, 404, 409, 413, 422)})
+async def start_run(body: CreateRun, services: ServicesDep, reads: ReadsDep, who: Principal,
+                    response: Response) -> RunCreated:
+    """A session whose turns the program drives until one completes (or ``max_turns``); with a
+    ``client_id`` the caller used before, that run again (200, ``replay: true``)."""
     reads.create(who)
-    return await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump()))
+    made: RunCreated = await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump()))
+    if made.replay:
+        response.status_code = 200
+    return made
 
 
 @router.get("/v1/runs", responses=errors.responses(422))
