@@ -61,12 +61,14 @@ def env() -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def cox_acp(stack: Stack, editor: Editor, tmp: Path, *extra: str) -> AsyncIterator[ClientSideConnection]:
+async def cox_acp(stack: Stack, editor: Editor, tmp: Path, *extra: str,
+                  observers: list[Any] | None = None) -> AsyncIterator[ClientSideConnection]:
     errors = (tmp / "stderr").open("ab")
     args = ["-m", "cox", "acp", "--url", stack.url, "--token", TOKEN, "--log", str(tmp / "acp.log"), *extra]
     try:
         async with spawn_agent_process(cast(Any, editor), sys.executable, *args, env=env(),
-                                       transport_kwargs={"stderr": errors}, use_unstable_protocol=True) as (conn, _proc):
+                                       transport_kwargs={"stderr": errors}, use_unstable_protocol=True,
+                                       observers=observers or []) as (conn, _proc):
             init = await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities(),
                                          client_info=Implementation(name="test-editor", version="1"))
             assert init.protocol_version == PROTOCOL_VERSION
@@ -230,3 +232,76 @@ async def test_a_turn_that_ends_otherwise_is_a_named_error_and_stdout_is_only_pr
         await asyncio.to_thread(api.wait_idle, sid)
     log = (tmp_path / "acp.log").read_text()
     assert "cox acp" in log and "prompt" in log, "it logs to its file"
+
+
+class Waiter(Editor):
+    """An editor whose person never answers: an approval is answered elsewhere (the console)."""
+
+    async def request_permission(self, options: list[Any], session_id: str, tool_call: Any,
+                                 **kwargs: Any) -> RequestPermissionResponse:
+        self.asked.append((tool_call, [o.kind for o in options]))
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_an_approval_answered_elsewhere_withdraws_the_request_and_inject_steers_or_queues(
+        stack: Stack, api: Api, tmp_path: Path) -> None:
+    editor = Waiter()
+    seen: list[dict[str, Any]] = []
+    ws = stack.root / "acp-elsewhere"
+    async with cox_acp(stack, editor, tmp_path, observers=[lambda e: seen.append(e.message)]) as conn:
+        sid = (await conn.new_session(cwd=str(ws), mcp_servers=[])).session_id
+        p = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block(script(
+            {"tools": [tool("run_command", command="touch elsewhere.txt")]}, {"text": "Ran."}))]))
+        pending = await asyncio.to_thread(api.wait_type, sid, "approval.pending")
+        await until(lambda: bool(editor.asked), "the permission request")
+        r = api.http.post(f"/v1/sessions/{sid}/approvals/{pending['approval_id']}", json={"decision": "allow"})
+        assert r.status_code == 200, r.text
+        assert (await asyncio.wait_for(p, 30)).stop_reason == "end_turn"
+        assert (ws / "elsewhere.txt").exists()
+        (ask,) = [m for m in seen if m.get("method") == "session/request_permission"]
+        await until(lambda: any(m.get("method") == "$/cancel_request" for m in seen), "the withdrawal")
+        (withdrawn,) = [m for m in seen if m.get("method") == "$/cancel_request"]
+        assert withdrawn["params"] == {"requestId": ask["id"]}
+
+        # session/inject (the proposed steering call): steer is a Lead, queue a queued message
+        p = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block(script(
+            {"text": "Sleeping.", "tools": [tool("run_command", command="sleep 2")]}, {"text": "not reached"}))]))
+        after = api.session(sid)["last_seq"]
+        await asyncio.to_thread(api.wait_type, sid, "tool.call", 20.0, after)
+        raw = conn._conn
+        queued = await raw.send_request("session/inject", {"sessionId": sid, "mode": "queue",
+                                                           "prompt": [{"type": "text", "text": "queued by inject"}]})
+        assert queued["disposition"] == "queued"
+        led = await raw.send_request("session/inject", {"sessionId": sid, "mode": "steer",
+                                                        "prompt": [{"type": "text", "text": script({"text": "Led."})}]})
+        assert led["leadId"] and led["turnId"]
+        assert (await asyncio.wait_for(p, 30)).stop_reason == "end_turn"
+        await asyncio.to_thread(api.wait_idle, sid)
+        vias = [e["via"] for e in api.all_events(sid) if e["type"] == "user.msg" and e["seq"] > after]
+        assert vias == ["send", "lead", "queue"], vias
+        await until(lambda: "echo: queued by inject" in editor.text(sid), "the queued message's turn")
+        assert "Led." in editor.text(sid) and "not reached" not in editor.text(sid)
+
+
+async def test_the_gateway_going_away_answers_the_prompt_plainly_and_the_stream_resumes(
+        stack: Stack, api: Api, tmp_path: Path) -> None:
+    editor = Editor()
+    ws = stack.root / "acp-away"
+    words = " ".join(f"w{i}" for i in range(40))
+    async with cox_acp(stack, editor, tmp_path, "--outage-s", "2") as conn:
+        sid = (await conn.new_session(cwd=str(ws), mcp_servers=[])).session_id
+        p = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block(script(
+            {"text": words, "delay_ms": 8000}, text="slowly"))]))
+        await until(lambda: bool(editor.text(sid)), "the first words")
+        stack.kill("gateway")
+        with pytest.raises(RequestError) as away:
+            await asyncio.wait_for(p, 30)
+        assert away.value.code == -32011 and "has not answered" in str(away.value)
+        stack.spawn("gateway", "cox_gateway")
+        await asyncio.to_thread(stack.wait_healthy)
+        # the stream resumed from the last seq it had: every word once, in order
+        await until(lambda: editor.text(sid) == words, "the whole text after the outage", timeout=60)
+        await asyncio.to_thread(api.wait_idle, sid, 30.0)
+        done = await conn.prompt(session_id=sid, prompt=[text_block("after the outage")])
+        assert done.stop_reason == "end_turn"
