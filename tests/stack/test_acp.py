@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shlex
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -305,3 +308,44 @@ async def test_the_gateway_going_away_answers_the_prompt_plainly_and_the_stream_
         await asyncio.to_thread(api.wait_idle, sid, 30.0)
         done = await conn.prompt(session_id=sid, prompt=[text_block("after the outage")])
         assert done.stop_reason == "end_turn"
+
+
+# acplint 0.1.0 (PyPI) checks against its own copy of the schema, which disagrees with the official
+# one that the SDK's types are generated from (schema v1.19.0) in two places: it wants
+# protocolVersion as the string "1" (the schema: an integer, uint16) and a config option's "label"
+# (the schema: "name"). Those checks fail for every agent that follows the schema; any other
+# failure, or an error, is ours. (It also sends session/prompt's blocks as "content", where the
+# schema says "prompt", so its prompt checks get -32602: they are left out here.)
+ACPLINT_SCHEMA_DISAGREES = {
+    "initialize_v1": "protocolVersion: Input should be '1' (got 1)",
+    "protocol_version_returned": "Expected protocolVersion='1', got '1'",
+    "schema_initialize": "protocolVersion: Input should be '1' (got 1)",
+    "new_session": "configOptions → 0 → label: Field required",
+    "schema_session_new": "configOptions → 0 → label: Field required",
+}
+
+
+def test_the_acp_linter_from_pypi_finds_nothing_but_its_schema_disagreements(stack: Stack, tmp_path: Path) -> None:
+    ws = stack.root / "acp-lint"
+    ws.mkdir()
+    report = tmp_path / "acplint.json"
+    cox = Path(sys.executable).with_name("cox")
+    agent_args = shlex.join(["acp", "--url", stack.url, "--token", TOKEN, "--log", str(tmp_path / "acp.log")])
+    r = subprocess.run([str(Path(sys.executable).with_name("acplint")), "--agent", str(cox), "--agent-args", agent_args,
+                        "--cwd", str(ws), "--timeout", "20", "--output", "json", "--output-file", str(report),
+                        "--categories", "initialization", "authentication", "session_lifecycle", "session_modes",
+                        "config_options", "cancel", "schema_validation"],
+                       capture_output=True, text=True, timeout=180, env=env(), stdin=subprocess.DEVNULL)
+    results = json.loads(report.read_text())["results"]
+    by_status: dict[str, list[str]] = {}
+    for res in results:
+        by_status.setdefault(res["status"], []).append(res["name"])
+    assert not by_status.get("ERROR"), (by_status, r.stdout[-2000:])
+    failed = {res["name"]: res.get("message") or "" for res in results if res["status"] == "FAIL"}
+    assert set(failed) == set(ACPLINT_SCHEMA_DISAGREES), failed
+    for name, why in ACPLINT_SCHEMA_DISAGREES.items():
+        assert why in failed[name], (name, failed[name])
+    passed = set(by_status["PASS"])
+    assert {"agent_capabilities_present", "agent_info_present", "agent_capabilities_schema_valid", "list_sessions",
+            "load_session", "resume_session", "cancel_notification_sent", "cancel_graceful_handling",
+            "schema_session_list"} <= passed, passed
