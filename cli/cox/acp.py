@@ -29,6 +29,7 @@ import posixpath
 import secrets
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
@@ -134,6 +135,18 @@ class Link:
         fut = self.outcome(mid)
         if not fut.done():
             fut.set_result((outcome, detail))
+
+    @contextlib.contextmanager
+    def own(self, text: str) -> Iterator[None]:
+        """This client sends ``text``: its ``user.msg`` is not echoed back (the client shows its
+        own prompt); a refused send is forgotten again."""
+        self.texts.append(text)
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                self.texts.remove(text)
+            raise
 
     def waiting(self) -> list[str]:
         return [m for m in self.mine if not self.outcome(m).done()]
@@ -265,7 +278,6 @@ class CoxAgent:
     async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
         link = self.link(session_id)
         text = prompt_text(prompt)
-        link.texts.append(text)
         reply = await self.send(link, text, None)
         mid = str(reply["message_id"])
         link.mine.add(mid)
@@ -340,14 +352,13 @@ class CoxAgent:
         if not turn:
             raise RequestError(REFUSED, "no_turn: no turn is running to steer; send a prompt instead",
                                {"error": "no_turn"})
-        link.texts.append(text)
         body = {"text": text, "client_id": new_client_id(), "turn_id": turn}
-        r = await self.call("POST", ChatApi.s(link.sid, "/lead"), body, retry=True)
+        with link.own(text):
+            r = await self.call("POST", ChatApi.s(link.sid, "/lead"), body, retry=True)
         return {"leadId": r.get("lead_id"), "turnId": r.get("turn_id"), "pending": r.get("pending")}
 
     async def queued(self, params: dict[str, Any], mode: str) -> dict[str, Any]:
         link, text = self.params_link(params)
-        link.texts.append(text)
         r = await self.send(link, text, mode)
         return {"messageId": r.get("message_id"), "disposition": r.get("disposition"), "position": r.get("position")}
 
@@ -356,7 +367,8 @@ class CoxAgent:
         prompt while busy means), retried with one ``client_id`` while the gateway is away."""
         body: dict[str, Any] = {"text": text, "client_id": new_client_id(), **({"mode": mode} if mode else {})}
         try:
-            return dict(await self.call("POST", ChatApi.s(link.sid, "/messages"), body, retry=True))
+            with link.own(text):
+                return dict(await self.call("POST", ChatApi.s(link.sid, "/messages"), body, retry=True))
         except RequestError as exc:
             if mode is None and isinstance(exc.data, dict) and exc.data.get("error") == "busy":
                 return await self.send(link, text, "queue")

@@ -219,7 +219,7 @@ async def test_load_after_a_restart_replays_the_transcript_resume_and_list(stack
         assert options.config_options[0].current_value == "script"
 
 
-async def test_a_turn_that_ends_otherwise_is_a_named_error_and_stdout_is_only_protocol(stack: Stack, api: Api,
+async def test_a_turn_that_ends_otherwise_is_a_named_error_and_it_logs_to_its_file(stack: Stack, api: Api,
                                                                                      tmp_path: Path) -> None:
     editor = Editor()
     ws = stack.root / "acp-err"
@@ -229,7 +229,8 @@ async def test_a_turn_that_ends_otherwise_is_a_named_error_and_stdout_is_only_pr
         assert cut.stop_reason == "max_tokens"
         with pytest.raises(RequestError) as failed:
             await conn.prompt(session_id=sid, prompt=[text_block(script({"text": "", "tools": []}))])
-        assert failed.value.code == -32010 and failed.value.data == {"outcome": "empty", "detail": None}
+        assert failed.value.code == -32010 and str(failed.value).startswith("the turn ended empty")
+        assert failed.value.data == {"outcome": "empty", "detail": "the model gave an empty answer"}
         inject = await conn.ext_method("coxswain/steer", {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]})
         assert inject["disposition"] == "started"
         await asyncio.to_thread(api.wait_idle, sid)
