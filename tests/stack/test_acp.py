@@ -350,3 +350,55 @@ def test_the_acp_linter_from_pypi_finds_nothing_but_its_schema_disagreements(sta
     assert {"agent_capabilities_present", "agent_info_present", "agent_capabilities_schema_valid", "list_sessions",
             "load_session", "resume_session", "cancel_notification_sent", "cancel_graceful_handling",
             "schema_session_list"} <= passed, passed
+
+
+async def test_a_client_library_from_pypi_completes_prompts_an_approval_a_cancel_and_carries_on(
+        stack: Stack, api: Api, tmp_path: Path) -> None:
+    from acp_client import Agent as ThirdParty  # acp-client (PyPI): its own JSON-RPC over stdio, not the SDK
+
+    ws = stack.root / "acp-pypi"
+    ws.mkdir()
+    asked: list[dict[str, Any]] = []
+
+    async def permission(request: dict[str, Any]) -> str | None:
+        asked.append(request)
+        return "allow_once"
+
+    command = [sys.executable, "-m", "cox", "acp", "--url", stack.url, "--token", TOKEN,
+               "--log", str(tmp_path / "acp.log")]
+    agent = ThirdParty(command, cwd=ws, permission=permission)
+    try:
+        answer = await agent.ask(script({"text": "Touching.", "tools": [tool("run_command", command="touch t.txt")]},
+                                        {"text": " Touched."}))
+        assert answer == "Touching. Touched."
+        assert (ws / "t.txt").exists()
+        (request,) = asked
+        assert request["toolCall"]["title"] == "`touch t.txt`"
+        assert [o["kind"] for o in request["options"]] == ["allow_once", "allow_always", "reject_once"]
+        sid = agent.session
+        assert sid is not None and api.session(sid)["workspace"] == str(ws)
+
+        slow = asyncio.create_task(agent.ask(script({"text": "slow", "delay_ms": 60_000})))
+        after = api.session(sid)["last_seq"]
+        await asyncio.to_thread(api.wait_type, sid, "turn.start", 20.0, after)
+        slow.cancel()  # the client's cancel: session/cancel
+        with contextlib.suppress(asyncio.CancelledError):
+            await slow
+        end = await asyncio.to_thread(api.wait_type, sid, "turn.end", 30.0, after)
+        assert end["outcome"] == "stopped"
+        await asyncio.to_thread(api.wait_idle, sid)
+        assert await agent.ask("after the cancel") == "echo: after the cancel"
+    finally:
+        await agent.stop()
+
+    # a new process carries the session on (session/load): it hears the transcript again
+    heard: list[dict[str, Any]] = []
+    again = ThirdParty(command, cwd=ws, session=sid)
+    try:
+        await again.start(on_update=heard.append)
+        assert again.session == sid
+        said = "".join(u["content"]["text"] for u in heard if u.get("sessionUpdate") == "agent_message_chunk")
+        assert said.startswith("Touching. Touched.") and said.endswith("echo: after the cancel")
+        assert await again.ask("once more") == "echo: once more"
+    finally:
+        await again.stop()
