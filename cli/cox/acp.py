@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import logging
 import os
@@ -36,6 +38,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 from acp import PROTOCOL_VERSION, RequestError
 from acp.core import AgentSideConnection
 from acp.schema import (
@@ -213,7 +216,7 @@ class CoxAgent:
             protocol_version=min(protocol_version, PROTOCOL_VERSION),
             agent_capabilities=AgentCapabilities(
                 load_session=True,
-                prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=True),
+                prompt_capabilities=PromptCapabilities(image=True, audio=False, embedded_context=True),
                 session_capabilities=SessionCapabilities(list=SessionListCapabilities(),
                                                          resume=SessionResumeCapabilities()),
             ),
@@ -277,8 +280,11 @@ class CoxAgent:
 
     async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
         link = self.link(session_id)
-        text = prompt_text(prompt)
-        reply = await self.send(link, text, None)
+        images = [b for b in prompt if getattr(b, "type", None) == "image"]
+        rest = [b for b in prompt if getattr(b, "type", None) != "image"]
+        text = prompt_text(rest) if rest or not images else "(an image)" if len(images) == 1 else "(images)"
+        attachments = [await self.upload(link, b, n) for n, b in enumerate(images, 1)]
+        reply = await self.send(link, text, None, attachments)
         mid = str(reply["message_id"])
         link.mine.add(mid)
         log.info("prompt %s on %s: %s", mid, session_id, reply.get("disposition"))
@@ -362,17 +368,40 @@ class CoxAgent:
         r = await self.send(link, text, mode)
         return {"messageId": r.get("message_id"), "disposition": r.get("disposition"), "position": r.get("position")}
 
-    async def send(self, link: Link, text: str, mode: str | None) -> dict[str, Any]:
+    async def send(self, link: Link, text: str, mode: str | None,
+                   attachments: list[str] | None = None) -> dict[str, Any]:
         """A send (``mode`` None: queued instead when a turn runs, as a plain ACP client's
         prompt while busy means), retried with one ``client_id`` while the gateway is away."""
-        body: dict[str, Any] = {"text": text, "client_id": new_client_id(), **({"mode": mode} if mode else {})}
+        body: dict[str, Any] = {"text": text, "client_id": new_client_id(), **({"mode": mode} if mode else {}),
+                                **({"attachments": attachments} if attachments else {})}
         try:
             with link.own(text):
                 return dict(await self.call("POST", ChatApi.s(link.sid, "/messages"), body, retry=True))
         except RequestError as exc:
             if mode is None and isinstance(exc.data, dict) and exc.data.get("error") == "busy":
-                return await self.send(link, text, "queue")
+                return await self.send(link, text, "queue", attachments)
             raise
+
+    async def upload(self, link: Link, block: Any, n: int) -> str:
+        """An image block of a prompt as an attachment of the session (``POST .../attachments``):
+        the message names it, and the model sees the image (or the send is refused, 409
+        ``not_accepting``, when the session's model takes no images)."""
+        try:
+            data = base64.b64decode(str(block.data), validate=True)
+        except (ValueError, binascii.Error) as exc:
+            raise RequestError(-32602, f"image {n}: its data is not base64", None) from exc
+        mime = str(getattr(block, "mime_type", "") or "application/octet-stream")
+        name = f"image-{n}.{mime.split('/')[-1].split('+')[0] or 'bin'}"
+        try:
+            r = await self.api.http.post(ChatApi.s(link.sid, "/attachments"), files={"file": (name, data, mime)})
+        except httpx.HTTPError as exc:
+            raise request_error(ApiError(0, "network", f"the server did not answer ({exc})")) from exc
+        body = r.json() if r.content else {}
+        if r.status_code >= 400:
+            d = body if isinstance(body, dict) else {}
+            raise request_error(ApiError(r.status_code, str(d.get("error") or f"http_{r.status_code}"),
+                                         str(d.get("detail") or r.text)))
+        return str(body["attachment_id"])
 
     # ---- following a session ------------------------------------------------------------------
 

@@ -97,7 +97,7 @@ def text_of(block: Any) -> str:
         res = block.resource
         text = getattr(res, "text", None)
         return f"{res.uri}:\n{text}" if text is not None else f"@{res.uri}"
-    raise ValueError(f"a {kind} content block is not supported (prompt capabilities: text)")
+    raise ValueError(f"a {kind} content block is not supported (prompt capabilities: text, images, resources)")
 
 
 def tool_kind(name: str, args: Any) -> str:

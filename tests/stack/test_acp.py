@@ -10,6 +10,7 @@ and ``session/resume``; the don't-ask mode and the model option."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
+from acp import PROTOCOL_VERSION, RequestError, image_block, spawn_agent_process, text_block
 from acp.core import ClientSideConnection
 from acp.schema import AllowedOutcome, ClientCapabilities, Implementation, RequestPermissionResponse
 
@@ -142,7 +143,7 @@ async def test_busy_prompt_queues_steering_leads_and_cancel_answers_both(stack: 
         sid = (await conn.new_session(cwd=str(ws), mcp_servers=[])).session_id
         # a long command; a Lead during it lands at the next boundary and replaces the script
         long = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block(script(
-            {"text": "Sleeping.", "tools": [tool("run_command", command="sleep 2")]}, {"text": "not reached"},
+            {"text": "Sleeping.", "tools": [tool("run_command", command="sleep 4")]}, {"text": "not reached"},
             text="first"))]))
         started = await asyncio.to_thread(api.wait_type, sid, "tool.call")
         queued = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block("second, queued")]))
@@ -231,6 +232,12 @@ async def test_a_turn_that_ends_otherwise_is_a_named_error_and_it_logs_to_its_fi
             await conn.prompt(session_id=sid, prompt=[text_block(script({"text": "", "tools": []}))])
         assert failed.value.code == -32010 and str(failed.value).startswith("the turn ended empty")
         assert failed.value.data == {"outcome": "empty", "detail": "the model gave an empty answer"}
+        # an image block is an attachment of the message (the script model takes any and ignores it)
+        png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
+        seen = await conn.prompt(session_id=sid, prompt=[text_block("look at this"), image_block(png, "image/png")])
+        assert seen.stop_reason == "end_turn"
+        (msg,) = [e for e in api.all_events(sid) if e["type"] == "user.msg" and e["text"] == "look at this"]
+        assert [(a["name"], a["media_type"], a["size"]) for a in msg["attachments"]] == [("image-1.png", "image/png", 40)]
         inject = await conn.ext_method("coxswain/steer", {"sessionId": sid, "prompt": [{"type": "text", "text": "hi"}]})
         assert inject["disposition"] == "started"
         await asyncio.to_thread(api.wait_idle, sid)
@@ -270,7 +277,7 @@ async def test_an_approval_answered_elsewhere_withdraws_the_request_and_inject_s
 
         # session/inject (the proposed steering call): steer is a Lead, queue a queued message
         p = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block(script(
-            {"text": "Sleeping.", "tools": [tool("run_command", command="sleep 2")]}, {"text": "not reached"}))]))
+            {"text": "Sleeping.", "tools": [tool("run_command", command="sleep 4")]}, {"text": "not reached"}))]))
         after = api.session(sid)["last_seq"]
         await asyncio.to_thread(api.wait_type, sid, "tool.call", 20.0, after)
         raw = conn._conn
