@@ -255,7 +255,7 @@ class Waiter(Editor):
         raise AssertionError("unreachable")
 
 
-async def test_an_approval_answered_elsewhere_withdraws_the_request_and_inject_steers_or_queues(
+async def test_an_approval_answered_elsewhere_or_a_cancel_withdraws_the_request_and_inject_steers_or_queues(
         stack: Stack, api: Api, tmp_path: Path) -> None:
     editor = Waiter()
     seen: list[dict[str, Any]] = []
@@ -293,6 +293,23 @@ async def test_an_approval_answered_elsewhere_withdraws_the_request_and_inject_s
         assert vias == ["send", "lead", "queue"], vias
         await until(lambda: "echo: queued by inject" in editor.text(sid), "the queued message's turn")
         assert "Led." in editor.text(sid) and "not reached" not in editor.text(sid)
+
+        # session/cancel while a permission request waits: the prompt is cancelled, the request
+        # dropped, and Stop closes the approval
+        p = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block(script(
+            {"tools": [tool("run_command", command="touch never.txt")]}, {"text": "not reached"}))]))
+        after = api.session(sid)["last_seq"]
+        await asyncio.to_thread(api.wait_type, sid, "approval.pending", 20.0, after)
+        await until(lambda: len([m for m in seen if m.get("method") == "session/request_permission"]) == 2,
+                    "the second permission request")
+        await conn.cancel(session_id=sid)
+        assert (await asyncio.wait_for(p, 30)).stop_reason == "cancelled"
+        second = [m for m in seen if m.get("method") == "session/request_permission"][1]
+        await until(lambda: {"requestId": second["id"]} in [m.get("params") for m in seen
+                                                            if m.get("method") == "$/cancel_request"],
+                    "the second request dropped")
+        resolved = await asyncio.to_thread(api.wait_type, sid, "approval.resolved", 20.0, after)
+        assert resolved["decision"] == "deny" and not (ws / "never.txt").exists()
 
 
 async def test_the_gateway_going_away_answers_the_prompt_plainly_and_the_stream_resumes(
