@@ -1,13 +1,14 @@
 """The ``cox`` command: ``cox up`` runs the whole system; ``cox chat`` is the terminal client;
 ``cox gc`` collects the versions stores now; ``cox run`` starts a run and streams it; ``cox sweep``
-runs a file of tasks as runs (benchmarks) and writes their results."""
+runs a file of tasks as runs (benchmarks) and writes their results; ``cox acp`` is coxswain as an
+Agent Client Protocol agent on stdio, for editors."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import chat, gc, run, sweep, up
+from . import acp, chat, gc, run, sweep, up
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     run.build_parser(p_run)
     p_sweep = sub.add_parser("sweep", help="run a JSONL file of tasks as unattended runs, resumably; write results")
     sweep.build_parser(p_sweep)
+    p_acp = sub.add_parser("acp", help="an Agent Client Protocol agent on stdio (editors) over a running coxswain")
+    acp.build_parser(p_acp)
     args = parser.parse_args(argv)
     if args.command == "up":
         return up.run(args)
@@ -32,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         return gc.run(args)
     if args.command == "run":
         return run.run(args)
+    if args.command == "acp":
+        return acp.run(args)
     if args.command == "sweep":
         return sweep.run(args)
     parser.error(f"unknown command {args.command}")
