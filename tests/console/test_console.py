@@ -249,7 +249,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     newest.locator("[data-act=restore]").click()
     expect(page.locator("#tab-history .result")).to_contain_text("Restored notes.txt")
     assert (ws / "notes.txt").read_text() == "first draft\n"
-    expect(page.locator(".item.note", has_text="Wrote notes.txt by restore")).to_have_count(1)
+    expect(page.locator(".item.note", has_text="Changed notes.txt by restore")).to_have_count(1)
     page.click("#btn-undo")
     expect(page.locator("#tab-history .result")).to_contain_text("Undid the latest write")
     assert (ws / "notes.txt").read_text() == f"second draft\n{LONG}\n"

@@ -181,6 +181,13 @@ export class View {
       parts.push(h("span", { class: "elapsed", dataset: {} }, ""));
       parts.push(h("span", { class: "turn-tools" }, `${t.tools} tool call${t.tools === 1 ? "" : "s"}`));
       parts.push(h("span", { class: "turn-tokens" }, `${tokens(t.input + t.output)} tokens${cost(t.cost)}`));
+      // The usage of the turn's other model requests (the judge, the title, a compaction), folded in.
+      const extra = Object.entries(t.extra || {});
+      if (extra.length) parts.push(h("span", { class: "turn-extra muted" }, `incl. ${extra.map(([k, n]) => `${k} ${tokens(n)}`).join(", ")}`));
+      if (t.retry && busy) {
+        parts.push(h("span", { class: "turn-retry bad", title: t.retry.error },
+          `model request failed, retry ${t.retry.attempt} in ${t.retry.delay_s}s: ${short(t.retry.error, 80)}`));
+      }
     }
     parts.push(h("span", { class: "session-totals muted" },
       `session: ${tot.turns} turn${tot.turns === 1 ? "" : "s"}, ${tot.tools} tool calls, ${tokens(tot.input + tot.output)} tokens${cost(tot.cost)}`));
