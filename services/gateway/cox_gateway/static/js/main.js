@@ -16,6 +16,8 @@ const SESSIONS_EVERY_MS = 5000; // the list follows runs started elsewhere
 const app = {
   api: null, model: null, stream: null, view: null, inspector: null, models: [],
   drawTimer: null, sessionTimer: null, workspaces: [], noteCtx: null,
+  needs: new Map(),       // sid -> pending approvals, from the session list (the open one: live)
+  titles: new Map(),      // sid -> title, for what the tab title and announcements say
 };
 window.cox = app; // for a person's console and the browser tests
 
@@ -89,16 +91,119 @@ async function loadSessions() {
   const cur = app.model?.sid;
   // The open session's run is the live one (its events move it); the list's may be a poll old.
   const live = (s) => (s.id === cur && app.model?.info.run ? app.model.info.run : s.run);
+  const before = new Map(app.needs);
+  for (const s of list) {
+    app.titles.set(s.id, s.title || "untitled");
+    if (Array.isArray(s.approvals)) app.needs.set(s.id, s.approvals.length);
+  }
+  // A session elsewhere that starts waiting for a person: a notification (when allowed and this
+  // tab is not in front). The open session says so itself, live.
+  for (const s of list) {
+    if (s.id !== cur && (app.needs.get(s.id) || 0) > (before.get(s.id) || 0)) notifyNeeds(s.id, `“${s.title || "untitled"}” waits for your approval.`);
+  }
   clear($("#sessions"), list.length ? list.map((s) => {
     const run = live(s);
+    const needs = needsOf(s.id);
     return h("a", {
-      href: `#/s/${s.id}`, class: s.id === cur ? "current" : "", dataset: { sid: s.id, run: run ? run.state : "" },
-    }, h("div", {}, s.title || "untitled", s.busy ? h("span", { class: "dot", title: "working" }) : null),
+      href: `#/s/${s.id}`, class: s.id === cur ? "current" : "", dataset: { sid: s.id, run: run ? run.state : "", state: needs ? "needs" : s.busy ? "busy" : "" },
+    }, h("div", {}, s.title || "untitled", sessionMark(s.busy, needs)),
     run ? h("div", { class: `run-badge run-${run.state}`, title: "a run: the program drives this session" }, runLabel(run)) : null,
     h("div", { class: "ws" }, s.workspace.split("/").pop()));
   }) : h("p", { class: "muted empty-list" }, runsOnly ? "No runs yet (POST /v1/runs starts one)." : "No sessions yet."));
 }
 $("#runs-only").addEventListener("change", () => loadSessions());
+
+// ---------------------------------------------------------------- needs you
+/** Pending approvals of a session: the open one from its live model, the others from the list. */
+function needsOf(sid) { return app.model?.sid === sid && !app.model.replaying ? app.model.approvals.size : app.needs.get(sid) || 0; }
+
+function sessionMark(busy, needs) {
+  if (needs) return h("span", { class: "needs-badge", title: "waiting for your approval" }, needs > 1 ? `needs you (${needs})` : "needs you");
+  return busy ? h("span", { class: "dot", title: "working" }) : null;
+}
+
+/** The tab title and the favicon count the sessions waiting for a person; the open session's
+ *  entry in the list follows it live. */
+function drawAttention() {
+  if (app.model && !app.model.replaying) app.needs.set(app.model.sid, app.model.approvals.size);
+  const waiting = [...app.needs.entries()].filter(([, n]) => n > 0).length;
+  const here = app.model ? app.model.info.title || "untitled" : "";
+  document.title = (waiting ? `(${waiting}) Needs you · ` : "") + (here ? `${here} · coxswain` : "coxswain");
+  document.documentElement.dataset.needs = String(waiting);
+  setFavicon(waiting);
+  const a = app.model && $(`#sessions a[data-sid="${CSS.escape(app.model.sid)}"]`);
+  if (a) {
+    const n = app.model.approvals.size;
+    a.dataset.state = n ? "needs" : app.model.info.busy ? "busy" : "";
+    a.querySelector(".needs-badge, .dot")?.remove();
+    const mark = sessionMark(app.model.info.busy, n);
+    if (mark) a.firstChild.append(mark);
+  }
+}
+
+let faviconFor = null;
+function setFavicon(n) {
+  if (faviconFor === n) return;
+  faviconFor = n;
+  const c = document.createElement("canvas");
+  c.width = c.height = 32;
+  const g = c.getContext("2d");
+  if (!g) return;
+  g.fillStyle = "#2456c7"; g.beginPath(); g.arc(16, 16, 14, 0, 2 * Math.PI); g.fill();
+  g.fillStyle = "#fff"; g.font = "bold 18px sans-serif"; g.textAlign = "center"; g.textBaseline = "middle"; g.fillText("c", 16, 17);
+  if (n) {
+    g.fillStyle = "#b3261e"; g.beginPath(); g.arc(22, 10, 10, 0, 2 * Math.PI); g.fill();
+    g.fillStyle = "#fff"; g.font = "bold 14px sans-serif"; g.fillText(n > 9 ? "9+" : String(n), 22, 11);
+  }
+  const link = $("#favicon");
+  link.href = c.toDataURL("image/png");
+  link.dataset.count = String(n);
+}
+
+/** Say it to a screen reader (an assertive live region), and for a new approval of the open
+ *  session move focus to its first button, unless the person is typing a message. */
+function announce(text) {
+  const el = $("#announce");
+  el.textContent = "";
+  setTimeout(() => { el.textContent = text; }, 30);
+}
+
+function newApprovals(model, added) {
+  if (!added.length || model.replaying) return;
+  const a = model.approvals.get(added[0]);
+  const what = a ? `${a.security ? "Security confirm" : "Approval needed"}: ${a.name || "a tool"}` : "Approval needed";
+  const active = document.activeElement;
+  const typing = active && (active.tagName === "TEXTAREA" || active.tagName === "INPUT") && active.value;
+  const card = $(`#approvals [data-approval="${CSS.escape(added[0])}"]`);
+  if (card && !typing && !openDrawer()) card.querySelector("button")?.focus();
+  announce(`${what}.${typing && card ? " Alt+A goes to it." : ""}`);
+  notifyNeeds(model.sid, `“${model.info.title || "untitled"}”: ${what}.`);
+}
+
+// The browser's notification: optional, asked once (the button goes after it is answered), and
+// only shown while this tab is not in front.
+const NOTIFY_KEY = "cox.notify-asked";
+function drawNotify() {
+  const supported = "Notification" in window;
+  const asked = localStorage.getItem(NOTIFY_KEY) || (supported && Notification.permission !== "default");
+  $("#notify").hidden = !supported || !!asked;
+  $("#notify-state").textContent = !supported ? "" : Notification.permission === "granted" ? "Notifications on: you hear of a session that needs you."
+    : Notification.permission === "denied" ? "Notifications are blocked in this browser." : asked ? "Notifications off." : "";
+}
+$("#notify").addEventListener("click", async () => {
+  localStorage.setItem(NOTIFY_KEY, "1");
+  try { await Notification.requestPermission(); } catch { /* an old browser: no promise */ }
+  drawNotify();
+  $("#draft").offsetParent ? $("#draft").focus() : $("#logout").focus();
+});
+function notifyNeeds(sid, body) {
+  if (!("Notification" in window) || Notification.permission !== "granted") return;
+  if (!document.hidden && document.hasFocus()) return;
+  try {
+    const n = new Notification("coxswain: needs you", { body, tag: `cox-${sid}` });
+    n.onclick = () => { window.focus(); location.hash = `#/s/${sid}`; n.close(); };
+  } catch { /* notifications from a page need a service worker on some platforms */ }
+}
 
 $("#new-session").addEventListener("submit", async (e) => {
   e.preventDefault();
@@ -132,6 +237,7 @@ function route() {
     app.stream = null;
     app.model = null;
     $("#session").hidden = true; $("#inspector").hidden = true; $("#empty").hidden = false;
+    drawAttention();
   }
 }
 window.addEventListener("hashchange", route);
@@ -164,6 +270,7 @@ async function openSession(sid) {
   }
   if (app.model !== model) return;
   model.replaying = false;
+  model.openedWith = new Set(model.approvals.keys()); // pending when the page opened: not "new"
   model.mark("head", "approvals", "outbox", "plan");
   flush();
   loadSessions();
@@ -190,7 +297,7 @@ function flush() {
   const model = app.model;
   if (!model) return;
   const changed = model.changed;
-  app.view.draw(model, {
+  const added = app.view.draw(model, {
     answer: (aid, body) => app.api.answer(model.sid, aid, body),
     queue: (op, id, pos) => queueOp(model, op, id, pos),
     turn: (op, n) => turnOp(model, op, n),
@@ -202,6 +309,8 @@ function flush() {
   if (changed.has("sessions")) loadSessions();
   if (changed.has("need-session")) refreshSession();
   model.changed = new Set();
+  newApprovals(model, (added || []).filter((id) => !model.openedWith?.has(id)));
+  drawAttention();
 }
 
 function refreshSession() {
@@ -343,6 +452,11 @@ const KEYS = { o: "queue", s: "steer", l: "lead" };
 document.addEventListener("keydown", (e) => {
   if (e.key === "Escape" && openDrawer()) { e.preventDefault(); closeDrawers(true); return; }
   if ($("#session").hidden || !app.model) return;
+  if (e.altKey && !e.ctrlKey && !e.metaKey && e.key.toLowerCase() === "a") {
+    const b = $("#approvals .approval button");
+    if (b) { e.preventDefault(); b.focus(); }
+    return;
+  }
   const inDraft = e.target === $("#draft");
   const inComposer = inDraft || !!e.target.closest?.("#composer") || e.target === document.body || e.target === document.documentElement;
   if (inDraft && e.key === "Enter" && !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey && !e.isComposing) {
@@ -447,7 +561,9 @@ async function start(token) {
   clearInterval(app.listTimer);
   app.listTimer = setInterval(() => { if (!$("#app").hidden) loadSessions(); }, SESSIONS_EVERY_MS);
   app.model = null;
+  drawNotify();
   route();
+  drawAttention();
 }
 
 const saved = localStorage.getItem(TOKEN_KEY);

@@ -123,10 +123,11 @@ export class View {
       this.elements.set(it.key, el);
     }
     if (model.changed.has("head")) this.head(model);
-    if (model.changed.has("approvals")) this.approvals(model, handlers);
+    const added = model.changed.has("approvals") ? this.approvals(model, handlers) : [];
     if (model.changed.has("outbox")) this.outbox(model, handlers);
     this.transcript.dataset.lastSeq = String(model.lastSeq);
     if (atBottom) this.transcript.scrollTop = this.transcript.scrollHeight;
+    return added;
   }
 
   head(model) {
@@ -201,10 +202,13 @@ export class View {
     // Keep a card whose message box the person is typing in: redraw only what came or went.
     const want = new Map([...model.approvals.values()].map((a) => [a.approval_id, a]));
     for (const card of [...box.children]) if (!want.has(card.dataset.approval)) card.remove();
+    const added = [];
     for (const a of want.values()) {
       if (box.querySelector(`[data-approval="${CSS.escape(a.approval_id)}"]`)) continue;
       box.append(approvalCard(a, handlers));
+      added.push(a.approval_id);
     }
+    return added;
   }
 
   outbox(model, handlers) {
@@ -266,11 +270,17 @@ function approvalCard(a, handlers) {
   });
   const status = h("span", { class: "error", role: "alert" });
   const answer = async (decision, scope, btns) => {
+    const here = document.activeElement?.closest?.(".approval") || document.activeElement === document.body;
     btns.forEach((b) => (b.disabled = true));
     status.textContent = "";
     try {
       await handlers.answer(a.approval_id, { decision, scope, ...(msg.value.trim() ? { message: msg.value.trim() } : {}) });
       status.textContent = "";
+      // Answered: focus goes where the next action is, the next approval or the composer.
+      if (here) {
+        const next = [...document.querySelectorAll("#approvals .approval")].find((c) => c.dataset.approval !== a.approval_id);
+        (next?.querySelector("button") || document.getElementById("draft"))?.focus();
+      }
     } catch (err) {
       status.textContent = err.detail || err.message;
       btns.forEach((b) => (b.disabled = false));

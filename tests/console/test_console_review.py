@@ -1,0 +1,177 @@
+"""The console a person prefers (issue 27), in headless Chromium against a real ``cox up``.
+
+Signals that say "needs you" (tab title, favicon, the list, a live announcement, focus, a
+notification asked once), every event deliberately rendered (usage in the status line, never a
+bare type name), focus where the next action is and a shortcut sheet, a quieter transcript,
+Review (inline diffs on each card, the net diff of a session and of a turn, Restore and Undo from
+there) and the Rewind dialog. Screenshots go to ``tests/artifacts/``; axe-core runs at every
+width used. One stack and one browser serve the whole module.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.console.test_console import CHROMIUM, CHROMIUM_ARGS, login, pytestmark
+from tests.console.test_console_trust import axe
+from tests.support import ARTIFACTS
+from tests.support.coxup import CoxUp, cox_up
+from tests.support.stack import said, tool
+
+try:
+    from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
+except ImportError:  # pragma: no cover
+    sync_playwright = None  # type: ignore[assignment]
+
+__all__ = ["pytestmark"]
+
+# Records what the page asks of the Notification API (the real one stays underneath).
+NOTIFY_SPY = """
+if (window.Notification) {
+  window.__notes = [];
+  const Real = window.Notification;
+  class Spy extends Real { constructor(title, opts) { super(title, opts); window.__notes.push({title, body: opts && opts.body}); } }
+  window.Notification = Spy;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoxUp]:
+    with cox_up(tmp_path_factory.mktemp("review")) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def browser(up: CoxUp) -> Iterator[BrowserContext]:
+    expect.set_options(timeout=30_000)
+    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="cox-chromium-") as profile:
+        ctx = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 860},
+        )
+        ctx.add_init_script(NOTIFY_SPY)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+def open_page(browser: BrowserContext, up: CoxUp, width: int) -> tuple[Page, list[str]]:
+    pg = browser.new_page()
+    pg.set_viewport_size({"width": width, "height": 860})
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(up.url + "/")
+    return pg, errors
+
+
+@pytest.fixture
+def width(request: pytest.FixtureRequest) -> int:
+    return int(getattr(request, "param", 1400))
+
+
+@pytest.fixture
+def page(browser: BrowserContext, up: CoxUp, width: int) -> Iterator[Page]:
+    pg, errors = open_page(browser, up, width)
+    try:
+        yield pg
+    finally:
+        pg.close()
+    assert errors == [], f"the page threw: {errors}"
+
+
+def shot(page: Page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    size = page.viewport_size
+    path = ARTIFACTS / f"console-{name}-{size['width'] if size else 0}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+def active(page: Page) -> dict[str, Any]:
+    """What has the keyboard focus: its id, tag, data-act and whether it sits in an approval card."""
+    out: dict[str, Any] = page.evaluate(
+        "() => { const e = document.activeElement; return {id: e.id, tag: e.tagName, act: e.dataset?.act || null,"
+        " role: e.getAttribute('role'), approval: !!e.closest('.approval'), tab: e.dataset?.tab || null}; }")
+    return out
+
+
+def no_serious_axe(page: Page) -> None:
+    bad = axe(page)
+    assert bad == [], [(v["id"], v["help"], [n["target"] for n in v["nodes"]][:5]) for v in bad]
+
+
+def create(page: Page, workspace: str) -> str:
+    """A new session in a new folder, from the sessions drawer when narrow, by keyboard only."""
+    size = page.viewport_size
+    if size and size["width"] < 1000:
+        page.click("#toggle-sidebar")
+    page.fill("#new-workspace", workspace)
+    page.check("#new-create")
+    page.press("#new-workspace", "Enter")
+    expect(page.locator("#session")).to_be_visible()
+    expect(page.locator("#stream")).to_have_text("live")
+    m = re.search(r"#/s/([A-Za-z0-9_-]+)$", page.url)
+    assert m, page.url
+    return m.group(1)
+
+
+# ---------------------------------------------------------------------------------- items 1 and 4
+def test_needs_you_in_the_title_favicon_list_announced_focused_and_notified(
+        page: Page, up: CoxUp, browser: BrowserContext) -> None:
+    login(page, up)
+    expect(page.locator("h1")).to_have_count(1)
+    # The notification is optional and asked once: after the answer the offer is gone.
+    expect(page.locator("#notify")).to_be_visible()
+    browser.grant_permissions(["notifications"], origin=up.url)  # what the person answers
+    page.click("#notify")
+    expect(page.locator("#notify")).to_be_hidden()
+    expect(page.locator("#notify-state")).to_contain_text("Notifications on")
+    assert page.evaluate("localStorage.getItem('cox.notify-asked')") == "1"
+    page.reload()
+    expect(page.locator("#app")).to_be_visible()
+    expect(page.locator("#notify")).to_be_hidden()
+
+    sid = create(page, "needs")
+    expect(page).to_have_title(re.compile(r"^untitled · coxswain$"))
+    # This tab is not in front: a notification may come.
+    page.evaluate("document.hasFocus = () => false")
+    page.fill("#draft", said("Make the build dir", {"text": "On it.", "tools": [tool("run_command", command="mkdir build")]},
+                             {"text": "done"}))
+    page.press("#draft", "Enter")
+    card = page.locator(".approval")
+    expect(card).to_be_visible()
+    expect(page).to_have_title(re.compile(r"^\(1\) Needs you · "))
+    expect(page.locator("#favicon")).to_have_attribute("data-count", "1")
+    assert page.locator("#favicon").get_attribute("href", timeout=1000).startswith("data:image/png")
+    link = page.locator(f"#sessions a[data-sid='{sid}']")
+    expect(link).to_have_attribute("data-state", "needs")
+    expect(link.locator(".needs-badge")).to_have_text("needs you")
+    expect(page.locator("#announce")).to_have_text(re.compile("Approval needed: run_command"))
+    # Focus is on the new approval's first button (Allow), so a keyboard answers it at once.
+    page.wait_for_function("document.activeElement && document.activeElement.dataset.act === 'allow'")
+    notes = page.evaluate("window.__notes")
+    assert notes and notes[0]["title"] == "coxswain: needs you" and "Approval needed" in notes[0]["body"], notes
+    # Usage folds into the status line: no transcript line is a bare event type.
+    expect(page.locator("#turn-status .turn-tokens")).to_contain_text("tokens")
+    assert page.locator(".item.note", has_text=re.compile(r"^\s*usage\s*$")).count() == 0
+    no_serious_axe(page)
+    shot(page, "needs-you")
+
+    page.keyboard.press("Enter")  # Allow, from the focused button
+    expect(page.locator(".approval")).to_have_count(0)
+    expect(page.locator("#draft")).to_be_focused()  # back to the composer after answering
+    expect(page.locator(".item.assistant", has_text="done")).to_have_count(1)
+    expect(page).to_have_title(re.compile(r"^(?!\(\d+\) Needs you).* · coxswain$"))
+    expect(page.locator("#favicon")).to_have_attribute("data-count", "0")
+    expect(link).not_to_have_attribute("data-state", "needs")
+    assert (up.root / "needs" / "build").is_dir()
+    notes_text = " ".join(page.locator(".item.note").all_inner_texts())
+    assert "usage" not in notes_text and "version.kept" not in notes_text, notes_text
