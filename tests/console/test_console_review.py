@@ -175,3 +175,64 @@ def test_needs_you_in_the_title_favicon_list_announced_focused_and_notified(
     assert (up.root / "needs" / "build").is_dir()
     notes_text = " ".join(page.locator(".item.note").all_inner_texts())
     assert "usage" not in notes_text and "version.kept" not in notes_text, notes_text
+
+
+# ---------------------------------------------------------------------------------- item 5
+def test_the_keyboard_reaches_every_next_action_without_a_mouse(page: Page, up: CoxUp) -> None:
+    """Login, create, send, approve, the shortcut sheet and the inspector's tabs, keys only."""
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    expect(page.locator("#login-token")).to_be_focused()
+    page.keyboard.type(up.token)
+    page.keyboard.press("Enter")
+    expect(page.locator("#app")).to_be_visible()
+    expect(page.locator("#new-workspace")).to_be_focused()  # no session open: the next action is a new one
+    page.keyboard.type("keys")
+    page.keyboard.press("Tab")  # existing workspaces
+    page.keyboard.press("Tab")  # Create a new folder
+    page.keyboard.press("Space")
+    expect(page.locator("#new-create")).to_be_checked()
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")
+    expect(page.locator("#session")).to_be_visible()
+    expect(page.locator("#draft")).to_be_focused()  # after creating a session: the composer
+    page.keyboard.insert_text(said("Touch it", {"tools": [tool("run_command", command="touch k")]}, {"text": "touched"}))
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.activeElement && document.activeElement.dataset.act === 'allow'")
+    page.keyboard.press("Tab")
+    assert active(page)["act"] == "deny"
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")
+    expect(page.locator(".item.assistant", has_text="touched")).to_have_count(1)
+    expect(page.locator("#draft")).to_be_focused()  # after the answer: back to the composer
+
+    # "?" (outside a text box) opens the shortcut sheet; Esc closes it and focus comes back.
+    page.keyboard.press("Tab")
+    was = active(page)["id"]
+    page.keyboard.press("?")
+    sheet = page.locator("#keys")
+    expect(sheet).to_be_visible()
+    expect(sheet).to_contain_text("Ctrl")
+    expect(page.locator("#keys-close")).to_be_focused()
+    no_serious_axe(page)
+    shot(page, "keys")
+    page.keyboard.press("Escape")
+    expect(sheet).to_be_hidden()
+    assert active(page)["id"] == was
+    page.keyboard.press("/")
+    expect(page.locator("#draft")).to_be_focused()
+
+    # Inspector tabs: one in the Tab order, arrows move and show.
+    page.focus("#tabbtn-plan")
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#tabbtn-changes")).to_be_focused()
+    expect(page.locator("#tabbtn-changes")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("#tab-changes")).to_be_visible()
+    page.keyboard.press("End")
+    expect(page.locator("#tabbtn-history")).to_be_focused()
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#tabbtn-plan")).to_be_focused()
+    expect(page.locator("#tab-plan")).to_be_visible()
+    assert page.locator(".tabs [role=tab][tabindex='0']").count() == 1
+    expect(page.locator("h1")).to_have_count(1)

@@ -217,6 +217,7 @@ $("#new-session").addEventListener("submit", async (e) => {
     const s = await app.api.create({ workspace, create, ...(model ? { model } : {}) });
     $("#new-workspace").value = "";
     $("#new-create").checked = false;
+    app.focusDraft = true; // the next action is the first message
     location.hash = `#/s/${s.id}`;
     closeDrawers();
     await loadSessions();
@@ -270,6 +271,8 @@ async function openSession(sid) {
   }
   if (app.model !== model) return;
   model.replaying = false;
+  const from = document.activeElement;
+  if (app.focusDraft || !from || from === document.body || from.closest?.("#sessions, #login")) { app.focusDraft = false; setTimeout(focusNext, 0); }
   model.openedWith = new Set(model.approvals.keys()); // pending when the page opened: not "new"
   model.mark("head", "approvals", "outbox", "plan");
   flush();
@@ -449,7 +452,13 @@ for (const [id, kind] of [["#btn-send", "send"], ["#btn-queue", "queue"], ["#btn
 // Enter sends; Ctrl+O queue, Ctrl+S steer, Ctrl+L Lead, Esc stop (the terminal chat's keys).
 // The keys work wherever the composer has focus (the box or one of its buttons) or nothing does.
 const KEYS = { o: "queue", s: "steer", l: "lead" };
+const typingIn = (el) => el && (el.tagName === "TEXTAREA" || el.tagName === "SELECT" || (el.tagName === "INPUT" && !["checkbox", "radio", "button", "submit"].includes(el.type)) || el.isContentEditable);
 document.addEventListener("keydown", (e) => {
+  if (document.querySelector("dialog[open]")) return; // a dialog has the keyboard (Esc closes it)
+  if (!e.ctrlKey && !e.altKey && !e.metaKey && !typingIn(e.target) && !$("#app").hidden) {
+    if (e.key === "?") { e.preventDefault(); showKeys(); return; }
+    if (e.key === "/" && !$("#session").hidden) { e.preventDefault(); $("#draft").focus(); return; }
+  }
   if (e.key === "Escape" && openDrawer()) { e.preventDefault(); closeDrawers(true); return; }
   if ($("#session").hidden || !app.model) return;
   if (e.altKey && !e.ctrlKey && !e.metaKey && e.key.toLowerCase() === "a") {
@@ -472,6 +481,23 @@ document.addEventListener("keydown", (e) => {
     e.preventDefault(); act("stop");
   }
 });
+
+// ---------------------------------------------------------------- the shortcut sheet
+let keysOpener = null;
+function showKeys() {
+  keysOpener = document.activeElement;
+  $("#keys").showModal();
+  $("#keys-close").focus();
+}
+$("#btn-keys").addEventListener("click", showKeys);
+$("#keys").addEventListener("close", () => { (keysOpener && keysOpener !== document.body ? keysOpener : $("#draft")).focus?.(); keysOpener = null; });
+
+/** Focus where the next action is: the message box of the open session (after login, after
+ *  creating or opening a session), or the new-session form when none is open. */
+function focusNext() {
+  if (!$("#session").hidden && !$("#draft").disabled) $("#draft").focus();
+  else if (!$("#app").hidden && !openDrawer()) $("#new-workspace").focus();
+}
 
 // ---------------------------------------------------------------- drawers (narrow screens)
 function openDrawer() { return ["sidebar", "inspector"].find((id) => $(`#${id}`).classList.contains("open")) || null; }
@@ -564,6 +590,7 @@ async function start(token) {
   drawNotify();
   route();
   drawAttention();
+  if ($("#session").hidden || !/^#\/s\//.test(location.hash)) focusNext(); // else openSession focuses the box once it is open
 }
 
 const saved = localStorage.getItem(TOKEN_KEY);
