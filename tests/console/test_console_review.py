@@ -236,3 +236,81 @@ def test_the_keyboard_reaches_every_next_action_without_a_mouse(page: Page, up: 
     expect(page.locator("#tab-plan")).to_be_visible()
     assert page.locator(".tabs [role=tab][tabindex='0']").count() == 1
     expect(page.locator("h1")).to_have_count(1)
+
+
+# ---------------------------------------------------------------------------------- item 6
+ANSWER = (
+    "Here is the table:\n\n| file | lines |\n| --- | ---: |\n| a.txt | 2 |\n| b.txt | 10 |\n\n"
+    "~~~python\nprint('copy me')\n~~~\n"
+)
+
+
+@pytest.mark.parametrize("width", [400], indirect=True)
+def test_a_quieter_transcript_on_a_phone(page: Page, up: CoxUp, browser: BrowserContext, width: int) -> None:
+    browser.grant_permissions(["clipboard-read", "clipboard-write"], origin=up.url)
+    login(page, up)
+    create(page, "quiet")
+    page.fill("#draft", said("Plan and ask", {"text": "Planning.", "tools": [
+        tool("plan_write", steps=["look", "touch"]), tool("plan_step", step=1),
+        tool("run_command", command="touch nope")]}, {"text": ANSWER}))
+    page.click("#btn-send")
+    expect(page.locator(".approval")).to_be_visible()
+    # Plan bookkeeping is one line per call, no tool card.
+    lines = page.locator(".item.plan-line")
+    expect(lines).to_have_count(2)
+    expect(lines.nth(0)).to_have_text("Plan: 2 steps — look; touch")
+    expect(lines.nth(1)).to_have_text("✓ Plan step 1 done: look")
+    assert page.locator(".item.tool .name", has_text="plan_").count() == 0
+
+    # Touch targets: every button in the composer and on the approval card is at least 44 px high.
+    heights = page.evaluate("() => [...document.querySelectorAll('#composer button, .approval button')]"
+                            ".filter(b => b.offsetParent).map(b => [b.textContent, b.getBoundingClientRect().height])")
+    assert heights and all(hh >= 44 for _, hh in heights), heights
+
+    # Queue two; the position said is gone once the queue is reordered.
+    for text in ("q one", "q two"):
+        page.fill("#draft", text)
+        page.click("#btn-queue")
+        expect(page.locator("#outbox-list li", has_text=text)).to_have_count(1)
+    expect(page.locator("#composer-note")).to_contain_text("Queued (position 2)")
+    page.locator("#outbox-list li", has_text="q two").locator("[data-act=up]").click()
+    expect(page.locator("#outbox-list li").first).to_contain_text("q two")
+    expect(page.locator("#composer-note")).to_have_text("")
+
+    # A touch keyboard: Enter is a new line, Send is the button.
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Emulation.setTouchEmulationEnabled", {"enabled": True, "maxTouchPoints": 5})
+    page.fill("#draft", "two")
+    page.locator("#draft").press("End")
+    page.locator("#draft").press("Enter")
+    page.locator("#draft").type("lines")
+    expect(page.locator("#draft")).to_have_value("two\nlines")
+    expect(page.locator("#outbox-list li")).to_have_count(2)  # nothing was queued or sent by Enter
+    cdp.send("Emulation.setTouchEmulationEnabled", {"enabled": False})
+    page.fill("#draft", "")
+
+    # A Deny is said once on its card.
+    page.locator(".approval [data-act=deny]").click()
+    card = page.locator(".item.tool", has_text="touch nope")
+    expect(card.locator(".status")).to_have_text("denied by you")
+    expect(page.locator(".item.assistant", has_text="echo: q one")).to_have_count(1)
+    expect(page.locator("#state")).to_have_text("idle")
+    text = card.inner_text().lower()
+    assert text.count("denied") == 1 and "refuse by person" not in text and "deny" not in text, text
+
+    # Settled messages fold into one line: the transcript already shows them.
+    expect(page.locator("#outbox-list li")).to_have_count(0)
+    expect(page.locator("#outbox-settled summary")).to_have_text("2 settled — each is in the transcript")
+    assert page.locator("#outbox").bounding_box()["height"] < 90  # type: ignore[index]
+
+    # Markdown tables, and a Copy button on code.
+    answer = page.locator(".item.assistant", has_text="Here is the table")
+    expect(answer.locator("table th")).to_have_text(["file", "lines"])
+    expect(answer.locator("table tbody tr")).to_have_count(2)
+    expect(answer.locator("table tbody tr").nth(1).locator("td").nth(1)).to_have_css("text-align", "right")
+    copy = answer.locator("pre.code button.copy")
+    copy.click()
+    expect(copy).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == "print('copy me')"
+    no_serious_axe(page)
+    shot(page, "quiet")

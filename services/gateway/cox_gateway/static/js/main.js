@@ -334,7 +334,7 @@ function note(text, error = false, about = {}) {
   el.className = "note" + (error ? " error" : "");
   const m = app.model;
   app.noteCtx = text && m ? { turn: m.info.turn_id || null, id: about.id, fate: about.id ? m.outbox.get(about.id)?.fate : undefined,
-    untilIdle: !!about.untilIdle } : null;
+    untilIdle: !!about.untilIdle, reorders: m.reorders || 0, position: !!about.position } : null;
 }
 
 function checkNote(model) {
@@ -343,7 +343,8 @@ function checkNote(model) {
   const turn = model.info.turn_id || null;
   const gone = (c.id && model.outbox.get(c.id)?.fate !== c.fate)
     || (turn && turn !== c.turn)
-    || (c.untilIdle && !model.info.busy);
+    || (c.untilIdle && !model.info.busy)
+    || (c.position && (model.reorders || 0) !== c.reorders); // a position said before a reorder is stale
   if (gone) note("");
 }
 
@@ -416,7 +417,7 @@ async function act(kind) {
       else {
         model.sent(r.message_id, mode === "steer" ? "steer" : "queue", text);
         note(r.disposition === "steered" ? "Steering: the running turn stops and this runs next."
-          : `Queued (position ${r.position}): it runs when this turn ends.`, false, { id: r.message_id });
+          : `Queued (position ${r.position}): it runs when this turn ends.`, false, { id: r.message_id, position: r.disposition !== "steered" });
       }
     }
     if (box.value === text) box.value = ""; // only now: a refused message stays in the box
@@ -452,6 +453,13 @@ for (const [id, kind] of [["#btn-send", "send"], ["#btn-queue", "queue"], ["#btn
 // Enter sends; Ctrl+O queue, Ctrl+S steer, Ctrl+L Lead, Esc stop (the terminal chat's keys).
 // The keys work wherever the composer has focus (the box or one of its buttons) or nothing does.
 const KEYS = { o: "queue", s: "steer", l: "lead" };
+/** A touch keyboard has no Shift+Enter to speak of: there Enter is a new line and Send is the button. */
+function touchKeyboard() { return navigator.maxTouchPoints > 0 || matchMedia("(pointer: coarse)").matches; }
+function drawPlaceholder() {
+  $("#draft").placeholder = touchKeyboard() ? "Message (Enter is a new line; send with the Send button)" : "Message (Enter sends, Shift+Enter new line)";
+}
+$("#draft").addEventListener("focus", drawPlaceholder);
+drawPlaceholder();
 const typingIn = (el) => el && (el.tagName === "TEXTAREA" || el.tagName === "SELECT" || (el.tagName === "INPUT" && !["checkbox", "radio", "button", "submit"].includes(el.type)) || el.isContentEditable);
 document.addEventListener("keydown", (e) => {
   if (document.querySelector("dialog[open]")) return; // a dialog has the keyboard (Esc closes it)
@@ -468,7 +476,7 @@ document.addEventListener("keydown", (e) => {
   }
   const inDraft = e.target === $("#draft");
   const inComposer = inDraft || !!e.target.closest?.("#composer") || e.target === document.body || e.target === document.documentElement;
-  if (inDraft && e.key === "Enter" && !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey && !e.isComposing) {
+  if (inDraft && e.key === "Enter" && !touchKeyboard() && !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey && !e.isComposing) {
     e.preventDefault(); act("send"); return;
   }
   const k = e.key.toLowerCase();

@@ -200,6 +200,7 @@ const HANDLERS = {
     m.mark("head");
   },
   "queue.removed"(m, ev) {
+    m.reorders = (m.reorders || 0) + 1;
     const o = m.settle(ev.message_id, "removed");
     const text = ev.text || o?.text || m.localTexts.get(ev.message_id) || ev.message_id;
     m.add({ kind: "fate", key: `f${ev.seq}`, text: `Removed from the queue before it started: “${text}”` });
@@ -212,6 +213,7 @@ const HANDLERS = {
     for (const o of moved) m.outbox.delete(o.id);
     for (const o of moved) m.outbox.set(o.id, o);
     m.note(ev, `Queue reordered (${order.length} waiting)`, "small");
+    m.reorders = (m.reorders || 0) + 1; // a "Queued (position n)" said before is stale now
     m.mark("outbox");
   },
   "run.start"(m, ev) {
@@ -303,6 +305,7 @@ const HANDLERS = {
     m.approvals.delete(ev.approval_id);
     for (const t of m.tools.values()) {
       if (t.approval === ev.approval_id) {
+        t.message = ev.message || null;
         t.answer = `${ev.decision === "allow" ? "Allowed" : "Denied"} by ${ev.actor}` +
           (ev.scope && ev.scope !== "once" ? ` (${ev.scope})` : "") + (ev.message ? ` — “${ev.message}”` : "") +
           (ev.actor !== "person" && ev.reason ? `: ${ev.reason}` : "");
@@ -409,6 +412,8 @@ const HANDLERS = {
   "plan.write"(m, ev) { m.plan = { steps: ev.steps, marks: [], turn_id: ev.turn_id }; m.mark("plan"); },
   "plan.step"(m, ev) {
     if (m.plan && !m.plan.marks.includes(ev.step)) m.plan.marks.push(ev.step);
+    const t = m.runningTool(ev.turn_id);
+    if (t && t.name === "plan_step") { t.stepText = m.plan?.steps?.[ev.step - 1] || null; m.touch(t); }
     m.mark("plan");
   },
   "plan.carried"(m, ev) {

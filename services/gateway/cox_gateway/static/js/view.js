@@ -49,7 +49,7 @@ function output(it) {
   const long = lines > LONG_OUTPUT_LINES || text.length > LONG_OUTPUT_CHARS;
   if (!long) return h("pre", { class: "output" }, text);
   return h("details", { class: "output", open: it.open },
-    h("summary", {}, `output: ${lines} lines, ${text.length} chars (show)`), h("pre", {}, text));
+    h("summary", {}, `output: ${lines} lines, ${text.length} chars`, h("span", { class: "fold-hint", "aria-hidden": "true" })), h("pre", {}, text));
 }
 
 function renderItem(it) {
@@ -58,30 +58,64 @@ function renderItem(it) {
     case "user":
       return h("div", attrs, it.via && VIA[it.via] ? h("span", { class: "via" }, VIA[it.via]) : null, it.text);
     case "assistant":
-      return h("div", { ...attrs, class: `item assistant md${it.streaming ? " streaming" : ""}` }, markdown(it.text));
+      return withCopy(h("div", { ...attrs, class: `item assistant md${it.streaming ? " streaming" : ""}` }, markdown(it.text)), it.streaming);
     case "agent":
-      return h("div", { ...attrs, class: "item agent md" }, markdown(it.text));
+      return withCopy(h("div", { ...attrs, class: "item agent md" }, markdown(it.text)));
     case "fate":
       return h("div", attrs, it.text);
     case "note":
       if (it.turnNo) return turnEnd(it, attrs);
       return h("div", { ...attrs, class: `item note ${it.cls || ""}` }, it.text);
     case "tool": {
+      if (it.name === "plan_step" || it.name === "plan_write") return planLine(it, attrs);
       const status = STATUS[it.status] || it.status;
       const el = h("div", { ...attrs, dataset: { key: it.key, status: it.status } },
         h("div", { class: "head" },
           h("span", { class: "name" }, it.name || "tool"),
           h("span", { class: "args" }, short(argsText(it.name, it.args), 240)),
           h("span", { class: `status ${it.status}` }, status + (it.detail ? ` (${it.detail})` : ""))),
-        (it.policy || []).map((p) => h("div", { class: "policy" }, p)),
-        it.answer ? h("div", { class: "policy answer" }, it.answer) : null,
-        it.output ? output(it) : null);
+        // A person's Deny is said once, by the status: not again as a decision, an answer and an output.
+        (it.policy || []).filter((p) => !(it.status === "denied" && /^refuse by person\b/.test(p))).map((p) => h("div", { class: "policy" }, p)),
+        it.status === "denied" ? (it.message ? h("div", { class: "policy answer" }, `Your message: “${it.message}”`) : null)
+          : it.answer ? h("div", { class: "policy answer" }, it.answer) : null,
+        it.output && it.status !== "denied" ? output(it) : null);
       el.querySelector("details")?.addEventListener("toggle", (e) => { it.open = e.target.open; });
       return el;
     }
     default:
       return h("div", attrs, JSON.stringify(it));
   }
+}
+
+/** plan_write and plan_step are bookkeeping: one line each, the plan itself is in the inspector. */
+function planLine(it, attrs) {
+  const args = it.args && typeof it.args === "object" ? it.args : {};
+  const steps = Array.isArray(args.steps) ? args.steps : [];
+  const text = it.name === "plan_write"
+    ? `Plan: ${steps.length} step${steps.length === 1 ? "" : "s"}${steps.length ? ` — ${steps.join("; ")}` : ""}`
+    : `Plan step ${args.step ?? "?"} done${it.stepText ? `: ${it.stepText}` : ""}`;
+  const bad = ["fail", "denied", "refused", "skipped"].includes(it.status);
+  return h("div", { ...attrs, class: `item note plan-line${bad ? " bad" : ""}`, dataset: { key: it.key, status: it.status } },
+    it.name === "plan_step" && !bad ? "✓ " : "", short(text, 300), bad ? ` (${STATUS[it.status] || it.status})` : "");
+}
+
+/** A Copy button on each code block of an answer (not while it still streams). */
+function withCopy(el, streaming = false) {
+  if (streaming) return el;
+  for (const pre of el.querySelectorAll("pre.code")) {
+    const code = pre.querySelector("code")?.textContent ?? "";
+    const b = h("button", { type: "button", class: "copy", "aria-label": "Copy this code" }, "Copy");
+    b.addEventListener("click", async () => {
+      try { await navigator.clipboard.writeText(code); }
+      catch {
+        const ta = h("textarea", { class: "sr-only", "aria-hidden": "true" }); ta.value = code;
+        document.body.append(ta); ta.select(); document.execCommand("copy"); ta.remove();
+      }
+      b.textContent = "Copied"; setTimeout(() => { b.textContent = "Copy"; }, 1500);
+    });
+    pre.prepend(b);
+  }
+  return el;
 }
 
 /** A turn's end, with its Fork and Rewind actions (the View hands a click to ``handlers.turn``). */
@@ -212,12 +246,16 @@ export class View {
   }
 
   outbox(model, handlers) {
+    // What still waits is listed; what settled is already told by the transcript (the message,
+    // or a line naming what was discarded), so it folds into one line instead of growing.
     const items = model.waiting();
+    const waiting = items.filter((o) => !FINAL_FATES.has(o.fate));
+    const settled = items.filter((o) => FINAL_FATES.has(o.fate));
     $("#outbox").hidden = items.length === 0;
     const queued = items.filter((o) => o.fate === "queued" && o.kind === "queue");
     const focused = document.activeElement?.closest?.("#outbox li")?.dataset.id;
     const focusAct = document.activeElement?.dataset?.act;
-    clear($("#outbox-list"), items.map((o) => {
+    const li = (o) => {
       const label = o.text ? short(o.text.split("\n")[0], 80) : o.id;
       const n = queued.indexOf(o);
       // Before it starts, a queued message can be moved or removed (recorded as events).
@@ -232,15 +270,24 @@ export class View {
         h("span", { class: `fate-badge fate-${o.fate}` }, o.fate),
         h("span", { class: "kind-badge" }, KIND[o.kind] || o.kind),
         o.text ? h("span", { class: "text", title: o.text }, short(o.text.split("\n")[0], 200))
-          : h("span", { class: "muted" }, o.id),
+          : h("span", { class: "muted" }, "(text not recorded)"),
         tools);
-    }));
+    };
+    const wasOpen = $("#outbox-settled")?.open;
+    clear($("#outbox-list"), waiting.map(li));
+    $("#outbox-list").hidden = waiting.length === 0;
+    const fold = $("#outbox-fold");
+    clear(fold, settled.length ? h("details", { id: "outbox-settled", open: wasOpen },
+      h("summary", {}, `${settled.length} settled — each is in the transcript`), h("ol", {}, settled.map(li))) : null);
+    $("#outbox-title").textContent = waiting.length ? `Waiting (${waiting.length})` : "Nothing waiting";
     if (focused && focusAct) {
       const btn = $(`#outbox li[data-id="${CSS.escape(focused)}"] [data-act="${focusAct}"]`);
       if (btn && !btn.disabled) btn.focus();
     }
   }
 }
+
+const FINAL_FATES = new Set(["applied", "discarded", "unapplied", "skipped", "removed"]);
 
 /** What an approval lets happen, shown before its buttons: the command, or the write's diff. */
 function approvalSubject(a) {
