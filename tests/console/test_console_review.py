@@ -314,3 +314,88 @@ def test_a_quieter_transcript_on_a_phone(page: Page, up: CoxUp, browser: Browser
     assert page.evaluate("navigator.clipboard.readText()") == "print('copy me')"
     no_serious_axe(page)
     shot(page, "quiet")
+
+
+# ---------------------------------------------------------------------------------- item 2
+def two_turns_of_changes(page: Page, up: CoxUp, workspace: str) -> tuple[str, Path]:
+    """Turn 1 creates a.txt (a write) and b.txt (a command); turn 2 edits a.txt and deletes b.txt."""
+    sid = create(page, workspace)
+    with up.client() as api:
+        assert api.http.patch(f"/v1/sessions/{sid}", json={"dont_ask": True}).status_code == 200
+    page.fill("#draft", said("Make two files", {"tools": [
+        tool("write_file", path="a.txt", content="one\ntwo\n"),
+        tool("run_command", command="printf 'made\\n' > b.txt")]}, {"text": "made"}))
+    page.click("#btn-send")
+    expect(page.locator(".item.note.turn-end")).to_have_count(1)
+    page.fill("#draft", said("Edit and delete", {"tools": [
+        tool("edit_file", path="a.txt", old="two", new="TWO"),
+        tool("run_command", command="rm b.txt")]}, {"text": "edited"}))
+    page.click("#btn-send")
+    expect(page.locator(".item.note.turn-end")).to_have_count(2)
+    expect(page.locator("#state")).to_have_text("idle")
+    ws = up.root / workspace
+    assert (ws / "a.txt").read_text() == "one\nTWO\n" and not (ws / "b.txt").exists()
+    return sid, ws
+
+
+@pytest.mark.parametrize("width", [1400, 400], indirect=True)
+def test_review_inline_diffs_and_the_net_diff_of_a_session_and_a_turn(page: Page, up: CoxUp, width: int) -> None:
+    login(page, up)
+    _sid, ws = two_turns_of_changes(page, up, f"review-{width}")
+
+    # Each write or command card says what it did to each file, its diff folded under it.
+    write = page.locator(".item.tool", has_text="write_file").locator("details.file-change")
+    expect(write.locator("summary")).to_have_text("Created a.txt +2 −0")
+    write.locator("summary").click()
+    expect(write.locator(".diff .ln.add")).to_have_count(2)
+    edit = page.locator(".item.tool", has_text="edit_file")
+    expect(edit.locator(".args")).to_have_text("a.txt")  # not the raw JSON of its arguments
+    edit.locator("details.file-change summary").click()
+    expect(edit.locator(".diff .ln.del")).to_contain_text("two")
+    expect(edit.locator(".diff .ln.add")).to_contain_text("TWO")
+    made = page.locator(".item.tool", has_text="> b.txt").locator("details.file-change")
+    expect(made.locator("summary")).to_contain_text("Created b.txt")
+    gone = page.locator(".item.tool", has_text="rm b.txt").locator("details.file-change")
+    expect(gone.locator("summary")).to_have_text("Deleted b.txt")
+    gone.locator("summary").click()
+    expect(gone).to_contain_text("b.txt no longer exists")
+
+    # The session's Review: every file it changed, from before the session to now.
+    page.click("#btn-review")
+    dialog = page.locator("#review")
+    expect(dialog).to_be_visible()
+    expect(page.locator("#review-title")).to_have_text("Review: what this session changed")
+    a = dialog.locator(".review-file[data-path='a.txt']")
+    expect(a.locator(".via-badge")).to_have_text("created")
+    expect(a.locator(".counts")).to_have_text("+2 −0")
+    expect(dialog.locator(".review-file[data-path='b.txt'] .via-badge")).to_have_text("created, then deleted")
+    no_serious_axe(page)
+    shot(page, "review-session")
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+
+    # Turn 2's Review: a.txt changed +1 -1, b.txt deleted; Restore, then Undo, from there.
+    page.locator("[data-turn-act=review][data-turn='2']").click()
+    expect(page.locator("#review-title")).to_have_text("Review: what turn 2 changed")
+    a = dialog.locator(".review-file[data-path='a.txt']")
+    expect(a.locator(".via-badge")).to_have_text("changed")
+    expect(a.locator(".counts")).to_have_text("+1 −1")
+    b = dialog.locator(".review-file[data-path='b.txt']")
+    expect(b.locator(".via-badge")).to_have_text("deleted")
+    expect(b).to_contain_text("Deleted: b.txt no longer exists")
+    shot(page, "review-turn")
+    a.locator("[data-act=restore]").click()
+    expect(page.locator("#review-result")).to_contain_text("Restored a.txt as it was before")
+    assert (ws / "a.txt").read_text() == "one\ntwo\n"
+    expect(dialog.locator(".review-file[data-path='a.txt'] .via-badge")).to_have_text("unchanged now")
+    expect(page.locator("#review-undo")).to_contain_text("put back a.txt as it was before")
+    page.click("#review-undo-btn")
+    expect(page.locator("#review-result")).to_contain_text("Undid the latest write")
+    assert (ws / "a.txt").read_text() == "one\nTWO\n"
+    if width >= 1000:
+        page.keyboard.press("Escape")
+        page.evaluate("document.activeElement.blur()")
+        page.keyboard.press("r")  # R opens the session's Review
+        expect(page.locator("#review-title")).to_have_text("Review: what this session changed")
+    page.click("#review-close")
+    expect(dialog).to_be_hidden()

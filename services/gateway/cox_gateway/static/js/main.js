@@ -4,6 +4,7 @@
 import { Api } from "./api.js";
 import { $, clear, h } from "./dom.js";
 import { Inspector } from "./inspector.js";
+import { Review } from "./review.js";
 import { EventStream } from "./sse.js";
 import { SessionModel } from "./state.js";
 import { runLabel, tickElapsed, View } from "./view.js";
@@ -248,6 +249,7 @@ async function openSession(sid) {
   app.stream?.stop();
   const model = new SessionModel(sid);
   app.model = model;
+  for (const d of document.querySelectorAll("dialog[open]")) d.close(); // Review or Rewind of the session left
   app.view.reset();
   app.inspector.reset();
   $("#empty").hidden = true; $("#session").hidden = false; $("#inspector").hidden = false;
@@ -303,12 +305,14 @@ function flush() {
   const added = app.view.draw(model, {
     answer: (aid, body) => app.api.answer(model.sid, aid, body),
     queue: (op, id, pos) => queueOp(model, op, id, pos),
-    turn: (op, n) => turnOp(model, op, n),
+    turn: (op, n, turnId) => turnOp(model, op, n, turnId),
+    diff: (vid) => app.api.diff(model.sid, vid),
   });
   checkNote(model);
   if (changed.has("plan")) app.inspector.drawPlan(model.plan);
   if (changed.has("mcp") || changed.has("head")) app.inspector.drawMcp(model.info.mcp_servers, model.info.busy);
   app.inspector.refresh(changed);
+  if (changed.has("review")) app.review?.refresh();
   if (changed.has("sessions")) loadSessions();
   if (changed.has("need-session")) refreshSession();
   model.changed = new Set();
@@ -364,7 +368,8 @@ async function queueOp(model, op, id, pos) {
 }
 
 /** Fork at, or rewind to, the end of turn ``n`` (docs/api.md, Fork and rewind). */
-async function turnOp(model, op, n) {
+async function turnOp(model, op, n, turnId) {
+  if (op === "review") { app.review.open(turnId); return; }
   try {
     if (op === "fork") {
       const s = await app.api.fork(model.sid, n);
@@ -466,6 +471,7 @@ document.addEventListener("keydown", (e) => {
   if (!e.ctrlKey && !e.altKey && !e.metaKey && !typingIn(e.target) && !$("#app").hidden) {
     if (e.key === "?") { e.preventDefault(); showKeys(); return; }
     if (e.key === "/" && !$("#session").hidden) { e.preventDefault(); $("#draft").focus(); return; }
+    if ((e.key === "r" || e.key === "R") && !$("#session").hidden && app.model) { e.preventDefault(); app.review.open(null); return; }
   }
   if (e.key === "Escape" && openDrawer()) { e.preventDefault(); closeDrawers(true); return; }
   if ($("#session").hidden || !app.model) return;
@@ -498,6 +504,7 @@ function showKeys() {
   $("#keys-close").focus();
 }
 $("#btn-keys").addEventListener("click", showKeys);
+$("#btn-review").addEventListener("click", () => app.review.open(null));
 $("#keys").addEventListener("close", () => { (keysOpener && keysOpener !== document.body ? keysOpener : $("#draft")).focus?.(); keysOpener = null; });
 
 /** Focus where the next action is: the message box of the open session (after login, after
@@ -588,6 +595,8 @@ async function start(token) {
   app.view = new View(document);
   app.inspector = app.inspector || new Inspector(app.api, () => app.model?.sid, (m) => note(m, true));
   app.inspector.api = app.api;
+  app.review = app.review || new Review(app.api, () => app.model, () => {});
+  app.review.api = app.api;
   $("#login").hidden = true;
   $("#app").hidden = false;
   await loadModels();

@@ -252,6 +252,7 @@ const HANDLERS = {
     if (m.turn && m.turn.turn_id === ev.turn_id) { m.turn.ended = ev.ts; m.turn.outcome = ev.outcome; }
     const end = m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? ` bad outcome-${ev.outcome}` : ""));
     end.turnNo = m.turnNumbers.get(ev.turn_id);  // the turn's number: what Fork and Rewind name
+    end.turnId = ev.turn_id;
     m.mark("head", "sessions", "changes");
   },
   "assistant.delta"(m, ev) {
@@ -286,6 +287,7 @@ const HANDLERS = {
   },
   "policy.decision"(m, ev) {
     const t = m.tool(ev.call_id);
+    if (ev.preview && !t.preview) t.preview = ev.preview; // the write's diff, computed before it ran
     t.policy = t.policy || [];
     t.policy.push(`${ev.verdict} by ${ev.actor}${ev.security ? " (security)" : ""}: ${ev.reason}`);
     // A refusal the person gave (their Deny, recorded again as the call's decision) is "denied".

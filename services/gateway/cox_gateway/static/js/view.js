@@ -2,6 +2,7 @@
 
 import { changeView, contentView } from "./diff.js";
 import { $, clear, h, short } from "./dom.js";
+import { writeVerb } from "./state.js";
 import { markdown } from "./md.js";
 
 const VIA = { send: "", queue: "queued", steer: "steered", lead: "Lead", approval: "with an approval", run: "sent by the run" };
@@ -36,6 +37,7 @@ export function argsText(name, args) {
   if (args === null || args === undefined) return "";
   if (typeof args !== "object") return String(args);
   if (name === "run_command" && args.command) return args.command;
+  if (name === "edit_file" && args.path) return `${args.path}${args.count ? ` (${args.count} occurrences)` : ""}`;
   if ((name === "write_file" || name === "read_file" || name === "list_dir") && args.path) {
     return args.content !== undefined ? `${args.path} (${String(args.content).length} chars)` : args.path;
   }
@@ -78,13 +80,44 @@ function renderItem(it) {
         (it.policy || []).filter((p) => !(it.status === "denied" && /^refuse by person\b/.test(p))).map((p) => h("div", { class: "policy" }, p)),
         it.status === "denied" ? (it.message ? h("div", { class: "policy answer" }, `Your message: “${it.message}”`) : null)
           : it.answer ? h("div", { class: "policy answer" }, it.answer) : null,
+        it.files?.length ? h("div", { class: "files" }, it.files.map((w) => fileChange(it, w))) : null,
         it.output && it.status !== "denied" ? output(it) : null);
-      el.querySelector("details")?.addEventListener("toggle", (e) => { it.open = e.target.open; });
+      el.querySelector("details.output")?.addEventListener("toggle", (e) => { it.open = e.target.open; });
       return el;
     }
     default:
       return h("div", attrs, JSON.stringify(it));
   }
+}
+
+// How a card reaches the API for a lazily loaded diff (set by View.draw from its handlers).
+let loadDiff = null;
+
+/** One file a call changed: created, changed or deleted, +/-, and its diff folded under it —
+ *  the preview guard computed for a write (exactly what it did), or, for a command, the diff from
+ *  the version kept before it to the file now. */
+function fileChange(it, w) {
+  it.openFiles = it.openFiles || new Set();
+  const body = h("div", { class: "file-diff" });
+  const det = h("details", { class: "file-change", open: it.openFiles.has(w.path), dataset: { path: w.path, kind: writeVerb(w).toLowerCase() } },
+    h("summary", {}, h("span", { class: "verb" }, writeVerb(w)), " ", h("span", { class: "mono" }, w.path), " ",
+      w.deleted ? null : h("span", { class: "counts" }, h("span", { class: "add" }, `+${w.added}`), " ", h("span", { class: "del" }, `−${w.removed}`))),
+    body);
+  const fill = () => {
+    if (body.dataset.filled) return;
+    body.dataset.filled = "1";
+    const preview = it.files.length === 1 && it.preview && (it.name === "write_file" || it.name === "edit_file") ? it.preview : null;
+    if (preview) { body.append(changeView(preview, `change to ${w.path}`)); return; }
+    if (w.deleted && !w.version_id) { body.append(h("div", { class: "flag" }, `Deleted ${w.path}.`)); return; }
+    if (!w.version_id || !loadDiff) { body.append(changeView(null)); return; }
+    body.append(h("div", { class: "diff-label" }, "From before this call to the file as it is now:"), h("div", { class: "flag muted" }, "Loading the diff…"));
+    loadDiff(w.version_id).then((d) => {
+      body.lastChild.replaceWith(d.deleted ? h("div", { class: "flag" }, `Deleted: ${w.path} no longer exists.`) : changeView(d, `change to ${w.path}`));
+    }, (err) => { body.lastChild.replaceWith(h("p", { class: "error" }, err.detail || err.message)); });
+  };
+  if (det.open) fill();
+  det.addEventListener("toggle", () => { if (det.open) { it.openFiles.add(w.path); fill(); } else it.openFiles.delete(w.path); });
+  return det;
 }
 
 /** plan_write and plan_step are bookkeeping: one line each, the plan itself is in the inspector. */
@@ -126,7 +159,9 @@ function turnEnd(it, attrs) {
       h("button", { type: "button", class: "link small", "data-turn-act": "fork", "data-turn": String(n),
         title: `A new session from the end of turn ${n}: its conversation, and a copy of the files as they were then` }, `Fork at turn ${n}`),
       h("button", { type: "button", class: "link small", "data-turn-act": "rewind", "data-turn": String(n),
-        title: `Go back to the end of turn ${n}: the conversation, the files, or both (between turns)` }, "Rewind here")));
+        title: `Go back to the end of turn ${n}: the conversation, the files, or both (between turns)` }, "Rewind here"),
+      it.turnId ? h("button", { type: "button", class: "link small", "data-turn-act": "review", "data-turn": String(n), "data-turn-id": it.turnId,
+        title: `What turn ${n} changed, file by file` }, `Review turn ${n}`) : null));
 }
 
 export class View {
@@ -137,7 +172,7 @@ export class View {
     this.handlers = null;
     this.transcript.addEventListener("click", (e) => {
       const b = e.target.closest?.("[data-turn-act]");
-      if (b && this.handlers?.turn) this.handlers.turn(b.dataset.turnAct, Number(b.dataset.turn));
+      if (b && this.handlers?.turn) this.handlers.turn(b.dataset.turnAct, Number(b.dataset.turn), b.dataset.turnId);
     });
   }
 
@@ -146,6 +181,7 @@ export class View {
   /** Redraw what the model marked changed; keep the view pinned to the bottom if it was. */
   draw(model, handlers) {
     this.handlers = handlers;
+    loadDiff = handlers.diff || null;
     const atBottom = this.transcript.scrollHeight - this.transcript.scrollTop - this.transcript.clientHeight < 40;
     for (const c of model.changed) {
       if (!c.startsWith("item:")) continue;
