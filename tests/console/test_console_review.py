@@ -399,3 +399,58 @@ def test_review_inline_diffs_and_the_net_diff_of_a_session_and_a_turn(page: Page
         expect(page.locator("#review-title")).to_have_text("Review: what this session changed")
     page.click("#review-close")
     expect(dialog).to_be_hidden()
+
+
+# ---------------------------------------------------------------------------------- item 3
+@pytest.mark.parametrize("width", [1400, 400], indirect=True)
+def test_the_rewind_dialog_previews_and_rewound_turns_stay_dimmed(page: Page, up: CoxUp, width: int) -> None:
+    login(page, up)
+    sid = create(page, f"rewind-{width}")
+    with up.client() as api:
+        assert api.http.patch(f"/v1/sessions/{sid}", json={"dont_ask": True}).status_code == 200
+    turns = [("first", [tool("write_file", path="f.txt", content="first\n")]),
+             ("second", [tool("write_file", path="f.txt", content="second\n"), tool("write_file", path="g.txt", content="new\n")]),
+             ("third", [])]
+    for n, (text, tools) in enumerate(turns, start=1):
+        page.fill("#draft", said(text, {"tools": tools}, {"text": f"ok {n}"}) if tools else text)
+        page.click("#btn-send")
+        expect(page.locator(".item.note.turn-end")).to_have_count(n)
+        expect(page.locator("#state")).to_have_text("idle")
+    ws = up.root / f"rewind-{width}"
+
+    page.locator("[data-turn-act=rewind][data-turn='1']").click()
+    dialog = page.locator("#rewind")
+    expect(dialog).to_be_visible()
+    expect(page.locator("#rewind-title")).to_have_text("Rewind to the end of turn 1")
+    expect(page.locator("#rewind-cancel")).to_be_focused()  # the safe default: nothing happens on Enter
+    expect(page.locator("#rewind-files li[data-path='f.txt']")).to_contain_text("put back as it was at the end of turn 1")
+    expect(page.locator("#rewind-files li[data-path='g.txt']")).to_contain_text("deleted (created after this turn)")
+    expect(page.locator("#rewind-turns li")).to_have_count(2)
+    expect(page.locator("#rewind-turns li").nth(0)).to_contain_text("Turn 2: “second”")
+    expect(page.locator("#rewind-turns li").nth(1)).to_contain_text("Turn 3: “third”")
+    expect(dialog.locator("[data-scope]")).to_have_text(["Conversation only", "Files only", "Both"])
+    no_serious_axe(page)
+    shot(page, "rewind-dialog")
+    dialog.locator("[data-scope=both]").click()
+    expect(dialog).to_be_hidden()
+    expect(page.locator(".item.note.rewound")).to_contain_text("Rewound the conversation and the files to the end of turn 1")
+    assert (ws / "f.txt").read_text() == "first\n" and not (ws / "g.txt").exists()
+
+    def dimmed() -> tuple[int, int, list[str]]:
+        out = page.evaluate("""() => {
+          const items = [...document.querySelectorAll('#transcript .item')];
+          const users = items.filter(e => e.classList.contains('user'));
+          return [items.filter(e => e.classList.contains('rewound-out')).length,
+                  users.filter(e => !e.classList.contains('rewound-out')).length,
+                  users.filter(e => e.classList.contains('rewound-out')).map(e => e.lastChild.textContent.split('\\n')[0])];
+        }""")
+        return out[0], out[1], out[2]
+
+    n_dim, n_kept, dim_users = dimmed()
+    assert dim_users == ["second", "third"] and n_kept == 1 and n_dim >= 6, (n_dim, n_kept, dim_users)
+    expect(page.locator(".item.note.turn-start.rewound-out .rewound-mark")).to_have_count(2)
+    no_serious_axe(page)
+    shot(page, "rewound")
+    page.reload()
+    expect(page.locator("#stream")).to_have_text("live")
+    assert dimmed()[2] == ["second", "third"], "after a reload the rewound turns are still marked"

@@ -378,15 +378,50 @@ async function turnOp(model, op, n, turnId) {
       loadSessions();
       return;
     }
-    const scope = window.prompt(`Rewind to the end of turn ${n}: “conversation”, “files” or “both”?`, "both");
-    if (scope === null) return;
-    const out = await app.api.rewind(model.sid, n, scope.trim());
-    const files = out.restored_files.length ? `; files put back: ${out.restored_files.join(", ")}` : "";
-    note(`Rewound (${out.scope}) to the end of turn ${n}${files}.`);
+    rewindDialog(model, n);
   } catch (err) {
     note(err.code === "busy" ? `Not now: ${err.detail || "a turn is running"}.` : `${op === "fork" ? "Fork" : "Rewind"} refused: ${err.detail || err.message}`, true, { untilIdle: err.code === "busy" });
   }
 }
+
+/** Rewind asks with a dialog: three buttons, each saying what it does, over a preview of the
+ *  files that change and the turns that leave the model's view. */
+function rewindDialog(model, n) {
+  const d = $("#rewind");
+  const p = model.rewindPreview(n);
+  $("#rewind-title").textContent = `Rewind to the end of turn ${n}`;
+  clear($("#rewind-files"), p.files.length ? p.files.map((f) => h("li", { dataset: { path: f.path } }, h("span", { class: "mono" }, f.path), " — ",
+    f.created ? "deleted (created after this turn)" : `put back as it was at the end of turn ${n}`))
+    : h("li", { class: "muted" }, `No file this session wrote changed after turn ${n}.`));
+  clear($("#rewind-turns"), p.turns.length ? p.turns.map((t) => h("li", { dataset: { turn: t.n } }, `Turn ${t.n}`, t.text ? `: “${t.text.split("\n")[0].slice(0, 120)}”` : ""))
+    : h("li", { class: "muted" }, "No later turn: the model's view stays as it is."));
+  $("#rewind-error").textContent = "";
+  d.dataset.turn = String(n);
+  const opener = document.activeElement;
+  d.onclose = () => { (opener?.isConnected && opener !== document.body ? opener : $("#draft")).focus?.(); };
+  d.showModal();
+  $("#rewind-cancel").focus();
+}
+for (const b of document.querySelectorAll("#rewind [data-scope]")) {
+  b.addEventListener("click", async () => {
+    const model = app.model, d = $("#rewind");
+    const n = Number(d.dataset.turn), scope = b.dataset.scope;
+    if (!model) return;
+    for (const x of document.querySelectorAll("#rewind button")) x.disabled = true;
+    try {
+      const out = await app.api.rewind(model.sid, n, scope);
+      const files = out.restored_files.length ? `; files put back: ${out.restored_files.join(", ")}` : "";
+      d.close();
+      note(`Rewound (${out.scope}) to the end of turn ${n}${files}.`);
+      $("#draft").focus();
+    } catch (err) {
+      $("#rewind-error").textContent = err.code === "busy" ? `Not now: ${err.detail || "a turn is running"}.` : `Rewind refused: ${err.detail || err.message}`;
+    } finally {
+      for (const x of document.querySelectorAll("#rewind button")) x.disabled = false;
+    }
+  });
+}
+$("#rewind-cancel").addEventListener("click", () => $("#rewind").close());
 
 const REFUSALS = {
   busy: HINT_BUSY,

@@ -30,7 +30,10 @@ export class SessionModel {
     this.turnNumbers = new Map();  // turn_id -> its number (from 1, in the order turns started)
     this.versions = [];         // version.kept in log order: {path, version_id, store, turn_id, seq, call_id}
     this.writes = [];           // file.written in log order: {path, added, removed, via, deleted, turn_id, seq, call_id}
-    this.unrendered = 0;        // events of a type this console does not know (a newer server)
+    this.unrendered = 0;
+    this.turnEnds = new Map();  // turn number -> seq of its turn.end (what a rewind to it keeps)
+    this.turnText = new Map();  // turn_id -> the message that started it
+    this.curSeq = 0;            // the seq of the event being applied: every item records it        // events of a type this console does not know (a newer server)
   }
 
   /** What the running turn waits for: "model", "tool", "approval" or "Lead boundary". */
@@ -50,6 +53,7 @@ export class SessionModel {
 
   add(item) {
     item.key = item.key || `i${this.items.length}`;
+    if (item.seq === undefined) item.seq = this.curSeq;
     this.items.push(item);
     this.byKey.set(item.key, item);
     this.mark("item:" + item.key);
@@ -110,6 +114,7 @@ export class SessionModel {
   apply(ev) {
     if (ev.seq <= this.lastSeq) return false;
     this.lastSeq = ev.seq;
+    this.curSeq = ev.seq;
     this.seen.push(ev.seq);
     const fn = HANDLERS[ev.type];
     if (fn) fn(this, ev);
@@ -120,6 +125,17 @@ export class SessionModel {
 
   endStreaming() {
     if (this.streaming) { this.streaming.streaming = false; this.touch(this.streaming); this.streaming = null; }
+  }
+
+  /** What a rewind to the end of turn ``n`` would change: the files this session wrote since
+   *  (put back, or deleted when created since) and the turns that would leave the model's view. */
+  rewindPreview(n) {
+    const end = this.turnEnds.get(n) ?? 0;
+    const files = new Map();
+    for (const w of this.writes) if (w.seq > end && !files.has(w.path)) files.set(w.path, { path: w.path, created: w.created });
+    const turns = [];
+    for (const [turnId, k] of this.turnNumbers) if (k > n) turns.push({ n: k, turnId, text: this.turnText.get(turnId) || "" });
+    return { files: [...files.values()], turns };
   }
 
   /** The call that is running now in this event's turn (a write or a command it made is its). */
@@ -177,6 +193,7 @@ const HANDLERS = {
   },
   "user.msg"(m, ev) {
     m.endStreaming();
+    if (ev.turn_id && !m.turnText.has(ev.turn_id)) m.turnText.set(ev.turn_id, ev.text);
     m.add({ kind: "user", key: `u${ev.seq}`, text: ev.text, via: ev.via, id: ev.message_id });
     const o = m.settle(ev.message_id, "applied");
     if (o && !o.text) o.text = ev.text;
@@ -253,6 +270,7 @@ const HANDLERS = {
     const end = m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? ` bad outcome-${ev.outcome}` : ""));
     end.turnNo = m.turnNumbers.get(ev.turn_id);  // the turn's number: what Fork and Rewind name
     end.turnId = ev.turn_id;
+    if (end.turnNo) m.turnEnds.set(end.turnNo, ev.seq);
     m.mark("head", "sessions", "changes");
   },
   "assistant.delta"(m, ev) {
@@ -402,6 +420,12 @@ const HANDLERS = {
   "session.rewound"(m, ev) {
     const what = { conversation: "the conversation", files: "the files", both: "the conversation and the files" }[ev.scope] || ev.scope;
     const files = ev.restored_files?.length ? ` (put back: ${ev.restored_files.join(", ")})` : "";
+    // What the rewind took out of the model's view stays in the transcript, dimmed and marked.
+    if (ev.scope !== "files") {
+      for (const it of m.items) {
+        if (it.seq > ev.through_seq && it.seq < ev.seq && !it.rewound) { it.rewound = ev.to_turn; m.touch(it); }
+      }
+    }
     m.note(ev, `Rewound ${what} to the end of turn ${ev.to_turn}${files}. ` +
       (ev.scope === "files" ? "The model still sees the whole conversation." : "The model sees the conversation up to there, then what follows."), "rewound");
     m.mark("changes");

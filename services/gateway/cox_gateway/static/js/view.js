@@ -55,6 +55,18 @@ function output(it) {
 }
 
 function renderItem(it) {
+  const el = renderOne(it);
+  // Taken out of the model's view by a rewind: still shown, dimmed and marked.
+  if (it.rewound && el) {
+    el.classList.add("rewound-out");
+    el.dataset.rewound = String(it.rewound);
+    el.title = `Rewound: the model no longer sees this (rewind to turn ${it.rewound})`;
+    if (it.cls?.includes("turn-start")) el.append(h("span", { class: "rewound-mark" }, ` — rewound: not in the model's view`));
+  }
+  return el;
+}
+
+function renderOne(it) {
   const attrs = { class: `item ${it.kind}`, dataset: { key: it.key } };
   switch (it.kind) {
     case "user":
