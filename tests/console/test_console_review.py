@@ -183,6 +183,7 @@ def test_the_keyboard_reaches_every_next_action_without_a_mouse(page: Page, up: 
     page.evaluate("localStorage.clear()")
     page.reload()
     expect(page.locator("#login-token")).to_be_focused()
+    page.evaluate("window.__mouse = 0; addEventListener('mousedown', () => window.__mouse++, true)")
     page.keyboard.type(up.token)
     page.keyboard.press("Enter")
     expect(page.locator("#app")).to_be_visible()
@@ -236,6 +237,40 @@ def test_the_keyboard_reaches_every_next_action_without_a_mouse(page: Page, up: 
     expect(page.locator("#tab-plan")).to_be_visible()
     assert page.locator(".tabs [role=tab][tabindex='0']").count() == 1
     expect(page.locator("h1")).to_have_count(1)
+
+    # Queue, Lead and Stop by their keys while a slow turn runs.
+    page.keyboard.press("/")
+    page.keyboard.insert_text(said("Slow", {"text": "step", "delay_ms": 4000}, {"text": "slow done"}))
+    page.keyboard.press("Enter")
+    expect(page.locator("#state")).to_have_text("working")
+    page.keyboard.insert_text("queued by keys")
+    page.keyboard.press("Control+o")
+    expect(page.locator("#outbox-list li", has_text="queued by keys")).to_have_count(1)
+    page.keyboard.insert_text("lead by keys")
+    page.keyboard.press("Control+l")
+    expect(page.locator("#outbox-list li", has_text="lead by keys")).to_have_count(1)
+    page.keyboard.press("Escape")
+    expect(page.locator(".item.note", has_text="Turn ended: stopped")).to_have_count(1)
+    expect(page.locator("#state")).to_have_text("idle")
+
+    # Review (R, outside a text box), then Rewind from a turn's end, by keys.
+    page.keyboard.press("Tab")
+    page.keyboard.press("r")
+    expect(page.locator("#review-title")).to_have_text("Review: what this session changed")
+    expect(page.locator("#review .review-file[data-path='k'] .via-badge")).to_have_text("created")
+    page.keyboard.press("Escape")
+    expect(page.locator("#review")).to_be_hidden()
+    page.focus("[data-turn-act=rewind][data-turn='1']")
+    page.keyboard.press("Enter")
+    expect(page.locator("#rewind-cancel")).to_be_focused()
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Shift+Tab")
+    assert page.evaluate("document.activeElement.dataset.scope") == "conversation"
+    page.keyboard.press("Enter")
+    expect(page.locator(".item.note.rewound")).to_contain_text("Rewound the conversation to the end of turn 1")
+    expect(page.locator("#draft")).to_be_focused()
+    assert page.evaluate("window.__mouse") == 0, "a mouse event happened in the keyboard-only run"
 
 
 # ---------------------------------------------------------------------------------- item 6

@@ -171,7 +171,7 @@ export class Inspector {
       const li = h("li", { class: v.version_id === this.selected ? "selected" : "", dataset: { version: v.version_id } },
         h("div", {}, h("span", { class: "mono" }, ago(v.created * 1000)), " ", v.reason,
           v.undone ? h("span", { class: "fate-badge fate-discarded" }, "undone") : null),
-        h("div", { class: "meta" }, `${v.store === "absent" ? "did not exist" : `${v.size} bytes, ${v.store}`} · ${v.version_id}`),
+        h("div", { class: "meta", title: v.version_id }, v.store === "absent" ? "did not exist then" : `${v.size} bytes, ${v.store}`),
         h("div", { class: "row" },
           h("button", { "data-act": "diff", onclick: () => this.showDiff(v.version_id) }, "Diff to current"),
           h("button", { "data-act": "restore", onclick: () => this.restore(v.version_id) }, "Restore")));

@@ -398,7 +398,8 @@ function rewindDialog(model, n) {
   $("#rewind-error").textContent = "";
   d.dataset.turn = String(n);
   const opener = document.activeElement;
-  d.onclose = () => { (opener?.isConnected && opener !== document.body ? opener : $("#draft")).focus?.(); };
+  d.returnTo = opener?.isConnected && opener !== document.body ? opener : $("#draft");
+  d.onclose = () => { d.returnTo?.focus?.(); d.returnTo = null; };
   d.showModal();
   $("#rewind-cancel").focus();
 }
@@ -411,9 +412,9 @@ for (const b of document.querySelectorAll("#rewind [data-scope]")) {
     try {
       const out = await app.api.rewind(model.sid, n, scope);
       const files = out.restored_files.length ? `; files put back: ${out.restored_files.join(", ")}` : "";
+      d.returnTo = $("#draft"); // done: the next action is a message
       d.close();
       note(`Rewound (${out.scope}) to the end of turn ${n}${files}.`);
-      $("#draft").focus();
     } catch (err) {
       $("#rewind-error").textContent = err.code === "busy" ? `Not now: ${err.detail || "a turn is running"}.` : `Rewind refused: ${err.detail || err.message}`;
     } finally {
