@@ -176,6 +176,22 @@ def test_needs_you_in_the_title_favicon_list_announced_focused_and_notified(
     notes_text = " ".join(page.locator(".item.note").all_inner_texts())
     assert "usage" not in notes_text and "version.kept" not in notes_text, notes_text
 
+    # Another session that starts waiting (seen by the list's poll) counts too, and notifies.
+    with up.client() as api:
+        other = api.create("needs-other", create=True)
+        assert api.send(other["id"], said("Elsewhere", {"tools": [tool("run_command", command="touch x")]})).status_code in (200, 201, 202)
+        api.wait_type(other["id"], "approval.pending")
+        elsewhere = page.locator(f"#sessions a[data-sid='{other['id']}']")
+        expect(elsewhere).to_have_attribute("data-state", "needs", timeout=15_000)
+        expect(page).to_have_title(re.compile(r"^\(1\) Needs you · "))
+        page.wait_for_function("window.__notes.length >= 2")
+        assert "waits for your approval" in page.evaluate("window.__notes[1].body")
+        aid = api.session(other["id"])["approvals"][0]["approval_id"]
+        r = api.http.post(f"/v1/sessions/{other['id']}/approvals/{aid}", json={"decision": "deny"})
+        assert r.status_code == 200, r.text
+        expect(elsewhere).not_to_have_attribute("data-state", "needs", timeout=15_000)
+        expect(page).to_have_title(re.compile(r"^(?!\(\d+\) Needs you)"))
+
 
 # ---------------------------------------------------------------------------------- item 5
 def test_the_keyboard_reaches_every_next_action_without_a_mouse(page: Page, up: CoxUp) -> None:

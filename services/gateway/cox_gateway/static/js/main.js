@@ -111,6 +111,7 @@ async function loadSessions() {
     run ? h("div", { class: `run-badge run-${run.state}`, title: "a run: the program drives this session" }, runLabel(run)) : null,
     h("div", { class: "ws" }, s.workspace.split("/").pop()));
   }) : h("p", { class: "muted empty-list" }, runsOnly ? "No runs yet (POST /v1/runs starts one)." : "No sessions yet."));
+  drawAttention(); // the count in the title and the favicon follows the list
 }
 $("#runs-only").addEventListener("change", () => loadSessions());
 
