@@ -175,7 +175,9 @@ function newApprovals(model, added) {
   const a = model.approvals.get(added[0]);
   const what = a ? `${a.security ? "Security confirm" : "Approval needed"}: ${a.name || "a tool"}` : "Approval needed";
   const active = document.activeElement;
-  const typing = active && (active.tagName === "TEXTAREA" || active.tagName === "INPUT") && active.value;
+  // Typing: a text box holding text, unless it is the message just sent (its reply not in yet).
+  const typing = active && (active.tagName === "TEXTAREA" || active.tagName === "INPUT") && active.value
+    && !(active.id === "draft" && active.value === app.sending);
   const card = $(`#approvals [data-approval="${CSS.escape(added[0])}"]`);
   if (card && !typing && !openDrawer()) card.querySelector("button")?.focus();
   announce(`${what}.${typing && card ? " Alt+A goes to it." : ""}`);
@@ -447,6 +449,7 @@ async function act(kind) {
   // While a run drives, the server refuses (409 run_active) and the refusal says why.
   if (kind === "send" && model.info.busy && !model.runDriving()) { note(HINT_BUSY, true, { untilIdle: true }); return; }
   const box = $("#draft");
+  app.sending = text;
   try {
     if (kind === "lead") {
       const r = await app.api.lead(model.sid, text);
@@ -463,8 +466,10 @@ async function act(kind) {
       }
     }
     if (box.value === text) box.value = ""; // only now: a refused message stays in the box
+    app.sending = null;
     flush();
   } catch (err) {
+    app.sending = null;
     const lead = kind === "lead" && err.code === "run_active"
       ? "Refused: this run is not supervised (its confirm is not “person”, or it is unattended), so it takes no Lead. Stop (Esc) ends the run. Your text is still in the box." : null;
     note(lead || REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true,
