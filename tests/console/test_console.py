@@ -249,7 +249,7 @@ def test_a_person_steers_a_turn_from_the_console(page: Page, up: CoxUp) -> None:
     newest.locator("[data-act=restore]").click()
     expect(page.locator("#tab-history .result")).to_contain_text("Restored notes.txt")
     assert (ws / "notes.txt").read_text() == "first draft\n"
-    expect(page.locator(".item.note", has_text="Wrote notes.txt by restore")).to_have_count(1)
+    expect(page.locator(".item.note", has_text="Changed notes.txt by restore")).to_have_count(1)
     page.click("#btn-undo")
     expect(page.locator("#tab-history .result")).to_contain_text("Undid the latest write")
     assert (ws / "notes.txt").read_text() == f"second draft\n{LONG}\n"
@@ -371,16 +371,16 @@ def test_fork_and_rewind_from_a_turn_of_the_transcript(page: Page, up: CoxUp) ->
     expect(ends.nth(0).locator("[data-turn-act=fork]")).to_have_text("Fork at turn 1")
     expect(ends.nth(1).locator("[data-turn-act=fork]")).to_have_text("Fork at turn 2")
 
-    # Rewind the files to turn 1: the prompt asks the scope
-    page.once("dialog", lambda d: d.accept("files"))
+    # Rewind the files to turn 1: the dialog asks the scope with three buttons
     ends.nth(0).locator("[data-turn-act=rewind]").click()
+    page.locator("#rewind [data-scope=files]").click()
     rewound = page.locator(".item.note.rewound")
     expect(rewound).to_contain_text("Rewound the files to the end of turn 1 (put back: f.txt)")
     expect(page.locator("#composer-note")).to_contain_text("Rewound (files) to the end of turn 1")
-    # a bad scope is refused with the server's reason, nothing recorded
-    page.once("dialog", lambda d: d.accept("everything"))
+    # Cancel records nothing
     ends.nth(0).locator("[data-turn-act=rewind]").click()
-    expect(page.locator("#composer-note")).to_contain_text("Rewind refused")
+    page.click("#rewind-cancel")
+    expect(page.locator("#rewind")).to_be_hidden()
     expect(rewound).to_have_count(1)
 
     # Fork at turn 1: the new session opens with turn 1 only

@@ -26,6 +26,18 @@ export class Inspector {
     this.seqChanges = 0;         // and per request, so a slower older reply cannot win
     this.seqHistory = 0;
     for (const b of $$(".tabs [role=tab]")) b.addEventListener("click", () => this.show(b.dataset.tab));
+    // Roving focus: one tab in the Tab order, arrows (and Home/End) move between them and show them.
+    $(".tabs[role=tablist]").addEventListener("keydown", (e) => {
+      const tabs = $$(".tabs [role=tab]");
+      const i = tabs.indexOf(e.target);
+      if (i < 0) return;
+      const to = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: tabs.length - 1 }[e.key];
+      if (to === undefined) return;
+      e.preventDefault();
+      const t = tabs[(to + tabs.length) % tabs.length];
+      this.show(t.dataset.tab);
+      t.focus();
+    });
   }
 
   reset() { this.open.clear(); this.historyPath = ""; this.selected = null; this.generation += 1; this.show("plan"); }
@@ -35,6 +47,7 @@ export class Inspector {
     for (const b of $$(".tabs [role=tab]")) {
       b.classList.toggle("active", b.dataset.tab === tab);
       b.setAttribute("aria-selected", String(b.dataset.tab === tab));
+      b.tabIndex = b.dataset.tab === tab ? 0 : -1;
     }
     for (const s of $$(".inspector .tab")) s.hidden = s.dataset.tab !== tab;
     if (tab === "changes") this.loadChanges();
@@ -158,7 +171,7 @@ export class Inspector {
       const li = h("li", { class: v.version_id === this.selected ? "selected" : "", dataset: { version: v.version_id } },
         h("div", {}, h("span", { class: "mono" }, ago(v.created * 1000)), " ", v.reason,
           v.undone ? h("span", { class: "fate-badge fate-discarded" }, "undone") : null),
-        h("div", { class: "meta" }, `${v.store === "absent" ? "did not exist" : `${v.size} bytes, ${v.store}`} · ${v.version_id}`),
+        h("div", { class: "meta", title: v.version_id }, v.store === "absent" ? "did not exist then" : `${v.size} bytes, ${v.store}`),
         h("div", { class: "row" },
           h("button", { "data-act": "diff", onclick: () => this.showDiff(v.version_id) }, "Diff to current"),
           h("button", { "data-act": "restore", onclick: () => this.restore(v.version_id) }, "Restore")));

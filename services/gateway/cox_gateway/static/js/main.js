@@ -4,6 +4,7 @@
 import { Api } from "./api.js";
 import { $, clear, h } from "./dom.js";
 import { Inspector } from "./inspector.js";
+import { Review } from "./review.js";
 import { EventStream } from "./sse.js";
 import { SessionModel } from "./state.js";
 import { runLabel, tickElapsed, View } from "./view.js";
@@ -16,6 +17,8 @@ const SESSIONS_EVERY_MS = 5000; // the list follows runs started elsewhere
 const app = {
   api: null, model: null, stream: null, view: null, inspector: null, models: [],
   drawTimer: null, sessionTimer: null, workspaces: [], noteCtx: null,
+  needs: new Map(),       // sid -> pending approvals, from the session list (the open one: live)
+  titles: new Map(),      // sid -> title, for what the tab title and announcements say
 };
 window.cox = app; // for a person's console and the browser tests
 
@@ -89,16 +92,122 @@ async function loadSessions() {
   const cur = app.model?.sid;
   // The open session's run is the live one (its events move it); the list's may be a poll old.
   const live = (s) => (s.id === cur && app.model?.info.run ? app.model.info.run : s.run);
+  const before = new Map(app.needs);
+  for (const s of list) {
+    app.titles.set(s.id, s.title || "untitled");
+    if (Array.isArray(s.approvals)) app.needs.set(s.id, s.approvals.length);
+  }
+  // A session elsewhere that starts waiting for a person: a notification (when allowed and this
+  // tab is not in front). The open session says so itself, live.
+  for (const s of list) {
+    if (s.id !== cur && (app.needs.get(s.id) || 0) > (before.get(s.id) || 0)) notifyNeeds(s.id, `“${s.title || "untitled"}” waits for your approval.`);
+  }
   clear($("#sessions"), list.length ? list.map((s) => {
     const run = live(s);
+    const needs = needsOf(s.id);
     return h("a", {
-      href: `#/s/${s.id}`, class: s.id === cur ? "current" : "", dataset: { sid: s.id, run: run ? run.state : "" },
-    }, h("div", {}, s.title || "untitled", s.busy ? h("span", { class: "dot", title: "working" }) : null),
+      href: `#/s/${s.id}`, class: s.id === cur ? "current" : "", dataset: { sid: s.id, run: run ? run.state : "", state: needs ? "needs" : s.busy ? "busy" : "" },
+    }, h("div", {}, s.title || "untitled", sessionMark(s.busy, needs)),
     run ? h("div", { class: `run-badge run-${run.state}`, title: "a run: the program drives this session" }, runLabel(run)) : null,
     h("div", { class: "ws" }, s.workspace.split("/").pop()));
   }) : h("p", { class: "muted empty-list" }, runsOnly ? "No runs yet (POST /v1/runs starts one)." : "No sessions yet."));
+  drawAttention(); // the count in the title and the favicon follows the list
 }
 $("#runs-only").addEventListener("change", () => loadSessions());
+
+// ---------------------------------------------------------------- needs you
+/** Pending approvals of a session: the open one from its live model, the others from the list. */
+function needsOf(sid) { return app.model?.sid === sid && !app.model.replaying ? app.model.approvals.size : app.needs.get(sid) || 0; }
+
+function sessionMark(busy, needs) {
+  if (needs) return h("span", { class: "needs-badge", title: "waiting for your approval" }, needs > 1 ? `needs you (${needs})` : "needs you");
+  return busy ? h("span", { class: "dot", title: "working" }) : null;
+}
+
+/** The tab title and the favicon count the sessions waiting for a person; the open session's
+ *  entry in the list follows it live. */
+function drawAttention() {
+  if (app.model && !app.model.replaying) app.needs.set(app.model.sid, app.model.approvals.size);
+  const waiting = [...app.needs.entries()].filter(([, n]) => n > 0).length;
+  const here = app.model ? app.model.info.title || "untitled" : "";
+  document.title = (waiting ? `(${waiting}) Needs you · ` : "") + (here ? `${here} · coxswain` : "coxswain");
+  document.documentElement.dataset.needs = String(waiting);
+  setFavicon(waiting);
+  const a = app.model && $(`#sessions a[data-sid="${CSS.escape(app.model.sid)}"]`);
+  if (a) {
+    const n = app.model.approvals.size;
+    a.dataset.state = n ? "needs" : app.model.info.busy ? "busy" : "";
+    a.querySelector(".needs-badge, .dot")?.remove();
+    const mark = sessionMark(app.model.info.busy, n);
+    if (mark) a.firstChild.append(mark);
+  }
+}
+
+let faviconFor = null;
+function setFavicon(n) {
+  if (faviconFor === n) return;
+  faviconFor = n;
+  const c = document.createElement("canvas");
+  c.width = c.height = 32;
+  const g = c.getContext("2d");
+  if (!g) return;
+  g.fillStyle = "#2456c7"; g.beginPath(); g.arc(16, 16, 14, 0, 2 * Math.PI); g.fill();
+  g.fillStyle = "#fff"; g.font = "bold 18px sans-serif"; g.textAlign = "center"; g.textBaseline = "middle"; g.fillText("c", 16, 17);
+  if (n) {
+    g.fillStyle = "#b3261e"; g.beginPath(); g.arc(22, 10, 10, 0, 2 * Math.PI); g.fill();
+    g.fillStyle = "#fff"; g.font = "bold 14px sans-serif"; g.fillText(n > 9 ? "9+" : String(n), 22, 11);
+  }
+  const link = $("#favicon");
+  link.href = c.toDataURL("image/png");
+  link.dataset.count = String(n);
+}
+
+/** Say it to a screen reader (an assertive live region), and for a new approval of the open
+ *  session move focus to its first button, unless the person is typing a message. */
+function announce(text) {
+  const el = $("#announce");
+  el.textContent = "";
+  setTimeout(() => { el.textContent = text; }, 30);
+}
+
+function newApprovals(model, added) {
+  if (!added.length || model.replaying) return;
+  const a = model.approvals.get(added[0]);
+  const what = a ? `${a.security ? "Security confirm" : "Approval needed"}: ${a.name || "a tool"}` : "Approval needed";
+  const active = document.activeElement;
+  // Typing: a text box holding text, unless it is the message just sent (its reply not in yet).
+  const typing = active && (active.tagName === "TEXTAREA" || active.tagName === "INPUT") && active.value
+    && !(active.id === "draft" && active.value === app.sending);
+  const card = $(`#approvals [data-approval="${CSS.escape(added[0])}"]`);
+  if (card && !typing && !openDrawer()) card.querySelector("button")?.focus();
+  announce(`${what}.${typing && card ? " Alt+A goes to it." : ""}`);
+  notifyNeeds(model.sid, `“${model.info.title || "untitled"}”: ${what}.`);
+}
+
+// The browser's notification: optional, asked once (the button goes after it is answered), and
+// only shown while this tab is not in front.
+const NOTIFY_KEY = "cox.notify-asked";
+function drawNotify() {
+  const supported = "Notification" in window;
+  const asked = localStorage.getItem(NOTIFY_KEY) || (supported && Notification.permission !== "default");
+  $("#notify").hidden = !supported || !!asked;
+  $("#notify-state").textContent = !supported ? "" : Notification.permission === "granted" ? "Notifications on: you hear of a session that needs you."
+    : Notification.permission === "denied" ? "Notifications are blocked in this browser." : asked ? "Notifications off." : "";
+}
+$("#notify").addEventListener("click", async () => {
+  localStorage.setItem(NOTIFY_KEY, "1");
+  try { await Notification.requestPermission(); } catch { /* an old browser: no promise */ }
+  drawNotify();
+  $("#draft").offsetParent ? $("#draft").focus() : $("#logout").focus();
+});
+function notifyNeeds(sid, body) {
+  if (!("Notification" in window) || Notification.permission !== "granted") return;
+  if (!document.hidden && document.hasFocus()) return;
+  try {
+    const n = new Notification("coxswain: needs you", { body, tag: `cox-${sid}` });
+    n.onclick = () => { window.focus(); location.hash = `#/s/${sid}`; n.close(); };
+  } catch { /* notifications from a page need a service worker on some platforms */ }
+}
 
 $("#new-session").addEventListener("submit", async (e) => {
   e.preventDefault();
@@ -112,6 +221,7 @@ $("#new-session").addEventListener("submit", async (e) => {
     const s = await app.api.create({ workspace, create, ...(model ? { model } : {}) });
     $("#new-workspace").value = "";
     $("#new-create").checked = false;
+    app.focusDraft = true; // the next action is the first message
     location.hash = `#/s/${s.id}`;
     closeDrawers();
     await loadSessions();
@@ -132,6 +242,7 @@ function route() {
     app.stream = null;
     app.model = null;
     $("#session").hidden = true; $("#inspector").hidden = true; $("#empty").hidden = false;
+    drawAttention();
   }
 }
 window.addEventListener("hashchange", route);
@@ -141,6 +252,7 @@ async function openSession(sid) {
   app.stream?.stop();
   const model = new SessionModel(sid);
   app.model = model;
+  for (const d of document.querySelectorAll("dialog[open]")) d.close(); // Review or Rewind of the session left
   app.view.reset();
   app.inspector.reset();
   $("#empty").hidden = true; $("#session").hidden = false; $("#inspector").hidden = false;
@@ -164,6 +276,9 @@ async function openSession(sid) {
   }
   if (app.model !== model) return;
   model.replaying = false;
+  const from = document.activeElement;
+  if (app.focusDraft || !from || from === document.body || from.closest?.("#sessions, #login")) { app.focusDraft = false; setTimeout(focusNext, 0); }
+  model.openedWith = new Set(model.approvals.keys()); // pending when the page opened: not "new"
   model.mark("head", "approvals", "outbox", "plan");
   flush();
   loadSessions();
@@ -190,18 +305,22 @@ function flush() {
   const model = app.model;
   if (!model) return;
   const changed = model.changed;
-  app.view.draw(model, {
+  const added = app.view.draw(model, {
     answer: (aid, body) => app.api.answer(model.sid, aid, body),
     queue: (op, id, pos) => queueOp(model, op, id, pos),
-    turn: (op, n) => turnOp(model, op, n),
+    turn: (op, n, turnId) => turnOp(model, op, n, turnId),
+    diff: (vid) => app.api.diff(model.sid, vid),
   });
   checkNote(model);
   if (changed.has("plan")) app.inspector.drawPlan(model.plan);
   if (changed.has("mcp") || changed.has("head")) app.inspector.drawMcp(model.info.mcp_servers, model.info.busy);
   app.inspector.refresh(changed);
+  if (changed.has("review")) app.review?.refresh();
   if (changed.has("sessions")) loadSessions();
   if (changed.has("need-session")) refreshSession();
   model.changed = new Set();
+  newApprovals(model, (added || []).filter((id) => !model.openedWith?.has(id)));
+  drawAttention();
 }
 
 function refreshSession() {
@@ -222,7 +341,7 @@ function note(text, error = false, about = {}) {
   el.className = "note" + (error ? " error" : "");
   const m = app.model;
   app.noteCtx = text && m ? { turn: m.info.turn_id || null, id: about.id, fate: about.id ? m.outbox.get(about.id)?.fate : undefined,
-    untilIdle: !!about.untilIdle } : null;
+    untilIdle: !!about.untilIdle, reorders: m.reorders || 0, position: !!about.position } : null;
 }
 
 function checkNote(model) {
@@ -231,7 +350,8 @@ function checkNote(model) {
   const turn = model.info.turn_id || null;
   const gone = (c.id && model.outbox.get(c.id)?.fate !== c.fate)
     || (turn && turn !== c.turn)
-    || (c.untilIdle && !model.info.busy);
+    || (c.untilIdle && !model.info.busy)
+    || (c.position && (model.reorders || 0) !== c.reorders); // a position said before a reorder is stale
   if (gone) note("");
 }
 
@@ -251,7 +371,8 @@ async function queueOp(model, op, id, pos) {
 }
 
 /** Fork at, or rewind to, the end of turn ``n`` (docs/api.md, Fork and rewind). */
-async function turnOp(model, op, n) {
+async function turnOp(model, op, n, turnId) {
+  if (op === "review") { app.review.open(turnId); return; }
   try {
     if (op === "fork") {
       const s = await app.api.fork(model.sid, n);
@@ -260,15 +381,51 @@ async function turnOp(model, op, n) {
       loadSessions();
       return;
     }
-    const scope = window.prompt(`Rewind to the end of turn ${n}: “conversation”, “files” or “both”?`, "both");
-    if (scope === null) return;
-    const out = await app.api.rewind(model.sid, n, scope.trim());
-    const files = out.restored_files.length ? `; files put back: ${out.restored_files.join(", ")}` : "";
-    note(`Rewound (${out.scope}) to the end of turn ${n}${files}.`);
+    rewindDialog(model, n);
   } catch (err) {
     note(err.code === "busy" ? `Not now: ${err.detail || "a turn is running"}.` : `${op === "fork" ? "Fork" : "Rewind"} refused: ${err.detail || err.message}`, true, { untilIdle: err.code === "busy" });
   }
 }
+
+/** Rewind asks with a dialog: three buttons, each saying what it does, over a preview of the
+ *  files that change and the turns that leave the model's view. */
+function rewindDialog(model, n) {
+  const d = $("#rewind");
+  const p = model.rewindPreview(n);
+  $("#rewind-title").textContent = `Rewind to the end of turn ${n}`;
+  clear($("#rewind-files"), p.files.length ? p.files.map((f) => h("li", { dataset: { path: f.path } }, h("span", { class: "mono" }, f.path), " — ",
+    f.created ? "deleted (created after this turn)" : `put back as it was at the end of turn ${n}`))
+    : h("li", { class: "muted" }, `No file this session wrote changed after turn ${n}.`));
+  clear($("#rewind-turns"), p.turns.length ? p.turns.map((t) => h("li", { dataset: { turn: t.n } }, `Turn ${t.n}`, t.text ? `: “${t.text.split("\n")[0].slice(0, 120)}”` : ""))
+    : h("li", { class: "muted" }, "No later turn: the model's view stays as it is."));
+  $("#rewind-error").textContent = "";
+  d.dataset.turn = String(n);
+  const opener = document.activeElement;
+  d.returnTo = opener?.isConnected && opener !== document.body ? opener : $("#draft");
+  d.onclose = () => { d.returnTo?.focus?.(); d.returnTo = null; };
+  d.showModal();
+  $("#rewind-cancel").focus();
+}
+for (const b of document.querySelectorAll("#rewind [data-scope]")) {
+  b.addEventListener("click", async () => {
+    const model = app.model, d = $("#rewind");
+    const n = Number(d.dataset.turn), scope = b.dataset.scope;
+    if (!model) return;
+    for (const x of document.querySelectorAll("#rewind button")) x.disabled = true;
+    try {
+      const out = await app.api.rewind(model.sid, n, scope);
+      const files = out.restored_files.length ? `; files put back: ${out.restored_files.join(", ")}` : "";
+      d.returnTo = $("#draft"); // done: the next action is a message
+      d.close();
+      note(`Rewound (${out.scope}) to the end of turn ${n}${files}.`);
+    } catch (err) {
+      $("#rewind-error").textContent = err.code === "busy" ? `Not now: ${err.detail || "a turn is running"}.` : `Rewind refused: ${err.detail || err.message}`;
+    } finally {
+      for (const x of document.querySelectorAll("#rewind button")) x.disabled = false;
+    }
+  });
+}
+$("#rewind-cancel").addEventListener("click", () => $("#rewind").close());
 
 const REFUSALS = {
   busy: HINT_BUSY,
@@ -292,6 +449,7 @@ async function act(kind) {
   // While a run drives, the server refuses (409 run_active) and the refusal says why.
   if (kind === "send" && model.info.busy && !model.runDriving()) { note(HINT_BUSY, true, { untilIdle: true }); return; }
   const box = $("#draft");
+  app.sending = text;
   try {
     if (kind === "lead") {
       const r = await app.api.lead(model.sid, text);
@@ -304,12 +462,14 @@ async function act(kind) {
       else {
         model.sent(r.message_id, mode === "steer" ? "steer" : "queue", text);
         note(r.disposition === "steered" ? "Steering: the running turn stops and this runs next."
-          : `Queued (position ${r.position}): it runs when this turn ends.`, false, { id: r.message_id });
+          : `Queued (position ${r.position}): it runs when this turn ends.`, false, { id: r.message_id, position: r.disposition !== "steered" });
       }
     }
     if (box.value === text) box.value = ""; // only now: a refused message stays in the box
+    app.sending = null;
     flush();
   } catch (err) {
+    app.sending = null;
     const lead = kind === "lead" && err.code === "run_active"
       ? "Refused: this run is not supervised (its confirm is not “person”, or it is unattended), so it takes no Lead. Stop (Esc) ends the run. Your text is still in the box." : null;
     note(lead || REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true,
@@ -340,12 +500,31 @@ for (const [id, kind] of [["#btn-send", "send"], ["#btn-queue", "queue"], ["#btn
 // Enter sends; Ctrl+O queue, Ctrl+S steer, Ctrl+L Lead, Esc stop (the terminal chat's keys).
 // The keys work wherever the composer has focus (the box or one of its buttons) or nothing does.
 const KEYS = { o: "queue", s: "steer", l: "lead" };
+/** A touch keyboard has no Shift+Enter to speak of: there Enter is a new line and Send is the button. */
+function touchKeyboard() { return navigator.maxTouchPoints > 0 || matchMedia("(pointer: coarse)").matches; }
+function drawPlaceholder() {
+  $("#draft").placeholder = touchKeyboard() ? "Message (Enter is a new line; send with the Send button)" : "Message (Enter sends, Shift+Enter new line)";
+}
+$("#draft").addEventListener("focus", drawPlaceholder);
+drawPlaceholder();
+const typingIn = (el) => el && (el.tagName === "TEXTAREA" || el.tagName === "SELECT" || (el.tagName === "INPUT" && !["checkbox", "radio", "button", "submit"].includes(el.type)) || el.isContentEditable);
 document.addEventListener("keydown", (e) => {
+  if (document.querySelector("dialog[open]")) return; // a dialog has the keyboard (Esc closes it)
+  if (!e.ctrlKey && !e.altKey && !e.metaKey && !typingIn(e.target) && !$("#app").hidden) {
+    if (e.key === "?") { e.preventDefault(); showKeys(); return; }
+    if (e.key === "/" && !$("#session").hidden) { e.preventDefault(); $("#draft").focus(); return; }
+    if ((e.key === "r" || e.key === "R") && !$("#session").hidden && app.model) { e.preventDefault(); app.review.open(null); return; }
+  }
   if (e.key === "Escape" && openDrawer()) { e.preventDefault(); closeDrawers(true); return; }
   if ($("#session").hidden || !app.model) return;
+  if (e.altKey && !e.ctrlKey && !e.metaKey && e.key.toLowerCase() === "a") {
+    const b = $("#approvals .approval button");
+    if (b) { e.preventDefault(); b.focus(); }
+    return;
+  }
   const inDraft = e.target === $("#draft");
   const inComposer = inDraft || !!e.target.closest?.("#composer") || e.target === document.body || e.target === document.documentElement;
-  if (inDraft && e.key === "Enter" && !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey && !e.isComposing) {
+  if (inDraft && e.key === "Enter" && !touchKeyboard() && !e.shiftKey && !e.ctrlKey && !e.altKey && !e.metaKey && !e.isComposing) {
     e.preventDefault(); act("send"); return;
   }
   const k = e.key.toLowerCase();
@@ -358,6 +537,24 @@ document.addEventListener("keydown", (e) => {
     e.preventDefault(); act("stop");
   }
 });
+
+// ---------------------------------------------------------------- the shortcut sheet
+let keysOpener = null;
+function showKeys() {
+  keysOpener = document.activeElement;
+  $("#keys").showModal();
+  $("#keys-close").focus();
+}
+$("#btn-keys").addEventListener("click", showKeys);
+$("#btn-review").addEventListener("click", () => app.review.open(null));
+$("#keys").addEventListener("close", () => { (keysOpener && keysOpener !== document.body ? keysOpener : $("#draft")).focus?.(); keysOpener = null; });
+
+/** Focus where the next action is: the message box of the open session (after login, after
+ *  creating or opening a session), or the new-session form when none is open. */
+function focusNext() {
+  if (!$("#session").hidden && !$("#draft").disabled) $("#draft").focus();
+  else if (!$("#app").hidden && !openDrawer()) $("#new-workspace").focus();
+}
 
 // ---------------------------------------------------------------- drawers (narrow screens)
 function openDrawer() { return ["sidebar", "inspector"].find((id) => $(`#${id}`).classList.contains("open")) || null; }
@@ -440,6 +637,8 @@ async function start(token) {
   app.view = new View(document);
   app.inspector = app.inspector || new Inspector(app.api, () => app.model?.sid, (m) => note(m, true));
   app.inspector.api = app.api;
+  app.review = app.review || new Review(app.api, () => app.model, () => {});
+  app.review.api = app.api;
   $("#login").hidden = true;
   $("#app").hidden = false;
   await loadModels();
@@ -447,7 +646,10 @@ async function start(token) {
   clearInterval(app.listTimer);
   app.listTimer = setInterval(() => { if (!$("#app").hidden) loadSessions(); }, SESSIONS_EVERY_MS);
   app.model = null;
+  drawNotify();
   route();
+  drawAttention();
+  if ($("#session").hidden || !/^#\/s\//.test(location.hash)) focusNext(); // else openSession focuses the box once it is open
 }
 
 const saved = localStorage.getItem(TOKEN_KEY);

@@ -96,6 +96,15 @@ const BULLET = /^(\s*)([-*+])\s+(.*)$/;
 const NUMBERED = /^(\s*)(\d{1,9})[.)]\s+(.*)$/;
 const QUOTE = /^\s{0,3}>\s?(.*)$/;
 const RULE = /^\s{0,3}([-*_])(\s*\1){2,}\s*$/;
+const TABLE_SEP = /^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$/;
+
+/** The cells of a table row: "| a | b |" or "a | b" (a backslash keeps a pipe in a cell). */
+function cells(line) {
+  let s = line.trim();
+  if (s.startsWith("|")) s = s.slice(1);
+  if (s.endsWith("|") && !s.endsWith("\\|")) s = s.slice(0, -1);
+  return s.split(/(?<!\\)\|/).map((c) => c.trim().replace(/\\\|/g, "|"));
+}
 
 /** Markdown text -> an array of DOM nodes. */
 export function markdown(text) {
@@ -127,6 +136,18 @@ export function markdown(text) {
       continue;
     }
     if (!line.trim()) { flush(); i += 1; continue; }
+    if (line.includes("|") && i + 1 < lines.length && TABLE_SEP.test(lines[i + 1]) && lines[i + 1].includes("|")) {
+      flush();
+      const head = cells(line);
+      const align = cells(lines[i + 1]).map((c) => (c.startsWith(":") && c.endsWith(":") ? "center" : c.endsWith(":") ? "right" : null));
+      i += 2;
+      const rows = [];
+      while (i < lines.length && lines[i].trim() && lines[i].includes("|")) { rows.push(cells(lines[i])); i += 1; }
+      const td = (tag, c, n) => h(tag, align[n] ? { style: `text-align: ${align[n]}` } : {}, inline(c));
+      out.push(h("table", {}, h("thead", {}, h("tr", {}, head.map((c, n) => td("th", c, n)))),
+        h("tbody", {}, rows.map((r) => h("tr", {}, head.map((_, n) => td("td", r[n] ?? "", n)))))));
+      continue;
+    }
     if ((m = HEADING.exec(line))) { flush(); out.push(h(`h${Math.min(6, m[1].length + 2)}`, { class: "md-h" }, inline(m[2]))); i += 1; continue; }
     if (RULE.test(line)) { flush(); out.push(h("hr")); i += 1; continue; }
     if (QUOTE.test(line)) {

@@ -3,6 +3,7 @@
 // No DOM here: the view reads this model and redraws what `changed` names.
 
 import { isBadOutcome, TURN_END } from "./contract.js";
+import { RENDERING, SILENT } from "./rendering.js";
 
 const FINAL = new Set(["applied", "discarded", "unapplied", "skipped", "removed"]);
 
@@ -27,6 +28,12 @@ export class SessionModel {
     this.turn = null;           // {turn_id, started, tools, input, output, cost, waiting}
     this.totals = { turns: 0, tools: 0, input: 0, output: 0, cost: 0 };
     this.turnNumbers = new Map();  // turn_id -> its number (from 1, in the order turns started)
+    this.versions = [];         // version.kept in log order: {path, version_id, store, turn_id, seq, call_id}
+    this.writes = [];           // file.written in log order: {path, added, removed, via, deleted, turn_id, seq, call_id}
+    this.unrendered = 0;
+    this.turnEnds = new Map();  // turn number -> seq of its turn.end (what a rewind to it keeps)
+    this.turnText = new Map();  // turn_id -> the message that started it
+    this.curSeq = 0;            // the seq of the event being applied: every item records it        // events of a type this console does not know (a newer server)
   }
 
   /** What the running turn waits for: "model", "tool", "approval" or "Lead boundary". */
@@ -46,6 +53,7 @@ export class SessionModel {
 
   add(item) {
     item.key = item.key || `i${this.items.length}`;
+    if (item.seq === undefined) item.seq = this.curSeq;
     this.items.push(item);
     this.byKey.set(item.key, item);
     this.mark("item:" + item.key);
@@ -106,16 +114,35 @@ export class SessionModel {
   apply(ev) {
     if (ev.seq <= this.lastSeq) return false;
     this.lastSeq = ev.seq;
+    this.curSeq = ev.seq;
     this.seen.push(ev.seq);
     const fn = HANDLERS[ev.type];
     if (fn) fn(this, ev);
-    else this.note(ev, `${ev.type}`);
+    else if (!SILENT.has(ev.type)) this.unrendered += 1; // shown as nothing rather than by its name
     this.mark("head"); // the turn status (what it waits for, counts) follows every event
     return true;
   }
 
   endStreaming() {
     if (this.streaming) { this.streaming.streaming = false; this.touch(this.streaming); this.streaming = null; }
+  }
+
+  /** What a rewind to the end of turn ``n`` would change: the files this session wrote since
+   *  (put back, or deleted when created since) and the turns that would leave the model's view. */
+  rewindPreview(n) {
+    const end = this.turnEnds.get(n) ?? 0;
+    const files = new Map();
+    for (const w of this.writes) if (w.seq > end && !files.has(w.path)) files.set(w.path, { path: w.path, created: w.created });
+    const turns = [];
+    for (const [turnId, k] of this.turnNumbers) if (k > n) turns.push({ n: k, turnId, text: this.turnText.get(turnId) || "" });
+    return { files: [...files.values()], turns };
+  }
+
+  /** The call that is running now in this event's turn (a write or a command it made is its). */
+  runningTool(turn_id) {
+    let found = null;
+    for (const t of this.tools.values()) if (t.status === "running" && t.turn_id === turn_id && turn_id) found = t;
+    return found;
   }
 
   tool(call_id, name, args) {
@@ -129,6 +156,9 @@ export class SessionModel {
     return t;
   }
 }
+
+/** Created, deleted or changed: what a write did to its file, said as such. */
+export function writeVerb(w) { return w.deleted ? "Deleted" : w.created ? "Created" : "Changed"; }
 
 const MCP_SAID = { ready: "is ready", failed: "failed to start", exited: "exited; its tools are withdrawn" };
 
@@ -163,6 +193,7 @@ const HANDLERS = {
   },
   "user.msg"(m, ev) {
     m.endStreaming();
+    if (ev.turn_id && !m.turnText.has(ev.turn_id)) m.turnText.set(ev.turn_id, ev.text);
     m.add({ kind: "user", key: `u${ev.seq}`, text: ev.text, via: ev.via, id: ev.message_id });
     const o = m.settle(ev.message_id, "applied");
     if (o && !o.text) o.text = ev.text;
@@ -186,6 +217,7 @@ const HANDLERS = {
     m.mark("head");
   },
   "queue.removed"(m, ev) {
+    m.reorders = (m.reorders || 0) + 1;
     const o = m.settle(ev.message_id, "removed");
     const text = ev.text || o?.text || m.localTexts.get(ev.message_id) || ev.message_id;
     m.add({ kind: "fate", key: `f${ev.seq}`, text: `Removed from the queue before it started: “${text}”` });
@@ -198,6 +230,7 @@ const HANDLERS = {
     for (const o of moved) m.outbox.delete(o.id);
     for (const o of moved) m.outbox.set(o.id, o);
     m.note(ev, `Queue reordered (${order.length} waiting)`, "small");
+    m.reorders = (m.reorders || 0) + 1; // a "Queued (position n)" said before is stale now
     m.mark("outbox");
   },
   "run.start"(m, ev) {
@@ -236,13 +269,17 @@ const HANDLERS = {
     if (m.turn && m.turn.turn_id === ev.turn_id) { m.turn.ended = ev.ts; m.turn.outcome = ev.outcome; }
     const end = m.note(ev, `Turn ended: ${ev.outcome}${ev.detail ? ` — ${ev.detail}` : ""}`, "turn-end" + (bad ? ` bad outcome-${ev.outcome}` : ""));
     end.turnNo = m.turnNumbers.get(ev.turn_id);  // the turn's number: what Fork and Rewind name
+    end.turnId = ev.turn_id;
+    if (end.turnNo) m.turnEnds.set(end.turnNo, ev.seq);
     m.mark("head", "sessions", "changes");
   },
   "assistant.delta"(m, ev) {
+    if (m.turn?.retry) { m.turn.retry = null; m.mark("head"); }
     if (!m.streaming) m.streaming = m.add({ kind: "assistant", key: `a${ev.seq}`, text: "", streaming: true });
     m.streaming.text += ev.text; m.touch(m.streaming);
   },
   "assistant.msg"(m, ev) {
+    if (m.turn) m.turn.retry = null;
     const u = ev.usage || {};
     for (const tgt of [m.turn, m.totals]) {
       if (!tgt) continue;
@@ -268,6 +305,7 @@ const HANDLERS = {
   },
   "policy.decision"(m, ev) {
     const t = m.tool(ev.call_id);
+    if (ev.preview && !t.preview) t.preview = ev.preview; // the write's diff, computed before it ran
     t.policy = t.policy || [];
     t.policy.push(`${ev.verdict} by ${ev.actor}${ev.security ? " (security)" : ""}: ${ev.reason}`);
     // A refusal the person gave (their Deny, recorded again as the call's decision) is "denied".
@@ -287,6 +325,7 @@ const HANDLERS = {
     m.approvals.delete(ev.approval_id);
     for (const t of m.tools.values()) {
       if (t.approval === ev.approval_id) {
+        t.message = ev.message || null;
         t.answer = `${ev.decision === "allow" ? "Allowed" : "Denied"} by ${ev.actor}` +
           (ev.scope && ev.scope !== "once" ? ` (${ev.scope})` : "") + (ev.message ? ` — “${ev.message}”` : "") +
           (ev.actor !== "person" && ev.reason ? `: ${ev.reason}` : "");
@@ -310,13 +349,62 @@ const HANDLERS = {
     t.status = "skipped"; t.detail = ev.reason; m.touch(t);
   },
   "version.kept"(m, ev) {
-    m.note(ev, `Kept the previous ${ev.path} (${ev.store === "absent" ? "it did not exist" : ev.store})`, "small");
+    // No line of its own: the call that wrote (or the restore/undo/rewind line) shows the change,
+    // and Review reads these to diff each file from before the session or the turn.
+    const t = m.runningTool(ev.turn_id);
+    m.versions.push({ path: ev.path, version_id: ev.version_id, store: ev.store, turn_id: ev.turn_id || null, seq: ev.seq, call_id: t?.call_id || null });
+    if (t) { (t.kept = t.kept || {})[ev.path] = { version_id: ev.version_id, store: ev.store }; }
+    m.pendingKept = { path: ev.path, version_id: ev.version_id, store: ev.store };
+    m.mark("review");
   },
   "file.written"(m, ev) {
-    const how = ev.via && ev.via !== "tool" ? ` by ${ev.via}` : "";
-    m.note(ev, `Wrote ${ev.path}${how} +${ev.added} −${ev.removed}`, "written");
-    m.mark("changes", "history");
+    const via = ev.via || "tool";
+    const t = via === "tool" || via === "command" ? m.runningTool(ev.turn_id) : null;
+    const kept = m.pendingKept && m.pendingKept.path === ev.path ? m.pendingKept : null;
+    m.pendingKept = null;
+    const w = { path: ev.path, added: ev.added, removed: ev.removed, via, deleted: !!ev.deleted,
+      created: kept?.store === "absent", version_id: kept?.version_id || null, turn_id: ev.turn_id || null, seq: ev.seq, call_id: t?.call_id || null };
+    m.writes.push(w);
+    if (t) { t.files = t.files || []; t.files.push(w); m.touch(t); }
+    else m.note(ev, `${writeVerb(w)} ${ev.path}${via !== "tool" ? ` by ${via}` : ""}${w.deleted ? "" : ` +${ev.added} −${ev.removed}`}`, "written");
+    m.mark("changes", "history", "review");
   },
+  "usage"(m, ev) {
+    // The turn's own model requests are already counted from assistant.msg; a judge's, a
+    // title's or a compaction's are added here, so the status line holds the turn's whole cost.
+    if (ev.purpose === "turn") return;
+    const tgts = [m.totals];
+    if (m.turn && (!ev.turn_id || ev.turn_id === m.turn.turn_id)) tgts.push(m.turn);
+    for (const tgt of tgts) {
+      tgt.input += ev.input_tokens || 0; tgt.output += ev.output_tokens || 0; tgt.cost += ev.cost || 0;
+      tgt.extra = tgt.extra || {};
+      tgt.extra[ev.purpose] = (tgt.extra[ev.purpose] || 0) + (ev.input_tokens || 0) + (ev.output_tokens || 0);
+    }
+    m.mark("head");
+  },
+  "model.retry"(m, ev) {
+    if (m.turn && m.turn.turn_id === ev.turn_id) m.turn.retry = { attempt: ev.attempt, delay_s: ev.delay_s, error: ev.error };
+    m.mark("head");
+  },
+  "network.request"(m, ev) {
+    const line = `network: ${ev.host}:${ev.port} ${ev.allowed ? "allowed" : "refused"}${ev.reason ? ` (${ev.reason})` : ""}`;
+    const t = ev.call_id ? m.tools.get(ev.call_id) : null;
+    if (t) { t.policy = t.policy || []; t.policy.push(line); m.touch(t); }
+    else m.note(ev, ev.server ? `MCP server ${ev.server}: ${line}` : line, ev.allowed ? "small" : "bad");
+  },
+  "check"(m, ev) {
+    const ok = ev.exit_code === 0;
+    m.note(ev, `Check \`${ev.command}\`: ${ok ? "passed" : ev.exit_code === null || ev.exit_code === undefined ? "did not finish" : `failed (exit ${ev.exit_code})`}`, ok ? "small" : "bad");
+  },
+  "context.compacted"(m, ev) {
+    m.note(ev, ev.summary
+      ? `Context compacted for the model: ${ev.before_tokens} → ${ev.after_tokens} tokens (${ev.dropped} events summarised; the log keeps everything)`
+      : "Context compaction failed: the model still gets the whole transcript", ev.summary ? "small" : "bad");
+  },
+  "event.omitted"(m, ev) {
+    m.note(ev, `An event too large to show was left out (${ev.original_type}, ${ev.bytes} bytes)`, "small");
+  },
+  "limit.warning"(m, ev) { m.note(ev, `Nearing a limit: ${ev.limit} at ${ev.value} of ${ev.of}`, "small"); },
   "lead.saved"(m, ev) {
     const text = ev.text || m.localTexts.get(ev.lead_id) || "";
     const o = m.outbox.get(ev.lead_id);
@@ -332,6 +420,12 @@ const HANDLERS = {
   "session.rewound"(m, ev) {
     const what = { conversation: "the conversation", files: "the files", both: "the conversation and the files" }[ev.scope] || ev.scope;
     const files = ev.restored_files?.length ? ` (put back: ${ev.restored_files.join(", ")})` : "";
+    // What the rewind took out of the model's view stays in the transcript, dimmed and marked.
+    if (ev.scope !== "files") {
+      for (const it of m.items) {
+        if (it.seq > ev.through_seq && it.seq < ev.seq && !it.rewound) { it.rewound = ev.to_turn; m.touch(it); }
+      }
+    }
     m.note(ev, `Rewound ${what} to the end of turn ${ev.to_turn}${files}. ` +
       (ev.scope === "files" ? "The model still sees the whole conversation." : "The model sees the conversation up to there, then what follows."), "rewound");
     m.mark("changes");
@@ -344,6 +438,8 @@ const HANDLERS = {
   "plan.write"(m, ev) { m.plan = { steps: ev.steps, marks: [], turn_id: ev.turn_id }; m.mark("plan"); },
   "plan.step"(m, ev) {
     if (m.plan && !m.plan.marks.includes(ev.step)) m.plan.marks.push(ev.step);
+    const t = m.runningTool(ev.turn_id);
+    if (t && t.name === "plan_step") { t.stepText = m.plan?.steps?.[ev.step - 1] || null; m.touch(t); }
     m.mark("plan");
   },
   "plan.carried"(m, ev) {
@@ -367,3 +463,12 @@ const HANDLERS = {
     }
   },
 };
+
+// Every type the rendering table shows (not "none") has its handler here, and no handler is for
+// a type the table does not name: the page refuses to load otherwise (a browser test sees it).
+for (const t of Object.keys(RENDERING)) {
+  if (!SILENT.has(t) && !HANDLERS[t]) throw new Error(`rendering.js names ${t} but state.js has no handler for it`);
+}
+for (const t of Object.keys(HANDLERS)) {
+  if (!(t in RENDERING)) throw new Error(`state.js handles ${t}, which rendering.js does not name`);
+}

@@ -2,6 +2,7 @@
 
 import { changeView, contentView } from "./diff.js";
 import { $, clear, h, short } from "./dom.js";
+import { writeVerb } from "./state.js";
 import { markdown } from "./md.js";
 
 const VIA = { send: "", queue: "queued", steer: "steered", lead: "Lead", approval: "with an approval", run: "sent by the run" };
@@ -36,6 +37,7 @@ export function argsText(name, args) {
   if (args === null || args === undefined) return "";
   if (typeof args !== "object") return String(args);
   if (name === "run_command" && args.command) return args.command;
+  if (name === "edit_file" && args.path) return `${args.path}${args.count ? ` (${args.count} occurrences)` : ""}`;
   if ((name === "write_file" || name === "read_file" || name === "list_dir") && args.path) {
     return args.content !== undefined ? `${args.path} (${String(args.content).length} chars)` : args.path;
   }
@@ -49,39 +51,116 @@ function output(it) {
   const long = lines > LONG_OUTPUT_LINES || text.length > LONG_OUTPUT_CHARS;
   if (!long) return h("pre", { class: "output" }, text);
   return h("details", { class: "output", open: it.open },
-    h("summary", {}, `output: ${lines} lines, ${text.length} chars (show)`), h("pre", {}, text));
+    h("summary", {}, `output: ${lines} lines, ${text.length} chars`, h("span", { class: "fold-hint", "aria-hidden": "true" })), h("pre", {}, text));
 }
 
 function renderItem(it) {
+  const el = renderOne(it);
+  // Taken out of the model's view by a rewind: still shown, dimmed and marked.
+  if (it.rewound && el) {
+    el.classList.add("rewound-out");
+    el.dataset.rewound = String(it.rewound);
+    el.title = `Rewound: the model no longer sees this (rewind to turn ${it.rewound})`;
+    if (it.cls?.includes("turn-start")) el.append(h("span", { class: "rewound-mark" }, ` — rewound: not in the model's view`));
+  }
+  return el;
+}
+
+function renderOne(it) {
   const attrs = { class: `item ${it.kind}`, dataset: { key: it.key } };
   switch (it.kind) {
     case "user":
       return h("div", attrs, it.via && VIA[it.via] ? h("span", { class: "via" }, VIA[it.via]) : null, it.text);
     case "assistant":
-      return h("div", { ...attrs, class: `item assistant md${it.streaming ? " streaming" : ""}` }, markdown(it.text));
+      return withCopy(h("div", { ...attrs, class: `item assistant md${it.streaming ? " streaming" : ""}` }, markdown(it.text)), it.streaming);
     case "agent":
-      return h("div", { ...attrs, class: "item agent md" }, markdown(it.text));
+      return withCopy(h("div", { ...attrs, class: "item agent md" }, markdown(it.text)));
     case "fate":
       return h("div", attrs, it.text);
     case "note":
       if (it.turnNo) return turnEnd(it, attrs);
       return h("div", { ...attrs, class: `item note ${it.cls || ""}` }, it.text);
     case "tool": {
+      if (it.name === "plan_step" || it.name === "plan_write") return planLine(it, attrs);
       const status = STATUS[it.status] || it.status;
       const el = h("div", { ...attrs, dataset: { key: it.key, status: it.status } },
         h("div", { class: "head" },
           h("span", { class: "name" }, it.name || "tool"),
           h("span", { class: "args" }, short(argsText(it.name, it.args), 240)),
           h("span", { class: `status ${it.status}` }, status + (it.detail ? ` (${it.detail})` : ""))),
-        (it.policy || []).map((p) => h("div", { class: "policy" }, p)),
-        it.answer ? h("div", { class: "policy answer" }, it.answer) : null,
-        it.output ? output(it) : null);
-      el.querySelector("details")?.addEventListener("toggle", (e) => { it.open = e.target.open; });
+        // A person's Deny is said once, by the status: not again as a decision, an answer and an output.
+        (it.policy || []).filter((p) => !(it.status === "denied" && /^refuse by person\b/.test(p))).map((p) => h("div", { class: "policy" }, p)),
+        it.status === "denied" ? (it.message ? h("div", { class: "policy answer" }, `Your message: “${it.message}”`) : null)
+          : it.answer ? h("div", { class: "policy answer" }, it.answer) : null,
+        it.files?.length ? h("div", { class: "files" }, it.files.map((w) => fileChange(it, w))) : null,
+        it.output && it.status !== "denied" ? output(it) : null);
+      el.querySelector("details.output")?.addEventListener("toggle", (e) => { it.open = e.target.open; });
       return el;
     }
     default:
       return h("div", attrs, JSON.stringify(it));
   }
+}
+
+// How a card reaches the API for a lazily loaded diff (set by View.draw from its handlers).
+let loadDiff = null;
+
+/** One file a call changed: created, changed or deleted, +/-, and its diff folded under it —
+ *  the preview guard computed for a write (exactly what it did), or, for a command, the diff from
+ *  the version kept before it to the file now. */
+function fileChange(it, w) {
+  it.openFiles = it.openFiles || new Set();
+  const body = h("div", { class: "file-diff" });
+  const det = h("details", { class: "file-change", open: it.openFiles.has(w.path), dataset: { path: w.path, kind: writeVerb(w).toLowerCase() } },
+    h("summary", {}, h("span", { class: "verb" }, writeVerb(w)), " ", h("span", { class: "mono" }, w.path), " ",
+      w.deleted ? null : h("span", { class: "counts" }, h("span", { class: "add" }, `+${w.added}`), " ", h("span", { class: "del" }, `−${w.removed}`))),
+    body);
+  const fill = () => {
+    if (body.dataset.filled) return;
+    body.dataset.filled = "1";
+    const preview = it.files.length === 1 && it.preview && (it.name === "write_file" || it.name === "edit_file") ? it.preview : null;
+    if (preview) { body.append(changeView(preview, `change to ${w.path}`)); return; }
+    if (w.deleted && !w.version_id) { body.append(h("div", { class: "flag" }, `Deleted ${w.path}.`)); return; }
+    if (!w.version_id || !loadDiff) { body.append(changeView(null)); return; }
+    body.append(h("div", { class: "diff-label" }, "From before this call to the file as it is now:"), h("div", { class: "flag muted" }, "Loading the diff…"));
+    loadDiff(w.version_id).then((d) => {
+      body.lastChild.replaceWith(d.deleted ? h("div", { class: "flag" }, `Deleted: ${w.path} no longer exists.`) : changeView(d, `change to ${w.path}`));
+    }, (err) => { body.lastChild.replaceWith(h("p", { class: "error" }, err.detail || err.message)); });
+  };
+  if (det.open) fill();
+  det.addEventListener("toggle", () => { if (det.open) { it.openFiles.add(w.path); fill(); } else it.openFiles.delete(w.path); });
+  return det;
+}
+
+/** plan_write and plan_step are bookkeeping: one line each, the plan itself is in the inspector. */
+function planLine(it, attrs) {
+  const args = it.args && typeof it.args === "object" ? it.args : {};
+  const steps = Array.isArray(args.steps) ? args.steps : [];
+  const text = it.name === "plan_write"
+    ? `Plan: ${steps.length} step${steps.length === 1 ? "" : "s"}${steps.length ? ` — ${steps.join("; ")}` : ""}`
+    : `Plan step ${args.step ?? "?"} done${it.stepText ? `: ${it.stepText}` : ""}`;
+  const bad = ["fail", "denied", "refused", "skipped"].includes(it.status);
+  return h("div", { ...attrs, class: `item note plan-line${bad ? " bad" : ""}`, dataset: { key: it.key, status: it.status } },
+    it.name === "plan_step" && !bad ? "✓ " : "", short(text, 300), bad ? ` (${STATUS[it.status] || it.status})` : "");
+}
+
+/** A Copy button on each code block of an answer (not while it still streams). */
+function withCopy(el, streaming = false) {
+  if (streaming) return el;
+  for (const pre of el.querySelectorAll("pre.code")) {
+    const code = pre.querySelector("code")?.textContent ?? "";
+    const b = h("button", { type: "button", class: "copy", "aria-label": "Copy this code" }, "Copy");
+    b.addEventListener("click", async () => {
+      try { await navigator.clipboard.writeText(code); }
+      catch {
+        const ta = h("textarea", { class: "sr-only", "aria-hidden": "true" }); ta.value = code;
+        document.body.append(ta); ta.select(); document.execCommand("copy"); ta.remove();
+      }
+      b.textContent = "Copied"; setTimeout(() => { b.textContent = "Copy"; }, 1500);
+    });
+    pre.prepend(b);
+  }
+  return el;
 }
 
 /** A turn's end, with its Fork and Rewind actions (the View hands a click to ``handlers.turn``). */
@@ -92,7 +171,9 @@ function turnEnd(it, attrs) {
       h("button", { type: "button", class: "link small", "data-turn-act": "fork", "data-turn": String(n),
         title: `A new session from the end of turn ${n}: its conversation, and a copy of the files as they were then` }, `Fork at turn ${n}`),
       h("button", { type: "button", class: "link small", "data-turn-act": "rewind", "data-turn": String(n),
-        title: `Go back to the end of turn ${n}: the conversation, the files, or both (between turns)` }, "Rewind here")));
+        title: `Go back to the end of turn ${n}: the conversation, the files, or both (between turns)` }, "Rewind here"),
+      it.turnId ? h("button", { type: "button", class: "link small", "data-turn-act": "review", "data-turn": String(n), "data-turn-id": it.turnId,
+        title: `What turn ${n} changed, file by file` }, `Review turn ${n}`) : null));
 }
 
 export class View {
@@ -103,7 +184,7 @@ export class View {
     this.handlers = null;
     this.transcript.addEventListener("click", (e) => {
       const b = e.target.closest?.("[data-turn-act]");
-      if (b && this.handlers?.turn) this.handlers.turn(b.dataset.turnAct, Number(b.dataset.turn));
+      if (b && this.handlers?.turn) this.handlers.turn(b.dataset.turnAct, Number(b.dataset.turn), b.dataset.turnId);
     });
   }
 
@@ -112,6 +193,7 @@ export class View {
   /** Redraw what the model marked changed; keep the view pinned to the bottom if it was. */
   draw(model, handlers) {
     this.handlers = handlers;
+    loadDiff = handlers.diff || null;
     const atBottom = this.transcript.scrollHeight - this.transcript.scrollTop - this.transcript.clientHeight < 40;
     for (const c of model.changed) {
       if (!c.startsWith("item:")) continue;
@@ -123,10 +205,11 @@ export class View {
       this.elements.set(it.key, el);
     }
     if (model.changed.has("head")) this.head(model);
-    if (model.changed.has("approvals")) this.approvals(model, handlers);
+    const added = model.changed.has("approvals") ? this.approvals(model, handlers) : [];
     if (model.changed.has("outbox")) this.outbox(model, handlers);
     this.transcript.dataset.lastSeq = String(model.lastSeq);
     if (atBottom) this.transcript.scrollTop = this.transcript.scrollHeight;
+    return added;
   }
 
   head(model) {
@@ -181,6 +264,13 @@ export class View {
       parts.push(h("span", { class: "elapsed", dataset: {} }, ""));
       parts.push(h("span", { class: "turn-tools" }, `${t.tools} tool call${t.tools === 1 ? "" : "s"}`));
       parts.push(h("span", { class: "turn-tokens" }, `${tokens(t.input + t.output)} tokens${cost(t.cost)}`));
+      // The usage of the turn's other model requests (the judge, the title, a compaction), folded in.
+      const extra = Object.entries(t.extra || {});
+      if (extra.length) parts.push(h("span", { class: "turn-extra muted" }, `incl. ${extra.map(([k, n]) => `${k} ${tokens(n)}`).join(", ")}`));
+      if (t.retry && busy) {
+        parts.push(h("span", { class: "turn-retry bad", title: t.retry.error },
+          `model request failed, retry ${t.retry.attempt} in ${t.retry.delay_s}s: ${short(t.retry.error, 80)}`));
+      }
     }
     parts.push(h("span", { class: "session-totals muted" },
       `session: ${tot.turns} turn${tot.turns === 1 ? "" : "s"}, ${tot.tools} tool calls, ${tokens(tot.input + tot.output)} tokens${cost(tot.cost)}`));
@@ -194,19 +284,26 @@ export class View {
     // Keep a card whose message box the person is typing in: redraw only what came or went.
     const want = new Map([...model.approvals.values()].map((a) => [a.approval_id, a]));
     for (const card of [...box.children]) if (!want.has(card.dataset.approval)) card.remove();
+    const added = [];
     for (const a of want.values()) {
       if (box.querySelector(`[data-approval="${CSS.escape(a.approval_id)}"]`)) continue;
       box.append(approvalCard(a, handlers));
+      added.push(a.approval_id);
     }
+    return added;
   }
 
   outbox(model, handlers) {
+    // What still waits is listed; what settled is already told by the transcript (the message,
+    // or a line naming what was discarded), so it folds into one line instead of growing.
     const items = model.waiting();
+    const waiting = items.filter((o) => !FINAL_FATES.has(o.fate));
+    const settled = items.filter((o) => FINAL_FATES.has(o.fate));
     $("#outbox").hidden = items.length === 0;
     const queued = items.filter((o) => o.fate === "queued" && o.kind === "queue");
     const focused = document.activeElement?.closest?.("#outbox li")?.dataset.id;
     const focusAct = document.activeElement?.dataset?.act;
-    clear($("#outbox-list"), items.map((o) => {
+    const li = (o) => {
       const label = o.text ? short(o.text.split("\n")[0], 80) : o.id;
       const n = queued.indexOf(o);
       // Before it starts, a queued message can be moved or removed (recorded as events).
@@ -221,15 +318,24 @@ export class View {
         h("span", { class: `fate-badge fate-${o.fate}` }, o.fate),
         h("span", { class: "kind-badge" }, KIND[o.kind] || o.kind),
         o.text ? h("span", { class: "text", title: o.text }, short(o.text.split("\n")[0], 200))
-          : h("span", { class: "muted" }, o.id),
+          : h("span", { class: "muted" }, "(text not recorded)"),
         tools);
-    }));
+    };
+    const wasOpen = $("#outbox-settled")?.open;
+    clear($("#outbox-list"), waiting.map(li));
+    $("#outbox-list").hidden = waiting.length === 0;
+    const fold = $("#outbox-fold");
+    clear(fold, settled.length ? h("details", { id: "outbox-settled", open: wasOpen },
+      h("summary", {}, `${settled.length} settled — each is in the transcript`), h("ol", {}, settled.map(li))) : null);
+    $("#outbox-title").textContent = waiting.length ? `Waiting (${waiting.length})` : "Nothing waiting";
     if (focused && focusAct) {
       const btn = $(`#outbox li[data-id="${CSS.escape(focused)}"] [data-act="${focusAct}"]`);
       if (btn && !btn.disabled) btn.focus();
     }
   }
 }
+
+const FINAL_FATES = new Set(["applied", "discarded", "unapplied", "skipped", "removed"]);
 
 /** What an approval lets happen, shown before its buttons: the command, or the write's diff. */
 function approvalSubject(a) {
@@ -259,11 +365,17 @@ function approvalCard(a, handlers) {
   });
   const status = h("span", { class: "error", role: "alert" });
   const answer = async (decision, scope, btns) => {
+    const here = document.activeElement?.closest?.(".approval") || document.activeElement === document.body;
     btns.forEach((b) => (b.disabled = true));
     status.textContent = "";
     try {
       await handlers.answer(a.approval_id, { decision, scope, ...(msg.value.trim() ? { message: msg.value.trim() } : {}) });
       status.textContent = "";
+      // Answered: focus goes where the next action is, the next approval or the composer.
+      if (here) {
+        const next = [...document.querySelectorAll("#approvals .approval")].find((c) => c.dataset.approval !== a.approval_id);
+        (next?.querySelector("button") || document.getElementById("draft"))?.focus();
+      }
     } catch (err) {
       status.textContent = err.detail || err.message;
       btns.forEach((b) => (b.disabled = false));
