@@ -430,6 +430,15 @@ const HANDLERS = {
       (ev.scope === "files" ? "The model still sees the whole conversation." : "The model sees the conversation up to there, then what follows."), "rewound");
     m.mark("changes");
   },
+  "session.shared"(m, ev) {
+    m.note(ev, ev.role === "approver"
+      ? `Shared with ${ev.principal} as an approver: they see it, answer its approvals and may Stop it`
+      : `Shared with ${ev.principal} as a reader: they see it and change nothing`, "small");
+  },
+  "session.unshared"(m, ev) { m.note(ev, `No longer shared with ${ev.principal}`, "small"); },
+  "attachment.withheld"(m, ev) {
+    m.note(ev, `The model was not given ${ev.name || ev.attachment_id}${ev.reason ? `: ${ev.reason}` : ""}`, "bad");
+  },
   "session.forked"(m, ev) {
     m.note(ev, `Forked from ${ev.from_sid} at its turn ${ev.at_turn}: the conversation above, and a copy of ${ev.workspace} as it was then.`, "forked");
   },
