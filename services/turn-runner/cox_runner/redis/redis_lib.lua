@@ -190,7 +190,7 @@ local function begin_turn(base, sid, msg, turn_id, now, agents_md)
   local via = msg.mode
   if via == nil or via == '' then via = 'send' end
   emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = msg.message_id, text = msg.text, via = via,
-                      attachments = msg.attachments }, now)
+                      attachments = msg.attachments, traceparent = msg.traceparent }, now)
   local start = { type = 'turn.start', turn_id = turn_id, message_id = msg.message_id, model = model }
   if agents_md ~= nil and agents_md ~= '' then start.agents_md = agents_md end
   emit_t(base, sid, start, now)
@@ -305,11 +305,12 @@ end
 -- ------------------------------------------------------------------ admission
 
 -- ARGV: sid, principal, message_id, text, mode ('', queue, steer), client_id, runner,
---       lease_ms, turn_id, owner, known_models (space separated, '' = any)
+--       lease_ms, turn_id, owner, known_models (space separated, '' = any), agents_md,
+--       attachments, traceparent (W3C, '' = none: carried to the message's user.msg)
 local function cox_send(keys, args)
   local base = keys[1]
-  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments =
-    unpack(args)
+  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments,
+    traceparent = unpack(args)
   lease_ms = tonumber(lease_ms)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local prev = replayed(base, client_id)
@@ -332,6 +333,8 @@ local function cox_send(keys, args)
   local msg = { message_id = message_id, text = text, mode = mode }
   -- the attachments' records (a JSON array), carried with the message to its user.msg
   if attachments ~= nil and attachments ~= '' then msg.attachments = cjson.decode(attachments) end
+  -- the caller's trace context (a traceparent header), carried with the message to its user.msg
+  if traceparent ~= nil and traceparent ~= '' then msg.traceparent = traceparent end
   local res
   if not busy(base) then
     local token = take_lease(base, sid, runner, lease_ms, now)
