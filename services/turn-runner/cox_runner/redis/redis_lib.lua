@@ -309,8 +309,8 @@ end
 --       attachments, traceparent (W3C, '' = none: carried to the message's user.msg)
 local function cox_send(keys, args)
   local base = keys[1]
-  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments,
-    traceparent = unpack(args)
+  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments, traceparent =
+    unpack(args)
   lease_ms = tonumber(lease_ms)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local prev = replayed(base, client_id)
