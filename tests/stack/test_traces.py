@@ -30,6 +30,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes import error_attributes, service_attributes
 
+from coxswain import keys
 from tests.support.runners import holder, respawn
 from tests.support.stack import Api, Stack, running, script
 
@@ -77,6 +78,9 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: list[Got] = []
         self.requests = 0
+        self.refuse = 0
+        """Answer this many more export requests 503 (a collector down), taking nothing of them."""
+        self.refused = 0
         self.lock = threading.Lock()
         outer = self
 
@@ -86,6 +90,16 @@ class Receiver:
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 ok = self.path == "/v1/traces" and self.headers.get("Content-Type") == "application/x-protobuf"
+                with outer.lock:
+                    down = ok and outer.refuse > 0
+                    if down:
+                        outer.refuse -= 1
+                        outer.refused += 1
+                if down:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if ok:
                     req = ExportTraceServiceRequest()
                     req.ParseFromString(body)
@@ -269,3 +283,52 @@ def test_each_turn_is_exported_once_and_an_invalid_traceparent_is_ignored(traced
     root = by_op(spans, "invoke_agent")[0]
     assert root.parent_id == "" and len(root.trace_id) == 32
     assert {s.parent_id for s in spans if s is not root} == {root.span_id}
+
+
+def test_a_turn_that_ends_while_no_gateway_runs_is_exported_whole_after_its_restart(
+        traced: Stack, api: Api, receiver: Receiver) -> None:
+    """The exporter's consumer is durable: a gateway killed mid-turn (kill -9) leaves the turn's
+    end unacknowledged, and the gateway started again reads the whole turn from the stream."""
+    sid = api.create("traced-restart")["id"]
+    text = script({"text": "Waiting.", "tools": [{"name": "run_command", "args": {"command": "sleep 2"}}]},
+                  {"text": "done"})
+    r = api.send(sid, text)
+    assert r.status_code == 202, r.text
+    start = api.wait_type(sid, "turn.start", message_id=r.json()["message_id"])
+    api.wait_type(sid, "policy.decision", turn_id=start["turn_id"], timeout=30)
+    killed = time.time()
+    traced.kill("gateway")
+    store = traced.redis_client()
+    try:
+        deadline = time.monotonic() + 30
+        while store.hget(keys.session(sid), "busy") == "1":
+            assert time.monotonic() < deadline, "the turn ended"
+            time.sleep(0.1)
+    finally:
+        store.close()
+    traced.spawn("gateway", "cox_gateway")
+    traced.wait_healthy(60)
+    end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"])
+    assert end["ts"] > killed * 1000 and end["outcome"] == "completed", "it ended while no gateway ran"
+    spans = receiver.of_turn(start["turn_id"], timeout=60)
+    turn = by_op(spans, "invoke_agent")[0]
+    chats = [c for c in by_op(spans, "chat") if c.attrs["coxswain.purpose"] == "turn"]
+    assert len(chats) == 2 and len(by_op(spans, "execute_tool")) == 1, spans
+    assert {s.parent_id for s in spans if s is not turn} == {turn.span_id}
+    assert turn.attrs["coxswain.turn.outcome"] == "completed"
+    metrics = api.http.get("/metrics").text
+    rereads = [line for line in metrics.splitlines() if line.startswith("cox_trace_rereads_total")]
+    assert rereads and float(rereads[0].split()[-1]) >= 1, "the restarted gateway read the turn from the stream"
+
+
+def test_a_collector_that_refuses_gets_the_turn_again_later(traced: Stack, api: Api, receiver: Receiver) -> None:
+    receiver.refuse, before = 3, receiver.refused
+    sid = api.create("traced-refused")["id"]
+    r = api.send(sid, script({"text": "hello"}))
+    assert r.status_code == 202, r.text
+    start = api.wait_type(sid, "turn.start", message_id=r.json()["message_id"])
+    api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=30)
+    spans = receiver.of_turn(start["turn_id"], timeout=60)
+    assert receiver.refused - before == 3, "the collector refused three exports first"
+    assert by_op(spans, "invoke_agent")[0].attrs[gen_ai.GEN_AI_CONVERSATION_ID] == sid
+    assert len({s.span_id for s in spans}) == len(spans)
