@@ -151,7 +151,8 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Stack]:
-    config = f'[telemetry]\notlp_endpoint = "http://127.0.0.1:{receiver.port}"\nservice_name = "cox-test"\n'
+    config = (f'[telemetry]\notlp_endpoint = "http://127.0.0.1:{receiver.port}"\nservice_name = "cox-test"\n'
+              "[limits]\ntool_calls = 3\n")
     with running(tmp_path_factory.mktemp("traces"), runners=2, lease_ms=LEASE_MS, config=config) as s:
         yield s
 
@@ -199,7 +200,12 @@ def test_a_turn_taken_over_after_its_runner_died_is_one_trace(traced: Stack, api
     _command_of(traced.procs[victim].pid, "41.3")
     traced.kill(victim)
     try:
-        end = api.wait_type(sid, "turn.end", turn_id=turn_id, timeout=LEASE_MS / 1000 + 20)
+        try:
+            end = api.wait_type(sid, "turn.end", turn_id=turn_id, timeout=LEASE_MS / 1000 + 40)
+        except AssertionError as exc:
+            survivor = next(n for n in traced.runner_names() if n != victim)
+            raise AssertionError(f"no takeover of {turn_id} ({victim} killed); {survivor} logged:\n"
+                                 f"{traced.log(survivor)[-4000:]}") from exc
         assert end["outcome"] == "crashed", end
         nxt = api.wait_type(sid, "turn.start", message_id=queued.json()["message_id"], timeout=30)
         api.wait_type(sid, "turn.end", turn_id=nxt["turn_id"], timeout=30)
@@ -332,3 +338,29 @@ def test_a_collector_that_refuses_gets_the_turn_again_later(traced: Stack, api: 
     assert receiver.refused - before == 3, "the collector refused three exports first"
     assert by_op(spans, "invoke_agent")[0].attrs[gen_ai.GEN_AI_CONVERSATION_ID] == sid
     assert len({s.span_id for s in spans}) == len(spans)
+
+
+def test_every_turn_of_a_run_hangs_under_the_traceparent_of_its_start(traced: Stack, api: Api,
+                                                                     receiver: Receiver) -> None:
+    caller = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    # four calls against a limit of three: turn 1 ends hard_budget, the run's "continue" is turn 2
+    text = script({"tools": [{"name": "find_files", "args": {"pattern": f"*.{x}"}} for x in "abcd"]},
+                  {"text": "Reported."})
+    r = api.http.post("/v1/runs", json={"text": text, "workspace": "traced-run"},
+                      headers={"traceparent": f"00-{caller[0]}-{caller[1]}-01"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["session_id"]
+    end = api.wait_type(sid, "run.end", timeout=60)
+    assert (end["outcome"], end["turns"]) == ("completed", 2), end
+    starts = [e for e in api.all_events(sid) if e["type"] == "turn.start"]
+    roots = []
+    for st in starts:
+        spans = receiver.of_turn(st["turn_id"])
+        assert {s.trace_id for s in spans} == {caller[0]}
+        # one trace: the caller's, holding both turns
+        (root,) = [s for s in by_op(spans, "invoke_agent") if s.attrs["coxswain.turn.id"] == st["turn_id"]]
+        assert root.parent_id == caller[1]
+        roots.append(root)
+    assert [r.attrs["coxswain.message.via"] for r in roots] == ["send", "run"]
+    assert [r.attrs["coxswain.turn.outcome"] for r in roots] == ["hard_budget", "completed"]
+    assert roots[0].span_id != roots[1].span_id

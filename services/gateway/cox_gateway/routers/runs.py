@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 
-from coxswain import keys, rpc
+from coxswain import keys, rpc, traces
 from coxswain.models import CheckBody, CheckCmd, CheckResult, CreateRun, RunCmd, RunCreated, RunsResult
 
 from .. import errors
@@ -18,9 +18,12 @@ router = APIRouter(responses=errors.responses(401, 503))
 
 
 @router.post("/v1/runs", status_code=201, responses=errors.responses(400, 404, 409, 413, 422))
-async def start_run(body: CreateRun, services: ServicesDep, who: Principal) -> RunCreated:
-    """A session whose turns the program drives until one completes (or ``max_turns``)."""
-    return await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump()))
+async def start_run(body: CreateRun, services: ServicesDep, who: Principal,
+                    traceparent: Annotated[str | None, Header(max_length=512)] = None) -> RunCreated:
+    """A session whose turns the program drives until one completes (or ``max_turns``).
+    ``traceparent`` (W3C trace context): each of its turns is exported as a child of that span."""
+    return await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump(),
+                                                      traceparent=traces.valid_traceparent(traceparent)))
 
 
 @router.get("/v1/runs", responses=errors.responses(422))

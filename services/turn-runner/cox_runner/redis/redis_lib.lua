@@ -620,7 +620,8 @@ local function cox_turn_end(keys, args)
         redis.call('HSET', base, 'run', cjson.encode(run))
         -- its id follows the next turn's id: unique, and the same on a replay of this call
         local mid = 'm' .. string.sub(next_turn_id, 2)
-        redis.call('RPUSH', base .. ':q', cjson.encode({ message_id = mid, text = 'continue', mode = 'run' }))
+        redis.call('RPUSH', base .. ':q', cjson.encode({ message_id = mid, text = 'continue', mode = 'run',
+                                                          traceparent = run.traceparent }))
       end
     end
   end
@@ -1077,7 +1078,7 @@ redis.register_function('cox_fork', once(cox_fork))
 -- A run: a new session, made as cox_create makes one, marked a run (run.start) and its first
 -- turn begun, all in this one call (docs/api.md, "Runs"). ARGV: sid, principal, workspace, model,
 -- title, created_body, owner, message_id, text, runner, lease_ms, turn_id, agents_md, run (JSON:
--- {confirm, unattended, max_turns}), start_body (the run.start event). The caller wrote the
+-- {confirm, unattended, max_turns, traceparent?}), start_body (the run.start event). The caller wrote the
 -- principal's index entries before (other slots).
 local function cox_run(keys, args)
   local base = keys[1]
@@ -1093,7 +1094,9 @@ local function cox_run(keys, args)
   redis.call('HSET', base, 'run', cjson.encode(r))
   emit(base, sid, start_body, now)
   local token = take_lease(base, sid, runner, tonumber(lease_ms), now)
-  begin_turn(base, sid, { message_id = message_id, text = text, mode = 'send' }, turn_id, now, agents_md)
+  -- the caller's trace context (run.traceparent) goes with each of the run's turns
+  begin_turn(base, sid, { message_id = message_id, text = text, mode = 'send', traceparent = r.traceparent }, turn_id,
+    now, agents_md)
   return with_pub(base, owner, reply({ sid = sid, created = now, token = token, turn_id = turn_id }))
 end
 
