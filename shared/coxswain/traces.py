@@ -152,6 +152,14 @@ def turn_events(log: Iterable[Mapping[str, Any]], turn_id: str) -> list[dict[str
     return out
 
 
+def one_instant(events: Sequence[Mapping[str, Any]]) -> bool:
+    """Were all of a turn's events recorded at one instant (one ``ts``)? A turn a fork copied
+    into its new log is (``session.forked`` follows it, recorded in the same call); a turn that
+    ran almost never is, as its end is recorded by another call than its start."""
+    stamps = {e.get("ts") for e in events}
+    return len(stamps) == 1
+
+
 def turn_spans(events: Sequence[Mapping[str, Any]], provider_of: Callable[[str], str | None] | None = None) -> list[Span]:
     """The spans of one ended turn from its events in seq order (:func:`turn_events`): the
     turn's span first, then its requests' and tool calls' in the order they started. Empty when

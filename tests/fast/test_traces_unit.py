@@ -258,3 +258,9 @@ def test_telemetry_config() -> None:
     assert TelemetryConfig(otlp_endpoint="https://c/v1/traces/").traces_url() == "https://c/v1/traces"
     with pytest.raises(ValidationError):
         TelemetryConfig(otlp_endpoint="grpc://c:4317")
+
+
+def test_a_turn_recorded_at_one_instant_is_a_fork_candidate_and_a_run_one_is_not() -> None:
+    events = full_turn().events
+    assert not traces.one_instant(events)
+    assert traces.one_instant([{**e, "ts": 5000} for e in events])

@@ -364,3 +364,34 @@ def test_every_turn_of_a_run_hangs_under_the_traceparent_of_its_start(traced: St
     assert [r.attrs["coxswain.message.via"] for r in roots] == ["send", "run"]
     assert [r.attrs["coxswain.turn.outcome"] for r in roots] == ["hard_budget", "completed"]
     assert roots[0].span_id != roots[1].span_id
+
+
+def test_a_fork_exports_only_its_own_turns_not_the_ones_it_copied(traced: Stack, api: Api,
+                                                                   receiver: Receiver) -> None:
+    sid = api.create("traced-fork-src")["id"]
+    copied = []
+    for word in ("one", "two"):
+        r = api.send(sid, script({"text": word}))
+        assert r.status_code == 202, r.text
+        st = api.wait_type(sid, "turn.start", message_id=r.json()["message_id"])
+        api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=30)
+        api.wait_idle(sid)
+        copied.append(st["turn_id"])
+    f = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 2})
+    assert f.status_code == 201, f.text
+    fid = f.json()["id"]
+    r = api.send(fid, script({"text": "the fork's own"}))
+    assert r.status_code == 202, r.text
+    own = api.wait_type(fid, "turn.start", message_id=r.json()["message_id"])
+    api.wait_type(fid, "turn.end", turn_id=own["turn_id"], timeout=30)
+    spans = receiver.of_turn(own["turn_id"])  # exported after the copies were read
+    assert by_op(spans, "invoke_agent")[0].attrs[gen_ai.GEN_AI_CONVERSATION_ID] == fid
+    with receiver.lock:
+        fork_turns = {s.attrs.get("coxswain.turn.id") for s in receiver.spans
+                      if s.attrs.get(gen_ai.GEN_AI_CONVERSATION_ID) == fid
+                      and s.attrs.get(gen_ai.GEN_AI_OPERATION_NAME) == "invoke_agent"}
+        source_turns = {s.attrs.get("coxswain.turn.id") for s in receiver.spans
+                        if s.attrs.get(gen_ai.GEN_AI_CONVERSATION_ID) == sid
+                        and s.attrs.get(gen_ai.GEN_AI_OPERATION_NAME) == "invoke_agent"}
+    assert fork_turns == {own["turn_id"]}, "the copied turns are the source's, exported once, under it"
+    assert source_turns == set(copied)

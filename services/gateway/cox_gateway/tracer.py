@@ -57,6 +57,8 @@ MAX_TURN_EVENTS = 20_000
 MAX_ATTEMPTS = 20
 """Exports of one turn before it is given up (logged); each failure waits longer, up to a minute."""
 REREAD_TIMEOUT_S = 30.0
+COPY_WAIT_S = 2.0
+"""How long a turn whose events share one instant waits to see whether a fork copied it."""
 DROP = ("text", "output", "args", "preview", "judge", "summary", "changes", "steps", "observed", "message", "command")
 """Fields a kept event does without (the spans carry none of them whole)."""
 KEEP_SHORT = ("command", "reason", "detail", "error")
@@ -253,6 +255,20 @@ class Tracer:
                 log.extend(compact(e) for e in batch if int(e.get("seq") or 0) <= until)
         return traces.turn_events(log, turn_id)
 
+    async def _copied(self, sid: str, end: dict[str, Any]) -> bool:
+        """Is this turn one a fork copied into its log? Then the ``session.forked`` recorded in
+        the same call (same ``ts``) follows it in the stream."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COPY_WAIT_S
+        async with eventlog.EventFeed(self._js, sid, after=int(end.get("seq") or 0)) as feed:
+            while (left := deadline - loop.time()) > 0:
+                for e in await feed.next(timeout=left):
+                    if e.get("ts") != end.get("ts"):
+                        return False  # recorded later: not one call with the turn
+                    if e.get("type") == "session.forked":
+                        return True
+        return False
+
     async def _export(self, msg: Msg, end: dict[str, Any], evs: list[dict[str, Any]]) -> None:
         sid, turn_id = str(end["sid"]), str(end["turn_id"])
         meta = msg.metadata
@@ -261,6 +277,9 @@ class Tracer:
         try:
             if not evs:
                 evs = await self._reread(sid, turn_id, int(end.get("seq") or 0))
+            if traces.one_instant(evs) and await self._copied(sid, end):
+                await msg.ack()  # a fork's copy of a turn another session ran (and exported)
+                return
             spans = traces.turn_spans(evs, self.provider_of)
             if spans and spans[0].sampled:
                 result = await asyncio.to_thread(self._exporter.export, to_sdk(spans, self._resource))
