@@ -253,6 +253,8 @@ class Tracer:
             while feed.last < until and loop.time() < deadline:
                 batch = await feed.next(timeout=1.0)
                 log.extend(compact(e) for e in batch if int(e.get("seq") or 0) <= until)
+            if feed.last < until:
+                raise TimeoutError(f"the stream gave seq {feed.last} of {until} in {REREAD_TIMEOUT_S:g} s")
         return traces.turn_events(log, turn_id)
 
     async def _copied(self, sid: str, end: dict[str, Any]) -> bool:
@@ -285,10 +287,15 @@ class Tracer:
                 result = await asyncio.to_thread(self._exporter.export, to_sdk(spans, self._resource))
             else:
                 result = SpanExportResult.SUCCESS  # nothing to send (the caller's trace is not sampled)
-        except (nats.errors.Error, OSError) as exc:
+        except (nats.errors.Error, OSError) as exc:  # TimeoutError included
             self._log.warning("traces.reread_failed", error=repr(exc), **where)
             result = SpanExportResult.FAILURE
             spans = []
+        except Exception as exc:  # noqa: BLE001 - a bug: seen once, and the turn is not tried forever
+            self._log.error("traces.failed", error=repr(exc), exc_info=exc, **where)
+            with contextlib.suppress(nats.errors.Error):
+                await msg.term()
+            return
         try:
             if result == SpanExportResult.SUCCESS:
                 await msg.ack()
