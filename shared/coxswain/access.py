@@ -80,7 +80,8 @@ NOTIFY: Final = (
 )
 """The gateway's webhook consumers (``cox_gateway.notifier``): one durable consumer per webhook
 (created like a reader's, with ``READ_EVENTS``), its state, and the acks, naks and terms of what
-it was delivered."""
+it was delivered. The trace exporter's consumer (``cox_gateway.tracer``, ``cox-traces``) uses
+the same."""
 OWN_STREAM: Final = tuple(f"{_JS}.STREAM.{op}.{_STREAM}" for op in ("INFO", "CREATE", "UPDATE"))
 """``eventlog.ensure_stream``: never DELETE, PURGE or MSG.DELETE."""
 _ARCHIVE = "KV_COX_ARCHIVE"  # coxswain.archive.STREAM (not imported: archive imports the models)

@@ -569,6 +569,36 @@ class NotifyConfig(_Section):
         return self
 
 
+class TelemetryConfig(_Section):
+    """``[telemetry]``: traces of turns, exported by OTLP/HTTP (the gateway exports them from the
+    event log; docs/operations.md, "Traces")."""
+
+    otlp_endpoint: str = ""
+    """The collector's OTLP/HTTP base URL (``http://127.0.0.1:4318``): spans are posted to
+    ``<otlp_endpoint>/v1/traces`` (a URL that already ends so is used as it is). Empty: no
+    traces (the default)."""
+    timeout_s: float = Field(10.0, gt=0, le=120)
+    """One export's time-out (the exporter's own retries included); a turn whose export fails
+    is tried again later."""
+    service_name: str = Field("coxswain", min_length=1, max_length=200)
+    """The spans' ``service.name`` resource attribute."""
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        v = v.strip()
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError("[telemetry] otlp_endpoint must be an http:// or https:// URL (OTLP/HTTP)")
+        return v
+
+    def traces_url(self) -> str:
+        """Where spans are posted ('' when traces are off)."""
+        if not self.otlp_endpoint:
+            return ""
+        base = self.otlp_endpoint.rstrip("/")
+        return base if base.endswith("/v1/traces") else base + "/v1/traces"
+
+
 class Settings(BaseSettings):
     """Everything a coxswain process reads at start."""
 
@@ -618,6 +648,7 @@ class Settings(BaseSettings):
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
     runs: RunsConfig = Field(default_factory=RunsConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @model_validator(mode="after")
     def _absolute_root(self) -> Settings:

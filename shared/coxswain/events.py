@@ -112,6 +112,9 @@ class UserMsg(_Event):
     via: Via
     attachments: list[AttachmentRef] = Field(default_factory=list)
     """The files sent with the message (none for a Lead), in the order the person gave them."""
+    traceparent: str | None = None
+    """The W3C ``traceparent`` header of the request that sent the message (none: it had none):
+    the turn's ``invoke_agent`` span is exported as its child (docs/operations.md, Traces)."""
 
 
 class AttachmentWithheld(_Event):

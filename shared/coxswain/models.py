@@ -317,6 +317,9 @@ class CreateCmd(_Body):
 
 class RunCmd(CreateRun):
     principal: Id
+    traceparent: Annotated[str, Field(max_length=55)] | None = None
+    """The request's W3C ``traceparent`` header, checked by the gateway: each turn of the run is
+    recorded as a child of it (its ``user.msg`` carries it)."""
 
 
 class CheckCmd(SessionRef, CheckBody):
@@ -338,7 +341,9 @@ class PatchCmd(SessionRef, PatchSession):
 
 
 class SendCmd(SessionRef, SendMessage):
-    pass
+    traceparent: Annotated[str, Field(max_length=55)] | None = None
+    """The request's W3C ``traceparent`` header, checked by the gateway: the turn the message
+    starts is recorded as a child of it (``user.msg`` carries it; docs/operations.md, Traces)."""
 
 
 class AttachCmd(SessionRef):

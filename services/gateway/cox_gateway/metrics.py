@@ -40,6 +40,11 @@ WEBHOOK_DELIVERED = Counter("cox_webhook_delivered", "events delivered to a webh
                             ["webhook", "event"], registry=REGISTRY)
 WEBHOOK_FAILED = Counter("cox_webhook_failed", "events given up after [notify] max_attempts or max_age_s",
                          ["webhook", "event"], registry=REGISTRY)
+TRACE_TURNS = Counter("cox_trace_turns", "turns exported as traces ([telemetry] otlp_endpoint), by outcome (ok; "
+                      "failed: the collector did not take them, tried again later)", ["outcome"], registry=REGISTRY)
+TRACE_SPANS = Counter("cox_trace_spans", "spans exported by OTLP", registry=REGISTRY)
+TRACE_REREADS = Counter("cox_trace_rereads", "ended turns whose events were read again from the stream (this "
+                        "gateway had not seen them all: a restart, another replica, a gap)", registry=REGISTRY)
 WEBHOOK_SECONDS = Histogram("cox_webhook_attempt_seconds", "webhook delivery attempt latency", ["webhook"],
                             registry=REGISTRY, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 

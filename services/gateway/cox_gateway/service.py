@@ -29,6 +29,7 @@ from .deps import Deps, Services
 from .notifier import Notifier, SecretMissing
 from .reads import SessionReads
 from .streams import HttpProtocol, Streams
+from .tracer import Tracer
 
 
 class _Server(uvicorn.Server):
@@ -69,6 +70,11 @@ class Gateway(Service):
                                    notifier=self.notifier))
         for hook in self.notifier.webhooks:
             self.spawn(hook.run(), f"notify:{hook.name}")
+        # Traces: one durable consumer of the event log too, when [telemetry] otlp_endpoint is set.
+        self.tracer = Tracer(self.settings, self.js, self.log) if self.settings.telemetry.otlp_endpoint else None
+        if self.tracer is not None:
+            self.log.info("traces.enabled")  # not the URL: it may hold a credential
+            self.spawn(self.tracer.run(), "traces")
 
     async def _on_usage(self, msg: Msg) -> None:
         try:
@@ -80,7 +86,11 @@ class Gateway(Service):
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
-        return {"port": self.settings.port}
+        out: dict[str, Any] = {"port": self.settings.port}
+        tracer = getattr(self, "tracer", None)
+        if tracer is not None:
+            out["traces"] = await tracer.health()
+        return out
 
     async def on_stop(self) -> None:
         notifier = getattr(self, "notifier", None)

@@ -128,7 +128,7 @@ class Admission:
             sid=cmd.sid, principal=cmd.principal, message_id=message_id, text=cmd.text, mode=cmd.mode or "",
             client_id=cmd.client_id or "", runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
             owner=r.owner, models=" ".join(sorted(r.models.names())), agents_md=agents, attachments=wire,
-        )
+            traceparent=cmd.traceparent or "")
         if not res.get("replay"):
             if res.get("disposition") == "started":
                 drive.start_drive(r, Drive(sid=cmd.sid, token=str(res["token"]), acquired=sent, first={

@@ -109,7 +109,8 @@ class Runs:
         message_id, turn_id = new_id("m"), new_id("t")
         created = ev.body(ev.SessionCreated(sid=sid, workspace=str(ws), model=model))
         start = ev.body(ev.RunStart(sid=sid, confirm=cmd.confirm, unattended=cmd.unattended, max_turns=cmd.max_turns))
-        run = json.dumps({"confirm": cmd.confirm, "unattended": cmd.unattended, "max_turns": cmd.max_turns})
+        run = json.dumps({"confirm": cmd.confirm, "unattended": cmd.unattended, "max_turns": cmd.max_turns,
+                          **({"traceparent": cmd.traceparent} if cmd.traceparent else {})})
         sent = time.monotonic()
         try:
             res = await r.store.fns.run(

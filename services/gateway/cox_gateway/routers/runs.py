@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 
-from coxswain import keys, rpc
+from coxswain import keys, rpc, traces
 from coxswain.models import CheckBody, CheckCmd, CheckResult, CreateRun, RunCmd, RunCreated, RunsResult
 
 from .. import errors
@@ -20,12 +20,14 @@ router = APIRouter(responses=errors.responses(401, 503))
 @router.post("/v1/runs", status_code=201, responses={
     200: {"model": RunCreated, "description": "the run a POST with this `client_id` made before (`replay: true`)"},
     **errors.responses(400, 404, 409, 413, 422)})
-async def start_run(body: CreateRun, services: ServicesDep, reads: ReadsDep, who: Principal,
-                    response: Response) -> RunCreated:
+async def start_run(body: CreateRun, services: ServicesDep, reads: ReadsDep, who: Principal, response: Response,
+                    traceparent: Annotated[str | None, Header(max_length=512)] = None) -> RunCreated:
     """A session whose turns the program drives until one completes (or ``max_turns``); with a
-    ``client_id`` the caller used before, that run again (200, ``replay: true``)."""
+    ``client_id`` the caller used before, that run again (200, ``replay: true``). ``traceparent``
+    (W3C trace context): each of its turns is exported as a child of that span."""
     reads.create(who)
-    made: RunCreated = await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump()))
+    made: RunCreated = await services.call(rpc.RUNNER_RUN, RunCmd(principal=who, **body.model_dump(),
+                                                                  traceparent=traces.valid_traceparent(traceparent)))
     if made.replay:
         response.status_code = 200
     return made

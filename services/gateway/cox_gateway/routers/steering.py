@@ -3,11 +3,11 @@ the running turn, Stop, an approval's answer, the queue, a command the person ra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Header
 
-from coxswain import rpc
+from coxswain import rpc, traces
 from coxswain.events import check_text
 from coxswain.models import (
     ApprovalAnswer,
@@ -35,9 +35,14 @@ router = APIRouter(responses=errors.responses(401, 404, 422, 503))
 
 
 @router.post("/v1/sessions/{sid}/messages", status_code=202, responses=errors.responses(400, 409, 413))
-async def send(sid: Sid, body: SendMessage, services: ServicesDep, reads: ReadsDep, who: Principal) -> SendResult:
+async def send(sid: Sid, body: SendMessage, services: ServicesDep, reads: ReadsDep, who: Principal,
+               traceparent: Annotated[str | None, Header(max_length=512)] = None) -> SendResult:
+    """``traceparent`` (W3C trace context): the turn this message starts is exported as a child of
+    that span ([telemetry] otlp_endpoint); one that is not valid is ignored."""
     check_text(body.text)  # 413 before it travels: what is accepted must be recordable
-    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_SEND, SendCmd(principal=p, sid=sid, **body.model_dump())))
+    tp = traces.valid_traceparent(traceparent)
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_SEND, SendCmd(
+        principal=p, sid=sid, **body.model_dump(), traceparent=tp)))
 
 
 @router.post("/v1/sessions/{sid}/lead", status_code=202, responses=errors.responses(400, 409, 413, 429))

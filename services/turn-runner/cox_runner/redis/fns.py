@@ -242,11 +242,13 @@ class Fns:
     @lua("cox_send")
     async def send(self, *, sid: str, principal: str, message_id: str, text: str, mode: str, client_id: str,
                    runner: str, lease_ms: int, turn_id: str, owner: str, models: str, agents_md: str,
-                   attachments: str = "") -> Sent:
+                   attachments: str = "", traceparent: str = "") -> Sent:
         """``mode``: '' (send), queue or steer; ``models``: the configured names, space separated;
-        ``attachments``: a JSON array of the message's attachment records ('' for none)."""
+        ``attachments``: a JSON array of the message's attachment records ('' for none);
+        ``traceparent``: the W3C trace context the message's turn is a child of ('' for none)."""
         res = await self.store.call("cox_send", sid, [sid, principal, message_id, text, mode, client_id, runner,
-                                                      str(lease_ms), turn_id, owner, models, agents_md, attachments])
+                                                      str(lease_ms), turn_id, owner, models, agents_md, attachments,
+                                                      traceparent])
         return cast(Sent, res)
 
     @lua("cox_lead")

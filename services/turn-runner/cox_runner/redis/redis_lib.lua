@@ -190,7 +190,7 @@ local function begin_turn(base, sid, msg, turn_id, now, agents_md)
   local via = msg.mode
   if via == nil or via == '' then via = 'send' end
   emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = msg.message_id, text = msg.text, via = via,
-                      attachments = msg.attachments }, now)
+                      attachments = msg.attachments, traceparent = msg.traceparent }, now)
   local start = { type = 'turn.start', turn_id = turn_id, message_id = msg.message_id, model = model }
   if agents_md ~= nil and agents_md ~= '' then start.agents_md = agents_md end
   emit_t(base, sid, start, now)
@@ -324,10 +324,11 @@ end
 -- ------------------------------------------------------------------ admission
 
 -- ARGV: sid, principal, message_id, text, mode ('', queue, steer), client_id, runner,
---       lease_ms, turn_id, owner, known_models (space separated, '' = any)
+--       lease_ms, turn_id, owner, known_models (space separated, '' = any), agents_md,
+--       attachments, traceparent (W3C, '' = none: carried to the message's user.msg)
 local function cox_send(keys, args)
   local base = keys[1]
-  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments =
+  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments, traceparent =
     unpack(args)
   lease_ms = tonumber(lease_ms)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
@@ -351,6 +352,8 @@ local function cox_send(keys, args)
   local msg = { message_id = message_id, text = text, mode = mode }
   -- the attachments' records (a JSON array), carried with the message to its user.msg
   if attachments ~= nil and attachments ~= '' then msg.attachments = cjson.decode(attachments) end
+  -- the caller's trace context (a traceparent header), carried with the message to its user.msg
+  if traceparent ~= nil and traceparent ~= '' then msg.traceparent = traceparent end
   local res
   if not busy(base) then
     local token = take_lease(base, sid, runner, lease_ms, now)
@@ -636,7 +639,8 @@ local function cox_turn_end(keys, args)
         redis.call('HSET', base, 'run', cjson.encode(run))
         -- its id follows the next turn's id: unique, and the same on a replay of this call
         local mid = 'm' .. string.sub(next_turn_id, 2)
-        redis.call('RPUSH', base .. ':q', cjson.encode({ message_id = mid, text = 'continue', mode = 'run' }))
+        redis.call('RPUSH', base .. ':q', cjson.encode({ message_id = mid, text = 'continue', mode = 'run',
+                                                          traceparent = run.traceparent }))
       end
     end
   end
@@ -1093,7 +1097,7 @@ redis.register_function('cox_fork', once(cox_fork))
 -- A run: a new session, made as cox_create makes one, marked a run (run.start) and its first
 -- turn begun, all in this one call (docs/api.md, "Runs"). ARGV: sid, principal, workspace, model,
 -- title, created_body, owner, message_id, text, runner, lease_ms, turn_id, agents_md, run (JSON:
--- {confirm, unattended, max_turns}), start_body (the run.start event). The caller wrote the
+-- {confirm, unattended, max_turns, traceparent?}), start_body (the run.start event). The caller wrote the
 -- principal's index entries before (other slots).
 local function cox_run(keys, args)
   local base = keys[1]
@@ -1109,7 +1113,9 @@ local function cox_run(keys, args)
   redis.call('HSET', base, 'run', cjson.encode(r))
   emit(base, sid, start_body, now)
   local token = take_lease(base, sid, runner, tonumber(lease_ms), now)
-  begin_turn(base, sid, { message_id = message_id, text = text, mode = 'send' }, turn_id, now, agents_md)
+  -- the caller's trace context (run.traceparent) goes with each of the run's turns
+  begin_turn(base, sid, { message_id = message_id, text = text, mode = 'send', traceparent = r.traceparent }, turn_id,
+    now, agents_md)
   return with_pub(base, owner, reply({ sid = sid, created = now, token = token, turn_id = turn_id }))
 end
 
