@@ -17,6 +17,7 @@ from coxswain.models import (
     LeadResult,
     ObserveBody,
     ObserveCmd,
+    ProgramStopCmd,
     QueueOrder,
     QueueOrderCmd,
     QueueRemoveCmd,
@@ -24,6 +25,7 @@ from coxswain.models import (
     SendCmd,
     SendMessage,
     SendResult,
+    StopBody,
     StopCmd,
     StopResult,
 )
@@ -46,8 +48,10 @@ async def lead(sid: Sid, body: LeadMessage, services: ServicesDep, who: Principa
 
 
 @router.post("/v1/sessions/{sid}/stop")
-async def stop(sid: Sid, services: ServicesDep, who: Principal) -> StopResult:
-    return await services.call(rpc.RUNNER_STOP, StopCmd(principal=who, sid=sid))
+async def stop(sid: Sid, services: ServicesDep, who: Principal, body: StopBody | None = None) -> StopResult:
+    """Stop the turn and discard the queue; with ``{"programs": true}`` the session's programs too."""
+    return await services.call(rpc.RUNNER_STOP, StopCmd(principal=who, sid=sid,
+                                                        programs=bool(body and body.programs)))
 
 
 @router.post("/v1/sessions/{sid}/approvals/{aid}", responses=errors.responses(400, 409, 413))
@@ -68,7 +72,14 @@ async def queue_order(sid: Sid, body: QueueOrder, services: ServicesDep, who: Pr
     return await services.call(rpc.RUNNER_QUEUE_ORDER, QueueOrderCmd(principal=who, sid=sid, **body.model_dump()))
 
 
-@router.post("/v1/sessions/{sid}/observe", status_code=202, responses=errors.responses(400, 413))
+@router.post("/v1/sessions/{sid}/programs/{program_id}/stop", status_code=202)
+async def program_stop(sid: Sid, program_id: VersionId, services: ServicesDep, who: Principal) -> dict[str, Any]:
+    """Stop one of the session's programs (``program.stopped`` by ``person``, recorded when it ended)."""
+    await services.call(rpc.RUNNER_PROGRAM_STOP, ProgramStopCmd(principal=who, sid=sid, program_id=program_id))
+    return {"ok": True, "program_id": program_id}
+
+
+@router.post("/v1/sessions/{sid}/observe", status_code=202, responses=errors.responses(400, 409, 413))
 async def observe(sid: Sid, body: ObserveBody, services: ServicesDep, who: Principal) -> dict[str, Any]:
     await services.call(rpc.RUNNER_OBSERVE, ObserveCmd(principal=who, sid=sid, **body.model_dump()))
     return {"ok": True}
