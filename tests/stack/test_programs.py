@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from coxswain import keys
 from tests.support.checks import of_type
 from tests.support.flow import answer, result, run_allowing
 from tests.support.stack import Api, Stack, running, script, stack_fixture, tool
@@ -270,3 +271,64 @@ def test_kill_9_of_the_runner_leaves_nothing_and_the_next_turn_is_told(tmp_path:
         notes = [e for e in of_type(evs, "user.msg") if "are gone" in e["text"]]
         assert notes and "nap" in notes[0]["text"], of_type(evs, "user.msg")
         assert api.session(sid)["programs"] == []
+
+
+def test_a_persons_background_command_is_a_program_they_can_stop(stack: Stack, api: Api) -> None:
+    mark = marker()
+    s = api.create("prog-person")
+    sid = s["id"]
+    r = api.http.post(f"/v1/sessions/{sid}/observe", json={"command": f"sleep {mark}", "background": True})
+    assert r.status_code == 202, r.text
+    started = wait_event(api, sid, "program.started")
+    assert started["command"] == f"sleep {mark}" and started.get("call_id") is None
+    pid = started["program_id"]
+    obs = wait_event(api, sid, "observed")
+    assert obs["command"] == f"&sleep {mark}" and pid in obs["output"]
+    (listed,) = api.session(sid)["programs"]
+    assert listed["program_id"] == pid and listed["by"] == "person"
+    deadline = time.monotonic() + 10
+    while not procs(f"sleep {mark}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(procs(f"sleep {mark}")) == 1
+    # The model reads it by its id in its next turn (the !& was folded into the turn's view).
+    evs = run_allowing(api, sid, script({"text": "Reading.", "tools": [tool("read_program", program_id=pid)]},
+                                        {"text": "Done."}))
+    assert results(evs, "read_program")[0].startswith(f"[program {pid} (sleep): running;")
+    r = api.http.post(f"/v1/sessions/{sid}/programs/{pid}/stop")
+    assert r.status_code == 202, r.text
+    stopped = wait_event(api, sid, "program.stopped")
+    assert stopped["program_id"] == pid and stopped["by"] == "person"
+    assert wait_gone(f"sleep {mark}") == []
+    assert api.session(sid)["programs"] == []
+
+
+def test_with_two_runners_every_turn_runs_where_the_programs_run(tmp_path: Path) -> None:
+    port = 20000 + int(marker()) % 20000
+    fetch = (f"for i in $(seq 50); do python3 -c \"import urllib.request as u; "
+             f"print(u.urlopen('http://127.0.0.1:{port}/', timeout=2).status)\" 2>/dev/null && exit 0; "
+             f"sleep 0.1; done; exit 1")
+    with running(tmp_path, runners=2, config='[approval]\ncommands = "allow"\n') as st, st.client() as api:
+        s = api.create("prog-two")
+        sid = s["id"]
+        run_allowing(api, sid, script(
+            {"text": "Serving.", "tools": [start(command=f"python3 -m http.server {port} --bind 127.0.0.1",
+                                                 name="web")]},
+            {"text": "Done."},
+        ))
+        holder = st.redis_client().get(keys.session(sid) + keys.PROGRAM_LOCK)
+        assert holder, "no program lock"
+        # Sends reach either runner (a queue group); each turn runs on the holder all the same.
+        for _ in range(5):
+            evs = run_allowing(api, sid, script({"text": "Testing.", "tools": [tool("run_command", command=fetch)]},
+                                                {"text": "Done."}))
+            out = results(evs, "run_command")[0]
+            assert out.startswith("exit code 0") and "200" in out, out
+        # The runner that does not hold the programs ran none of the session's turns.
+        (other,) = [n for n in st.runner_names() if f'"runner": "{holder}"' not in st.log(n)]
+        ran = [line for line in st.log(other).splitlines() if '"turn.begin"' in line and sid in line]
+        assert ran == [], "a turn ran away from its programs"
+        evs = run_allowing(api, sid, script({"text": "Stop.", "tools": [tool("stop_program", program_id="web")]},
+                                            {"text": "Done."}))
+        assert [e["by"] for e in of_type(evs, "program.stopped")] == ["model"]
+        assert wait_gone(f"http.server {port}") == []
+
