@@ -112,6 +112,12 @@ def test_a_dev_server_is_reached_by_a_later_command_and_read_by_the_next_turn(st
     # The sandbox's loopback is its own: the host's 127.0.0.1 does not reach the server.
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+    # Nor does another session's command: the namespace is this session's.
+    other = api.create("prog-web-other")["id"]
+    evs_other = run_allowing(api, other, script({"text": "Peeking.", "tools": [tool("run_command", command=(
+        f"python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:{port}/', timeout=2)\" 2>&1 "
+        "| tail -1"))]}, {"text": "Done."}))
+    assert "Connection refused" in results(evs_other, "run_command")[0]
 
     # The next turn reads its log (what it wrote since: the GET), then stops it.
     evs = run_allowing(api, sid, script(

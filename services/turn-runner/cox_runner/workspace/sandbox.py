@@ -13,7 +13,9 @@ What a sandboxed command sees:
   Redis nor its NATS). Granted the network, it keeps that namespace and reaches the network only
   through coxswain's egress proxy (:mod:`cox_runner.workspace.egress`: one Unix socket bound in, a
   forwarder on its own ``127.0.0.1``, the proxy variables set), which refuses non-public
-  addresses and records every connection;
+  addresses and records every connection. While a session has programs (a root runner), its
+  processes without the network share one namespace of the session's own instead
+  (:class:`NetNs`: a loopback, nothing else, never the host's), entered before bwrap;
 - no capabilities, ``no_new_privs``, its own session (no terminal to inject into), and it dies
   with the runner (``--die-with-parent``); the runner kills the whole tree on Stop or a time-out;
 - never a privileged uid. A runner that is not root runs bwrap unprivileged: the sandbox is a
