@@ -12,6 +12,7 @@ reads, writes to and stops; they outlive the turn. Real stacks, real bubblewrap.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ from tests.support.stack import Api, Stack, running, script, stack_fixture, tool
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="bubblewrap is not installed (./dev installs it: apt-get install bubblewrap)")
 
+ROOT = os.geteuid() == 0
 IDLE_S = 6
 LIMIT = 4000
 CONFIG = f"""[approval]
@@ -338,3 +340,28 @@ def test_with_two_runners_every_turn_runs_where_the_programs_run(tmp_path: Path)
         assert [e["by"] for e in of_type(evs, "program.stopped")] == ["model"]
         assert wait_gone(f"http.server {port}") == []
 
+
+
+def test_a_program_granted_the_network_keeps_a_namespace_of_its_own(stack: Stack, api: Api) -> None:
+    """The session's programs and commands share one namespace; a granted program (its egress
+    forwarder on its own 127.0.0.1) does not join it."""
+    if not ROOT:
+        pytest.skip("only a root runner shares a session's network namespace")
+    mark = marker()
+    s = api.create("prog-net")
+    sid = s["id"]
+    show = f"readlink /proc/self/ns/net; echo proxy=$HTTPS_PROXY; exec sleep {mark}"
+    evs = run_allowing(api, sid, script(
+        {"text": "Two.", "tools": [start(command=show, name="plain"), start(command=show, name="granted", network=True)]},
+        {"text": "Compare.", "tools": [tool("run_command", command="readlink /proc/self/ns/net"),
+                                       tool("read_program", program_id="plain", wait_s=5),
+                                       tool("read_program", program_id="granted", wait_s=5)]},
+        {"text": "Done."},
+    ))
+    command = results(evs, "run_command")[0].splitlines()[1]
+    plain, granted = results(evs, "read_program")
+    assert command.startswith("net:[") and command in plain, (command, plain)
+    assert command not in granted and "net:[" in granted and "proxy=http://127.0.0.1:" in granted, granted
+    assert "proxy=\n" in plain or plain.rstrip().endswith("proxy=") or "proxy=\r\n" in plain, plain
+    assert api.http.post(f"/v1/sessions/{sid}/stop", json={"programs": True}).status_code == 200
+    assert wait_gone(f"sleep {mark}") == []

@@ -320,9 +320,11 @@ async def read_program(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any
         return
     wait = min(float(args.get("wait_s") or 0), max(0.0, ctx.budget.time_left(time.monotonic()) - 1))
     got = await ctx.guarded(deps.programs.read(p, since=args.get("since"), wait_s=wait))
-    kept = await deps.programs.books.versions_after_read(p, int(t.token), t.turn_id, call.tool_call_id)         if p.running else []
+    kept = await deps.programs.books.versions_after_read(p, int(t.token), t.turn_id, call.tool_call_id) \
+        if p.running else []
+    net = egress.network_events(rec.e(), p.requests, call.tool_call_id)  # a granted program's connections so far
     ctx.taint.add(got.text)
-    await rec.result(call, True, got.text, extra=kept, first=True)
+    await rec.result(call, True, got.text, extra=[*net, *kept], first=True)
 
 
 async def write_program(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:

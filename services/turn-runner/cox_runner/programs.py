@@ -218,7 +218,7 @@ class Programs:
         sb = deps.sandbox
         box = await asyncio.to_thread(limits.of(sb).box, "prog")
         pid = new_id("p")
-        p = Program(program_id=pid, sid=sid, name=(name or command.split()[0] if command.split() else "program")[:80],
+        p = Program(program_id=pid, sid=sid, name=(name or (command.split() or ["program"])[0])[:80],
                     command=command, workspace=workspace, network=network, pty=pty, by=by,
                     started_ms=int(time.time() * 1000), box=box,
                     keep=KEEP_FACTOR * deps.settings.runner.output_limit, snap=snap)
@@ -515,7 +515,7 @@ class ProgramBooks:
                 await self.programs.stop_session(sid, "archive")
                 continue
             for p in progs:
-                if idle and now - p.touched > idle:
+                if idle and now - p.touched > idle and p.stopped_by is None:
                     self.log.info("program.idle", sid=sid, program_id=p.program_id)
                     p.tasks.append(asyncio.create_task(self.programs.stop(p, "idle")))
             if any(p.published != p.total for p in self.programs.running(sid)):
