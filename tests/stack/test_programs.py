@@ -365,3 +365,19 @@ def test_a_program_granted_the_network_keeps_a_namespace_of_its_own(stack: Stack
     assert "proxy=\n" in plain or plain.rstrip().endswith("proxy=") or "proxy=\r\n" in plain, plain
     assert api.http.post(f"/v1/sessions/{sid}/stop", json={"programs": True}).status_code == 200
     assert wait_gone(f"sleep {mark}") == []
+
+
+def test_a_runner_that_shuts_down_stops_its_programs_and_says_so(tmp_path: Path) -> None:
+    mark = marker()
+    with running(tmp_path, runners=1, config='[approval]\ncommands = "allow"\n') as st, st.client() as api:
+        s = api.create("prog-term")
+        sid = s["id"]
+        run_allowing(api, sid, script({"text": "Sleeping.", "tools": [start(command=f"sleep {mark}", name="nap")]},
+                                      {"text": "Done."}))
+        assert len(procs(f"sleep {mark}")) == 1
+        st.procs["turn-runner-1"].send_signal(signal.SIGTERM)
+        st.procs["turn-runner-1"].wait(30)
+        assert wait_gone(f"sleep {mark}") == []
+        stopped = [e for e in api.all_events(sid) if e["type"] == "program.stopped"]
+        assert [e["by"] for e in stopped] == ["runner"], stopped
+        assert api.session(sid)["programs"] == []
