@@ -15,7 +15,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input, Static
 
 from .chat_client import ApiError, ChatApi
-from .chat_state import ChatModel, Item, Waiting, mcp_lines
+from .chat_state import ChatModel, Item, Waiting, mcp_lines, program_lines
 
 HINT_BUSY = "A turn is running: Enter is refused. Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead (join this turn)"
 HINT_RUN = ("Refused: a run drives this session (run_active), so nothing was sent. Esc stops the run; "
@@ -28,7 +28,8 @@ REFUSALS = {
 }
 HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop · Ctrl+Y/Ctrl+N allow/deny (press twice) · "
         "/allow [msg] /deny [msg] /always [msg] · /drop N · /move N M · /undo · /versions PATH · /diff VID · /restore VID · "
-        "/title NEW · /model NAME · /dontask on|off · /fork N · /rewind N [conversation|files|both] · /mcp · /clear · /quit")
+        "/title NEW · /model NAME · /dontask on|off · /fork N · /rewind N [conversation|files|both] · /mcp · "
+        "!cmd runs it · !&cmd starts a program · /programs · /kill N · /stop programs · /clear · /quit")
 STATUS = {"proposed": "proposed", "running": "running", "waiting": "waiting for you", "ok": "done",
           "fail": "failed", "denied": "denied by you", "refused": "refused", "skipped": "skipped", "closed": "closed"}
 VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval", "run": "sent by the run"}
@@ -344,6 +345,8 @@ class ChatApp(App[int]):
         text = event.value
         if text.startswith("/"):
             await self.command(text)
+        elif text.startswith("!") and text[1:].strip():
+            await self.shell(text)
         else:
             await self.act("send")
 
@@ -444,6 +447,38 @@ class ChatApp(App[int]):
             self.draft.value = ""
         self.say(f"{'Allowed' if decision == 'allow' else 'Denied'}" + (f" with “{text}”" if text else "") + ".")
 
+    async def shell(self, text: str) -> None:
+        """``!command`` runs it in the session's sandbox now (its output shown, and folded into the
+        model's next tool result); ``!&command`` starts it as one of the session's programs."""
+        m = self.m
+        if m is None:
+            return
+        background = text.startswith("!&")
+        command = text[2:].strip() if background else text[1:].strip()
+        try:
+            await self.api.observe(m.sid, command, background)
+        except ApiError as exc:
+            self.say(f"Not run: {exc.detail}. The text is kept.", error=True)
+            return
+        self.done(text)
+        self.say("Started in the background: /programs lists it, /kill N stops it." if background else "")
+
+    async def program_command(self, name: str, rest: str) -> None:
+        """/programs lists the session's running programs; /kill N stops the N-th of that list."""
+        m = self.m
+        assert m is not None
+        m.apply_session(await self.api.session(m.sid))
+        progs = list(m.info.get("programs") or [])
+        if name == "programs":
+            self.tell("\n".join(program_lines(progs)))
+            return
+        if not rest.isdigit() or not 1 <= int(rest) <= len(progs):
+            raise ApiError(0, "usage", f"/kill N, N from 1 to {len(progs)} (/programs lists them)" if progs
+                           else "no program is running")
+        p = progs[int(rest) - 1]
+        await self.api.program_stop(m.sid, str(p["program_id"]))
+        self.tell(f"Stopping program {p.get('name')} ({p['program_id']}).")
+
     async def queue_command(self, name: str, rest: str) -> None:
         """/drop N removes the N-th queued message; /move N M puts it at place M (recorded events)."""
         m = self.m
@@ -526,6 +561,10 @@ class ChatApp(App[int]):
             if name in ("fork", "rewind"):
                 await self.turn_command(name, rest)
                 return
+            if name in ("programs", "kill"):
+                await self.program_command(name, rest)
+                self.draft.value = ""
+                return
             if name == "undo":
                 r = await self.api.undo(m.sid)
                 self.tell(f"Undid the latest write: {r['path']} put back (+{r['added']} −{r['removed']}).")
@@ -562,6 +601,9 @@ class ChatApp(App[int]):
                 self.tell("\n".join(mcp_lines(m.info.get("mcp_servers") or [])))
             elif name == "dontask":
                 m.apply_session(await self.api.patch(m.sid, dont_ask=rest.lower() in ("on", "1", "true", "yes")))
+            elif name == "stop" and rest == "programs":
+                await self.api.stop_programs(m.sid)
+                self.tell("Stopped the turn, if one ran, and the session's programs.")
             elif name == "stop":
                 await self.action_stop()
             elif name == "clear":

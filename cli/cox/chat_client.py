@@ -71,6 +71,16 @@ class ChatApi:
     async def lead(self, sid: str, text: str) -> dict[str, Any]:
         return dict(await self.call("POST", self.s(sid, "/lead"), {"text": text, "client_id": client_id()}))
 
+    async def observe(self, sid: str, command: str, background: bool = False) -> dict[str, Any]:
+        return dict(await self.call("POST", self.s(sid, "/observe"), {"command": command, "background": background}))
+
+    async def program_stop(self, sid: str, program_id: str) -> dict[str, Any]:
+        return dict(await self.call("POST", self.s(sid, f"/programs/{program_id}/stop")))
+
+    async def stop_programs(self, sid: str) -> dict[str, Any]:
+        """Stop with "stop programs too"."""
+        return dict(await self.call("POST", self.s(sid, "/stop"), {"programs": True}))
+
     async def stop(self, sid: str) -> dict[str, Any]:
         return dict(await self.call("POST", self.s(sid, "/stop")))
 

@@ -513,6 +513,45 @@ def mcp_lines(servers: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _program_started(m: ChatModel, ev: Event) -> None:
+    """A program started: the session's list follows (``/programs``), and a line says so."""
+    entry = {"program_id": ev.get("program_id"), "name": ev.get("name"), "command": ev.get("command"),
+             "by": "model" if ev.get("call_id") else "person", "tail": ""}
+    progs = [p for p in m.info.get("programs") or [] if p.get("program_id") != entry["program_id"]]
+    m.info["programs"] = [*progs, entry]
+    m.note(ev, f"Program {entry['name']} ({entry['program_id']}) started: {entry['command']}")
+    m.mark("head")
+
+
+def _program_ended(m: ChatModel, ev: Event) -> None:
+    pid = ev.get("program_id")
+    progs = m.info.get("programs") or []
+    gone = next((p for p in progs if p.get("program_id") == pid), {"name": pid})
+    m.info["programs"] = [p for p in progs if p.get("program_id") != pid]
+    if ev.get("type") == "program.exited":
+        m.note(ev, f"Program {gone.get('name')} ({pid}) exited with code {ev.get('code')}",
+               "" if ev.get("code") == 0 else "bad")
+    else:
+        m.note(ev, f"Program {gone.get('name')} ({pid}) stopped ({PROGRAM_STOPPED.get(str(ev.get('by')), ev.get('by'))})")
+    m.mark("head")
+
+
+PROGRAM_STOPPED = {"model": "by the model", "person": "by you", "stop": "by Stop", "idle": "idle too long",
+                   "archive": "the session was archived", "runner": "its runner stopped"}
+
+
+def program_lines(programs: list[dict[str, Any]]) -> list[str]:
+    """What ``/programs`` says: each running program, numbered for ``/kill N``, with its last line."""
+    if not programs:
+        return ["No programs are running in this session (the model's start_program, or !&command)."]
+    out = ["Programs running (/kill N stops one):"]
+    for i, p in enumerate(programs, 1):
+        last = (str(p.get("tail") or "").rstrip().splitlines() or [""])[-1][:120]
+        out.append(f"  {i}. {p.get('name')} ({p.get('program_id')}, by {p.get('by')}): {p.get('command')}"
+                   + (f"\n     │ {last}" if last else ""))
+    return out
+
+
 HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "session.created": _created, "title.set": _title, "session.updated": _updated, "user.msg": _user,
     "queue.added": _queue_added, "queue.discarded": _discarded, "queue.removed": _queue_removed,
@@ -526,4 +565,5 @@ HANDLERS: dict[str, Callable[[ChatModel, Event], None]] = {
     "session.rewound": _rewound, "session.forked": _forked,
     "hook.decision": _hook,
     "mcp.server": _mcp_server,
+    "program.started": _program_started, "program.exited": _program_ended, "program.stopped": _program_ended,
 }

@@ -274,6 +274,12 @@ class SandboxConfig(_Section):
     workspace_files: int = Field(2000, ge=0)
     """How many created, changed or deleted files of one command are versioned; the rest are not
     (named in its result)."""
+    max_programs: int = Field(4, ge=0)
+    """Programs (``start_program``, a person's ``!&command``) running at once in one session; the
+    next one is refused with a result that says so (0: no programs)."""
+    program_idle_s: float = Field(1800.0, ge=0)
+    """A program nobody read or wrote for this long is stopped (``program.stopped`` by ``idle``;
+    0: never)."""
 
     @field_validator("allow_hosts", "deny_hosts")
     @classmethod

@@ -96,6 +96,12 @@ class NotAccepting(Conflict):
     code = "not_accepting"
 
 
+class TooManyPrograms(Conflict):
+    """The session runs ``[sandbox] max_programs`` programs already (a person's ``!&command``)."""
+
+    code = "too_many_programs"
+
+
 class NoTurn(Conflict):
     code = "no_turn"
 

@@ -529,6 +529,43 @@ class NetworkRequest(_Event):
     """The MCP server whose connection it was (None for a command)."""
 
 
+ProgramStopper = Literal["model", "person", "stop", "idle", "archive", "runner"]
+"""Who stopped a program: the model (``stop_program``), a person (``.../programs/{id}/stop``), Stop
+with ``{programs: true}``, ``[sandbox] program_idle_s``, idle archiving, or its runner (it stopped,
+or another runner took the session over: the program is gone)."""
+
+
+class ProgramStarted(_Event):
+    """A long-running program started in the command sandbox (``start_program``, or a person's
+    ``!&command``): it lives with the session, not the turn, until it exits or is stopped."""
+
+    type: Literal["program.started"] = "program.started"
+    program_id: str
+    name: str
+    command: str
+    network: bool = False
+    pty: bool = False
+    call_id: str | None = None
+    """The ``start_program`` call (None for a person's ``!&command``)."""
+
+
+class ProgramExited(_Event):
+    """A program ended by itself (``code`` its exit code; None when it is unknown)."""
+
+    type: Literal["program.exited"] = "program.exited"
+    program_id: str
+    code: int | None = None
+
+
+class ProgramStopped(_Event):
+    """A program was stopped (killed with its whole tree): ``by`` says who or what stopped it."""
+
+    type: Literal["program.stopped"] = "program.stopped"
+    program_id: str
+    by: ProgramStopper
+    code: int | None = None
+
+
 Event = Annotated[
     SessionCreated | TitleSet | SessionUpdated | UserMsg | AttachmentWithheld | QueueAdded | QueueRemoved | QueueReordered
     | QueueDiscarded | TurnStart
@@ -537,7 +574,8 @@ Event = Annotated[
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
     | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
     | SessionArchived | SessionRestored | SessionRewound | SessionForked
-    | HookDecision | McpServer | NetworkRequest | Check | RunStart | RunEnd | SessionShared | SessionUnshared,
+    | HookDecision | McpServer | NetworkRequest | Check | RunStart | RunEnd | SessionShared | SessionUnshared
+    | ProgramStarted | ProgramExited | ProgramStopped,
     Field(discriminator="type"),
 ]
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)

@@ -68,6 +68,8 @@ SESSION_FIELDS: Final[Mapping[str, str]] = MappingProxyType({
     # what the runner records with its events (cox_emit ops on the session hash)
     "plan": "JSON of the turn's plan (coxswain.models.Plan), carried to the next turn while steps are open",
     "mcp": "JSON of the MCP servers' states as the runner last recorded them ([{name, state, ...}])",
+    "programs": "JSON of the programs running in the session's sandbox, as the runner that runs them last recorded "
+                "them ([{program_id, name, command, started, by, tail, ...}]; cox_runner.programs)",
     "usage_requests": "model requests made so far (the session's usage totals)",
     "usage_input_tokens": "input tokens so far",
     "usage_output_tokens": "output tokens so far",
@@ -86,6 +88,10 @@ Python reads or writes by name is here, and that each one here is used."""
 
 # Suffixes of a session's keys (mirrored in the Lua library).
 LEASE: Final = ":lease"
+PROGRAM_LOCK: Final = ":plock"
+"""string: the runner that runs the session's programs (cox_runner.programs), with a TTL it renews
+like a lease; a send to the idle session starts its turn on that runner. Never archived: a
+session is not archivable while it exists."""
 """string: fencing token of the runner holding the turn; PX = lease TTL; absent = idle."""
 QUEUE: Final = ":q"
 """list of queued messages (JSON), FIFO."""

@@ -88,6 +88,9 @@ class QueueOrder(_Body):
 
 class ObserveBody(_Body):
     command: Annotated[Text, Field(min_length=1, max_length=8192)]
+    background: bool = False
+    """Start the command as one of the session's programs (``!&command``: ``program.started``,
+    read by the model with ``read_program``) instead of waiting for its end."""
 
 
 class CreateRun(_Body):
@@ -167,6 +170,26 @@ class SandboxInfo(_Out):
     network: Literal["off", "session", "on"]
 
 
+class ProgramInfo(_Out):
+    """A program running in the session's sandbox (``start_program``, or a person's ``!&command``):
+    its id, name and command, when it started, and the tail of what it wrote (at most
+    :data:`PROGRAM_TAIL_CHARS`, refreshed about once a second by the runner that holds it)."""
+
+    program_id: str
+    name: str
+    command: str
+    network: bool = False
+    pty: bool = False
+    started: int = 0
+    """Milliseconds since the epoch."""
+    by: Literal["model", "person"] = "model"
+    """Who started it: the model's ``start_program`` or a person's ``!&command``."""
+    tail: str = ""
+
+
+PROGRAM_TAIL_CHARS = 2000
+
+
 class McpServerInfo(_Out):
     """One MCP tool server of the session (``[[mcp.servers]]``) and its state as the session's
     runner last saw it: ``idle`` (not running: servers start with the session's first turn on a
@@ -226,6 +249,8 @@ class Session(_Out):
     sandbox: SandboxInfo | None = None
     mcp_servers: list[McpServerInfo] = Field(default_factory=list)
     """The session's MCP tool servers and their state (``[[mcp.servers]]``)."""
+    programs: list[ProgramInfo] = Field(default_factory=list)
+    """The programs running in the session's sandbox now (docs/api.md, "Programs")."""
     usage: UsageTotals = Field(default_factory=UsageTotals)
     """Running totals of the session's model requests (the sum of its ``usage`` events)."""
     created: int = 0
@@ -360,7 +385,15 @@ class LeadCmd(SessionRef, LeadMessage):
     pass
 
 
-class StopCmd(SessionRef):
+class StopBody(_Body):
+    """``POST /v1/sessions/{sid}/stop``'s optional body."""
+
+    programs: bool = False
+    """Stop the session's running programs too (``program.stopped`` by ``stop``); without it
+    they run on."""
+
+
+class StopCmd(SessionRef, StopBody):
     pass
 
 
@@ -397,6 +430,12 @@ class WorkspacesResult(_Out):
 
 class ObserveCmd(SessionRef, ObserveBody):
     pass
+
+
+class ProgramStopCmd(SessionRef):
+    """``POST /v1/sessions/{sid}/programs/{program_id}/stop``: a person stops one program."""
+
+    program_id: Id
 
 
 class RestoreCmd(SessionRef):

@@ -59,6 +59,7 @@ from .models import (
     ListVersionsResult,
     ObserveCmd,
     PatchCmd,
+    ProgramStopCmd,
     QueueOrderCmd,
     QueueRemoveCmd,
     QueueResult,
@@ -143,6 +144,7 @@ RUNNER_LEAD: Final = Op(RUNNER, "lead", LeadCmd, LeadResult, 30.0, (GATEWAY,))
 RUNNER_STOP: Final = Op(RUNNER, "stop", StopCmd, StopResult, 30.0, (GATEWAY,))
 RUNNER_ANSWER: Final = Op(RUNNER, "answer", ApprovalCmd, Accepted, 30.0, (GATEWAY,))
 RUNNER_OBSERVE: Final = Op(RUNNER, "observe", ObserveCmd, Accepted, 90.0, (GATEWAY,))
+RUNNER_PROGRAM_STOP: Final = Op(RUNNER, "program_stop", ProgramStopCmd, Accepted, 30.0, (GATEWAY,))
 RUNNER_RESTORE: Final = Op(RUNNER, "restore", RestoreCmd, WriteOutcome, 30.0, (GATEWAY,))
 RUNNER_UNDO: Final = Op(RUNNER, "undo", UndoCmd, WriteOutcome, 30.0, (GATEWAY,))
 RUNNER_COMPACT: Final = Op(RUNNER, "compact", CompactCmd, CompactResult, 330.0, (GATEWAY,))
@@ -199,7 +201,7 @@ OPERATOR_OPS: Final[tuple[Op[Any, Any], ...]] = (VERSIONS_COLLECT,)
 
 OPS: Final[tuple[Op[Any, Any], ...]] = (
     RUNNER_CREATE, RUNNER_PATCH, RUNNER_SEND, RUNNER_ATTACH, RUNNER_LEAD, RUNNER_STOP, RUNNER_ANSWER, RUNNER_OBSERVE,
-    RUNNER_RESTORE, RUNNER_UNDO, RUNNER_COMPACT, RUNNER_QUEUE_REMOVE, RUNNER_QUEUE_ORDER, RUNNER_WORKSPACES,
+    RUNNER_PROGRAM_STOP, RUNNER_RESTORE, RUNNER_UNDO, RUNNER_COMPACT, RUNNER_QUEUE_REMOVE, RUNNER_QUEUE_ORDER, RUNNER_WORKSPACES,
     GUARD_CHECK, JUDGE_DECIDE,
     VERSIONS_KEEP, VERSIONS_RESTORE, VERSIONS_UNDO, VERSIONS_SNAPSHOT, VERSIONS_AFTER, VERSIONS_DIFF,
     VERSIONS_LIST, VERSIONS_CHANGES, VERSIONS_UNDO_TARGET, VERSIONS_COLLECT,

@@ -13,6 +13,7 @@ from .models import (
     LeadInfo,
     McpServerInfo,
     Plan,
+    ProgramInfo,
     QueueItem,
     RunInfo,
     SandboxInfo,
@@ -73,7 +74,25 @@ async def load(redis: Any, sid: str, principal: str | None,
         network = "on" if sandbox.network else "session" if STANDING_NETWORK in standing else "off"
         view.sandbox = SandboxInfo(mode=sandbox.mode, network=network)
     view.mcp_servers = mcp_servers(h.get("mcp"), mcp, busy=h.get("busy") == "1")
+    view.programs = programs(h.get("programs"))
     return view
+
+
+def programs(raw: str | None) -> list[ProgramInfo]:
+    """The running programs as their runner recorded them (the session hash's ``programs``)."""
+    if not raw:
+        return []
+    try:
+        items = json.loads(raw)
+    except ValueError:
+        return []
+    out: list[ProgramInfo] = []
+    for item in items if isinstance(items, list) else []:
+        try:
+            out.append(ProgramInfo.model_validate(item))
+        except ValueError:
+            continue
+    return out
 
 
 def mcp_servers(raw: str | None, mcp: McpConfig | None, busy: bool = True) -> list[McpServerInfo]:

@@ -69,8 +69,13 @@ def _unanswered(b: transcript.Builder) -> list[str]:
     return problems
 
 
+TARGET = 1666 + compaction.TOOLS_TOKENS
+"""The budget the transcript is compacted to: room for the conversation beside the tool
+definitions, which every request carries (and which grow with the tools)."""
+
+
 def _compact(b: transcript.Builder, summary: str | Exception = "SUMMARY", keep: int = 600,
-             target: int = 2500) -> compaction.Outcome:
+             target: int = TARGET) -> compaction.Outcome:
     async def make(text: str) -> str:
         if isinstance(summary, Exception):
             return ""
@@ -138,8 +143,8 @@ def test_a_second_compaction_keeps_the_message_and_the_lead_again() -> None:
 def test_a_failed_summary_drops_the_oldest_outputs_and_a_rebuild_agrees() -> None:
     evs = _log(20)
     b = transcript.build(evs)
-    out = _compact(b, summary=RuntimeError("500"), target=3000)
-    assert out.summary == "" and out.dropped > 0 and out.after <= 3000
+    out = _compact(b, summary=RuntimeError("500"), target=TARGET + 500)
+    assert out.summary == "" and out.dropped > 0 and out.after <= TARGET + 500
     returns = [p for m in b.messages if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, ToolReturnPart)]
     assert [p.content for p in returns[:out.dropped]] == [compaction.DROPPED_TEXT] * out.dropped
     assert returns[-1].content != compaction.DROPPED_TEXT, "the newest output stays"

@@ -117,3 +117,20 @@ def test_cox_chat_follows_the_servers_and_says_a_failure() -> None:
     assert notes[-1] == "MCP server tiny exited; its tools are withdrawn: it died"
     assert mcp_lines(m.info["mcp_servers"]) == ["MCP tool servers:", "  tiny  exited  (it died)"]
     assert mcp_lines([])[0].startswith("No MCP tool servers")
+
+
+def test_cox_chat_follows_the_programs_and_lists_them_for_kill() -> None:
+    from cox.chat_state import program_lines
+
+    m = ChatModel("s_x")
+    m.apply({"seq": 1, "type": "program.started", "sid": "s_x", "program_id": "p_1", "name": "web",
+             "command": "python3 -m http.server", "call_id": "c1"})
+    m.apply({"seq": 2, "type": "program.started", "sid": "s_x", "program_id": "p_2", "name": "sleep",
+             "command": "sleep 9"})
+    assert [p["program_id"] for p in m.info["programs"]] == ["p_1", "p_2"]
+    lines = program_lines(m.info["programs"])
+    assert lines[1].startswith("  1. web (p_1, by model)") and lines[2].startswith("  2. sleep (p_2, by person)")
+    m.apply({"seq": 3, "type": "program.stopped", "sid": "s_x", "program_id": "p_1", "by": "idle"})
+    m.apply({"seq": 4, "type": "program.exited", "sid": "s_x", "program_id": "p_2", "code": 3})
+    assert m.info["programs"] == []
+    assert program_lines([])[0].startswith("No programs are running")

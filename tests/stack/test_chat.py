@@ -296,3 +296,37 @@ async def test_fork_and_rewind_from_the_terminal(up: CoxUp) -> None:
         text = shown(app, "#transcript Static")
         assert "first" in text and "second" not in text and f"a fork of {sid} at its turn 1" in text
         save(app, "fork")
+
+
+def _ps() -> str:
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+
+
+async def test_programs_from_the_terminal(up: CoxUp) -> None:
+    """``!&command`` starts a program, ``/programs`` lists it, ``/kill N`` stops it; ``!command`` runs one."""
+    import uuid
+
+    mark = str(600000 + uuid.uuid4().int % 90000)
+    app = ChatApp(ChatApi(up.url, up.token), None, workspace="tui-programs")
+    async with app.run_test(size=(140, 48)) as pilot:
+        await until(pilot, lambda: app.stream_status == "live", "the stream is live")
+        await paste(pilot, "!echo from-the-person")
+        await pilot.press("enter")
+        await until(pilot, lambda: "from-the-person" in shown(app), "the !command's output")
+        await paste(pilot, f"!&sleep {mark}")
+        await pilot.press("enter")
+        await until(pilot, lambda: f"started: sleep {mark}" in shown(app), "the program's start")
+        await paste(pilot, "/programs")
+        await pilot.press("enter")
+        await until(pilot, lambda: "1. sleep (" in shown(app) and "by person" in shown(app), "the program list")
+        await paste(pilot, "/kill 1")
+        await pilot.press("enter")
+        await until(pilot, lambda: "stopped (by you)" in shown(app), "the program stopped")
+        deadline = time.monotonic() + 10
+        while f"sleep {mark}" in _ps() and time.monotonic() < deadline:
+            await pilot.pause(0.1)
+        assert f"sleep {mark}" not in _ps()
+        await paste(pilot, "/programs")
+        await pilot.press("enter")
+        await until(pilot, lambda: "No programs are running" in shown(app), "an empty list")
+        save(app, "programs")

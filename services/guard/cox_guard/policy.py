@@ -57,6 +57,8 @@ PROTECTED_ANYWHERE: tuple[str, ...] = (".git", ".git-hooks", ".husky")
 NO_WORKSPACE = frozenset({"respond", "plan_write", "plan_step"})
 PATH_CALLS = frozenset({"read_file", "list_dir", "find_files", "search_text", "write_file", "edit_file"})
 WRITES = frozenset({"write_file", "edit_file"})
+PROGRAM_CONTROL = frozenset({"read_program", "stop_program"})
+"""A program's output read, or the program stopped: nothing new runs."""
 
 
 HOOKS_REFUSED = ("{rel} holds the workspace's hooks, which run without asking anyone: only a person "
@@ -108,8 +110,12 @@ def check(settings: Settings, req: GuardRequest) -> GuardResult:
         return GuardResult(verdict="refuse", actor="policy", reason="the workspace is not under the configured root")
     if name in PATH_CALLS:
         return _path_call(settings, req, root, name, args)
-    if name == "run_command":
+    if name in ("run_command", "start_program"):
         return _command(settings, req, root, str(args.get("command", "")))
+    if name in PROGRAM_CONTROL:
+        return GuardResult(verdict="allow", actor="setting", reason="a program of this session (read or stop)")
+    if name == "write_program":
+        return _program_input(settings, req, root, str(args.get("text", "")))
     mcp = settings.mcp.server_of(name)
     if mcp is not None:
         return _mcp(settings, req, root, mcp[0], mcp[1])
@@ -221,6 +227,33 @@ def _denied_word(command: str) -> str | None:
     return None
 
 
+def _program_input(settings: Settings, req: GuardRequest, root: Path, text: str) -> GuardResult:
+    """Input to a running program (``write_program``): its own confirm, decided like a command
+    (a shell or a REPL runs what it is sent): a denylisted path in it is refused, text read from
+    tool output in it is a security confirm; then a standing ``input:<program_id>`` ("always",
+    for that program), then ``[approval] commands`` (the judge and the person see the program's
+    command and recent output, which the runner adds to the call)."""
+    deny = _denied_word(text)
+    if deny:
+        return GuardResult(verdict="refuse", actor="policy",
+                           reason=f"the input names a path on the credential denylist: {deny}")
+    tainted = taint.find(text, req.tainted, req.trusted, root)
+    if tainted:
+        return GuardResult(verdict="ask", actor="policy", security=True, route="person",
+                           reason=f"the input contains text read from tool output ({tainted[:80]!r}): "
+                                  "a security confirm")
+    if f"input:{req.call.args.get('program_id')}" in req.standing:
+        return GuardResult(verdict="allow", actor="standing", reason="input to this program is allowed for the session")
+    mode = settings.approval.commands
+    if mode == "allow":
+        return GuardResult(verdict="allow", actor="setting", reason="commands = allow (input to a program)")
+    if mode == "ask":
+        return GuardResult(verdict="ask", actor="setting", route="person", reason="commands = ask (input to a program)")
+    if settings.judge.kind == "none":
+        return GuardResult(verdict="ask", actor="setting", route="person", reason="no judge is configured")
+    return GuardResult(verdict="ask", actor="setting", route="judge", reason="input to a program goes to the judge first")
+
+
 def _command(settings: Settings, req: GuardRequest, root: Path, command: str) -> GuardResult:
     if not command.strip():
         return GuardResult(verdict="refuse", actor="policy", reason="empty command")
@@ -249,7 +282,7 @@ def _command(settings: Settings, req: GuardRequest, root: Path, command: str) ->
         return GuardResult(verdict="ask", actor="policy", security=True, route="judge",
                            reason="the command asks for the network (its sandbox has none): a security confirm")
     standing = [p for p in (*settings.approval.allow_commands, *req.standing)
-                if p and not p.startswith(("write:", "mcp:")) and p != STANDING_NETWORK]
+                if p and not p.startswith(("write:", "mcp:", "input:")) and p != STANDING_NETWORK]
     prefix = shell.covered(parsed, standing)
     if prefix is not None:
         return GuardResult(verdict="allow", actor="standing", reason=f"standing approval {prefix!r}")

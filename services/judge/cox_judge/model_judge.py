@@ -75,7 +75,12 @@ def prompt(req: JudgeRequest) -> str:
              else "WITHOUT a sandbox, as the runner's user (it can read and write anything that user can)")
     net = "with network access" if req.network else "without network access"
     runs = f"The command would run {where}, {net}."
-    if req.call.name != "run_command":  # an MCP server's tool (<server>__<tool>)
+    if req.call.name == "start_program":
+        runs = f"The command would start a long-running program {where}, {net}; it outlives the turn."
+    elif req.call.name == "write_program":
+        runs = (f"The text would be sent as input to a running program (its command and recent output are "
+                f"in the call), which runs {where}, {net}.")
+    elif req.call.name != "run_command":  # an MCP server's tool (<server>__<tool>)
         if not req.sandboxed:
             where = "outside the sandbox (it can reach whatever its host lets it)"
         runs = f"The call goes to an MCP tool server running {where}, {net}."

@@ -43,7 +43,7 @@ class Judge(Service):
     async def decide(self, req: JudgeRequest) -> JudgeResult:
         cfg = self.settings.judge
         mcp = self.settings.mcp.server_of(req.call.name) is not None
-        if req.call.name != "run_command" and not mcp:
+        if req.call.name not in COMMANDS and not mcp:
             return JudgeResult(verdict="refuse", score=0.0, reason="the judge only decides commands", kind=cfg.kind)
         if cfg.kind == "none":
             return JudgeResult(verdict="error", reason="no judge is configured", kind="none")
@@ -51,6 +51,11 @@ class Judge(Service):
             # The rules know programs, not what a server's tool does: a person decides.
             return JudgeResult(verdict="refuse", score=0.0, kind="rules",
                                reason="the rules judge decides commands only; an MCP tool call goes to the person")
+        if req.call.name == "write_program" and self.model_judge is None:
+            # What input means depends on the program reading it (a shell runs it): a person decides.
+            return JudgeResult(verdict="refuse", score=0.0, kind="rules",
+                               reason="the rules judge decides commands only; input to a running program goes "
+                                      "to the person")
         if self.model_judge is not None:
             result = await self.model_judge.decide(req)
             self.log.info("judge.decided", kind="model", verdict=result.verdict, score=result.score)
@@ -64,6 +69,10 @@ class Judge(Service):
         return confined_only(req, result)
 
 
+COMMANDS = frozenset({"run_command", "start_program", "write_program"})
+"""What the judge decides besides MCP calls: a command, a program started, input to a program."""
+
+
 def confined_only(req: JudgeRequest, result: JudgeResult) -> JudgeResult:
     """The judge allows without asking only what runs confined: in the sandbox, without network.
 
@@ -72,7 +81,7 @@ def confined_only(req: JudgeRequest, result: JudgeResult) -> JudgeResult:
     """
     if result.verdict != "allow":
         return result
-    if not req.sandboxed and req.call.name != "run_command":
+    if not req.sandboxed and req.call.name not in COMMANDS:
         why = "the MCP server runs outside the sandbox: a person decides"
     elif not req.sandboxed:
         why = "commands run without a sandbox here ([sandbox] mode = \"none\"): a person decides"

@@ -10,8 +10,10 @@ orders its own modules the same way in its ``__init__``.
 2. The service
    - ``service``: the ``Runner``: its endpoints, the lease keeper, the claimer, the sweeper, the
      archiver, the doorbell subscription, shutdown; builds the :class:`~cox_runner.deps.Deps`.
-3. Fork, rewind and runs
+3. Fork, rewind, runs and programs
    - ``forks``: a session copied at a turn (fork) or cut back to one (rewind).
+   - ``programs``: a session's long-running programs in the sandbox (start, read, write, stop),
+     its network namespace, the program lock, their ends recorded and versioned.
    - ``runs``: a session whose turns the program drives (a run, in a template's copy or not);
      the owner's check command between turns.
 4. A person's actions

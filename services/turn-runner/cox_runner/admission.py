@@ -21,8 +21,10 @@ from coxswain import keys, session_view
 from coxswain.errors import (
     Conflict,
     Invalid,
+    NotAccepting,
     NotFound,
     TooLarge,
+    TooManyPrograms,
     Unavailable,
     WorkspaceInvalid,
 )
@@ -37,6 +39,7 @@ from coxswain.models import (
     LeadResult,
     ObserveCmd,
     PatchCmd,
+    ProgramStopCmd,
     RestoreCmd,
     RestoreRequest,
     SendCmd,
@@ -65,6 +68,72 @@ OBSERVE_TIMEOUT_S = 60.0
 WORKSPACE_CACHE = 10_000
 ROOT_SESSION = ("this session's workspace is the root itself, which reaches every workspace: it runs nothing "
                 "more; open a session on a folder under the root")
+
+
+async def _start_turn(r: Deps, sid: str, token: str, holder: Any, sent: float, first: dict[str, Any]) -> None:
+    """Run the turn a send began: here, or where the session's programs run (``cox_send`` took
+    the lease in that runner's name); when that runner is gone (no responder), here after all,
+    and the turn finds its programs gone."""
+    if holder and holder != r.owner:
+        if await r.doorbell.ask(str(holder), sid, "drive", {"token": token, "first": first}):
+            return
+        r.log.warning("programs.holder_gone", sid=sid, holder=holder)
+    drive.start_drive(r, Drive(sid=sid, token=token, acquired=sent, first=first))
+
+
+async def stop_programs(r: Deps, sid: str, data: dict[str, Any], principal: str | None = None) -> None:
+    """Ask the runner that runs the session's programs (its program lock) to stop them (``data``:
+    ``by``, and ``program_id`` for one); with ``principal``, only that person's session's."""
+    if principal is not None and await r.redis.hget(keys.session(sid), "principal") != principal:
+        raise NotFound("no such session")
+    holder = await r.redis.get(keys.session(sid) + keys.PROGRAM_LOCK)
+    if holder:
+        await r.doorbell.ring(holder, sid, "programs", data)
+
+
+async def _observed_run(r: Deps, sid: str, ws: str, command: str, requests: list[Request]) -> tuple[int | None, str]:
+    """A person's ``!command`` run in the sandbox (beside the session's programs, on its loopback):
+    its exit code and what it said (a refusal when the sandbox cannot start)."""
+    try:
+        with r.programs.joined(sid) as netns:
+            res = await tools.run_command(Path(ws), command, OBSERVE_TIMEOUT_S, r.settings.runner.output_limit,
+                                          r.sandbox, requests=requests, netns=netns)
+    except SandboxUnavailable as exc:
+        return None, f"Refused: the command sandbox is unavailable ({exc.detail}); the command was not run."
+    return res.exit_code, (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
+
+
+async def _background(r: Deps, cmd: ObserveCmd, ws: str) -> Accepted:
+    """A person's ``!&command``: one of the session's programs (``program.started``, by ``person``),
+    started on the runner that runs the session's programs (this one when it runs none); the
+    model learns of it with its next tool result, as of a ``!command``."""
+    holder = await r.redis.get(keys.session(cmd.sid) + keys.PROGRAM_LOCK)
+    if holder and holder != r.owner:
+        raise NotAccepting("the session's programs run on another turn-runner, which did not take this one; "
+                           "send it again")
+    why = r.programs.refusal(cmd.sid)
+    if why is not None:
+        raise TooManyPrograms(why)
+    async with r.programs.books.version_token(cmd.sid) as token:
+        snap = await cmdversions.snapshot(r.clients, r.log, cmd.sid, ws, token) if token else None
+    try:
+        p = await r.programs.start(cmd.sid, Path(ws), cmd.command, name=None, network=False, pty=False, by="person",
+                                   snap=snap)
+    except SandboxUnavailable as exc:
+        raise Unavailable(f"the command sandbox is unavailable ({exc.detail}); the command was not run") from None
+    turn_id, runner_id = await r.redis.hmget(keys.session(cmd.sid), ["turn_id", "runner"])
+    said = (f"started in the background as program {p.program_id} ({p.name}); read it with read_program "
+            f"{{\"program_id\": \"{p.program_id}\"}}")
+    record = json.dumps({"command": f"&{cmd.command}", "output": said}, ensure_ascii=False)
+    await r.store.fns.emit(sid=cmd.sid, token="", owner=r.owner,
+                           ops=[r.programs.listing(cmd.sid), ("rpush", keys.OBSERVED, "", record)],
+                           events=[ev.body(ev.ProgramStarted(sid=cmd.sid, turn_id=turn_id or None,
+                                                             program_id=p.program_id, name=p.name,
+                                                             command=p.command)),
+                                   ev.body(ev.Observed(sid=cmd.sid, turn_id=turn_id or None,
+                                                       command=f"&{cmd.command}", output=said))])
+    await r.doorbell.ring(runner_id, cmd.sid, "observe")
+    return Accepted()
 
 
 class Admission:
@@ -131,9 +200,9 @@ class Admission:
             traceparent=cmd.traceparent or "")
         if not res.get("replay"):
             if res.get("disposition") == "started":
-                drive.start_drive(r, Drive(sid=cmd.sid, token=str(res["token"]), acquired=sent, first={
+                await _start_turn(r, cmd.sid, str(res["token"]), res.get("runner"), sent, {
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
-                    "attachments": attached}))
+                    "attachments": attached})
             elif res.get("disposition") == "steered":
                 await r.doorbell.ring(res.get("runner"), cmd.sid, "steer")
         return SendResult(message_id=res["message_id"], disposition=res["disposition"],
@@ -169,6 +238,8 @@ class Admission:
         r = self.r
         res = await r.store.fns.stop(sid=cmd.sid, principal=cmd.principal, owner=r.owner)
         turn_id = res.get("turn_id")
+        if cmd.programs:  # "stop programs too": the runner that runs them stops them
+            await stop_programs(r, cmd.sid, {"by": "stop"})
         if res.get("stopped"):
             await r.doorbell.ring(res.get("runner"), cmd.sid, "stop")
             await self._settle(cmd.sid, turn_id)
@@ -211,22 +282,15 @@ class Admission:
             raise NotFound("no such session")
         if self.workspaces.is_root(ws):
             raise WorkspaceInvalid(ROOT_SESSION)
+        if cmd.background:
+            return await _background(r, cmd, ws)
         kept: list[ev._Event] = []
         requests: list[Request] = []
-        exit_code: int | None = None
         async with self._command_token(cmd.sid, cmd.principal) as token:
             turn_id = await r.redis.hget(base, "turn_id") or None
             snap = await cmdversions.snapshot(r.clients, r.log, cmd.sid, ws, token) if token else None
             call_id = new_id("obs")
-            try:
-                res = await tools.run_command(Path(ws), cmd.command, OBSERVE_TIMEOUT_S,
-                                              r.settings.runner.output_limit, r.sandbox, requests=requests)
-            except SandboxUnavailable as exc:
-                output = (f"Refused: the command sandbox is unavailable ({exc.detail}); the command was not "
-                          "run.")
-            else:
-                exit_code = res.exit_code
-                output = (f"exit code {res.exit_code}\n" if res.exit_code is not None else "") + res.output
+            exit_code, output = await _observed_run(r, cmd.sid, ws, cmd.command, requests)
             if token is not None:
                 got = await cmdversions.changes(r.clients, r.log, cmd.sid, ws, token, snap, turn_id, call_id)
                 kept = got.events
@@ -263,6 +327,11 @@ class Admission:
             yield int(d.token)
         finally:
             await self._end_op(d, "observe")
+
+    async def program_stop(self, cmd: ProgramStopCmd) -> Accepted:
+        """A person stops one program (``program.stopped`` by ``person``), where it runs."""
+        await stop_programs(self.r, cmd.sid, {"by": "person", "program_id": cmd.program_id}, cmd.principal)
+        return Accepted()
 
     # ------------------------------------------------------------------ a person's writes
     async def restore(self, cmd: RestoreCmd) -> WriteOutcome:

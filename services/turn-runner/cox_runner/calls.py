@@ -28,6 +28,9 @@ from .recorder import Recorder, args_for_log
 from .turn import Ending, EndTurn, Turn, guarded, stopped_by
 from .workspace import tools
 
+RECENT_OUTPUT_CHARS = 2000
+"""How much of a program's latest output the gate sees with input to it."""
+
 
 class ToolRound:
     def __init__(self, turn: Turn, rec: Recorder, budget: Budget, gate: Gate, hooks: Hooks,
@@ -108,7 +111,7 @@ class ToolRound:
                                           "with valid arguments.")
             return True
         assert args is not None
-        spec = CallSpec(call_id=call.tool_call_id, name=call.tool_name, args=args)
+        spec = CallSpec(call_id=call.tool_call_id, name=call.tool_name, args=self._gate_args(call.tool_name, args))
         try:
             outcome = await guarded(self.turn, self.gate.decide(spec))
         except StopRequested:
@@ -132,6 +135,18 @@ class ToolRound:
             # heeds a user turn more reliably than a note inside a tool result).
             await rec.user_message(outcome.message, f"{call.tool_call_id}-msg", "approval")
         return False
+
+    def _gate_args(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """What the gate sees of a call: for input to a program, the program's command and recent
+        output beside the input (guard, the judge and the person decide with them)."""
+        if name != "write_program":
+            return args
+        p = self.tools.deps.programs.find(self.turn.sid, str(args.get("program_id", "")))
+        if p is None:
+            return args
+        return {**args, "program": {"name": p.name, "command": p.command, "network": p.network,
+                                    "running": p.running},
+                "recent_output": p.tail(RECENT_OUTPUT_CHARS)}
 
     async def _post_tool_hooks(self, call: ToolCallPart, args: dict[str, Any]) -> None:
         if call.tool_call_id in self.rec.open or not self.hooks.has("PostToolUse", call.tool_name):

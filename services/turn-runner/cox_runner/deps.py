@@ -67,3 +67,5 @@ class Deps:
     process: Process
     run_slots: RunSlots
     """The stack's bound on run turns at once, this runner's side (``[runs] max_active``)."""
+    programs: Any = None
+    """The session programs running here (:class:`cox_runner.programs.Programs`; set at start)."""

@@ -68,6 +68,8 @@ def running_run(info: dict[str, Any]) -> dict[str, Any] | None:
     run = json.loads(raw)
     return run if isinstance(run, dict) and run.get("state") == "running" else None
 MAX_TRUSTED_CHARS = 200_000
+COMMAND_LIKE = frozenset({"run_command", "start_program", "write_program"})
+"""Calls whose arguments are checked for taint (built from tool output) like a command's."""
 
 
 @dataclass
@@ -84,9 +86,11 @@ class GateOutcome:
 def standing_key(name: str, args: dict[str, Any], path: str | None) -> str:
     """What "always" remembers: a command's program (and subcommand), a written path, or, for a
     command that asked for the network, the network."""
-    if name == "run_command" and args.get("network") is True:
+    if name in ("run_command", "start_program") and args.get("network") is True:
         return STANDING_NETWORK
-    if name == "run_command":
+    if name == "write_program":  # "always": input to this program, for the session
+        return f"input:{args.get('program_id')}"
+    if name in ("run_command", "start_program"):
         try:
             words = shlex.split(str(args.get("command", "")))
         except ValueError:
@@ -162,7 +166,7 @@ class Gate:
         standing = set(stored) | turn.turn_standing
         # Taint is about commands and MCP calls (arguments built from tool output); a write's
         # content is enough to send.
-        command = call.name == "run_command" or self.deps.settings.mcp.server_of(call.name) is not None
+        command = call.name in COMMAND_LIKE or self.deps.settings.mcp.server_of(call.name) is not None
         req = GuardRequest(
             sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
             tainted=self.taint.fragments() if command else [], trusted=self.person_words() if command else [],
@@ -278,6 +282,9 @@ class Gate:
         sandbox = self.deps.settings.sandbox
         sandboxed = sandbox.mode != "none"
         network = sandbox.network or call.args.get("network") is True
+        program = call.args.get("program")
+        if call.name == "write_program" and isinstance(program, dict):  # the program's own network
+            network = sandbox.network or program.get("network") is True
         mcp = self.deps.settings.mcp.server_of(call.name)
         if mcp is not None:  # an HTTP server runs outside the sandbox, with whatever it can reach
             sandboxed = sandboxed and mcp[0].url is None

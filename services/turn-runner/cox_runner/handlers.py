@@ -26,7 +26,7 @@ from coxswain.models import KeepRequest, Plan
 from . import cmdversions, infra
 from .budget import Budget
 from .deps import Deps
-from .errors import LeaseLost, StopRequested
+from .errors import LeaseLost, SandboxUnavailable, StopRequested
 from .gate import GateOutcome, Taint
 from .recorder import Recorder
 from .turn import EndTurn, Turn, stopped_by
@@ -35,6 +35,8 @@ from .workspace.egress import Request
 from .workspace.mcp_servers import McpDown
 
 T = TypeVar("T")
+PROGRAM_SETTLE_S = 0.3
+"""``start_program`` waits this long for a program that fails at once, to say so in its result."""
 
 
 @dataclass
@@ -224,8 +226,10 @@ async def run_command(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]
     snap = await cmdversions.before(deps, t, ctx.budget, ctx.log)
     requests: list[Request] = []
     try:
-        res = await ctx.guarded(tools.run_command(t.workspace, args["command"], timeout, limit,
-                                                  deps.sandbox, bool(args.get("network")), requests=requests))
+        with deps.programs.joined(t.sid) as netns:  # the session's programs are reached on its loopback
+            res = await ctx.guarded(tools.run_command(t.workspace, args["command"], timeout, limit,
+                                                      deps.sandbox, bool(args.get("network")), requests=requests,
+                                                      netns=netns))
     except StopRequested:
         kept = await cmdversions.after(deps, t, ctx.log, call.tool_call_id, snap)
         note = f"\n{kept.note}" if kept.note else ""
@@ -262,6 +266,86 @@ async def _sandbox_ready(ctx: ToolContext, call: ToolCallPart) -> bool:
                                       "command was not run. Commands never run outside the sandbox unless the "
                                       "operator sets [sandbox] mode = \"none\".")
     return False
+
+
+async def start_program(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    """Start a program that outlives the turn (:mod:`cox_runner.programs`); at most
+    ``[sandbox] max_programs`` per session."""
+    t, rec, deps = ctx.turn, ctx.rec, ctx.deps
+    progs = deps.programs
+    why = progs.refusal(t.sid)
+    if why is not None:
+        await rec.result(call, False, f"Refused: {why}. The program was not started.")
+        return
+    if not await _sandbox_ready(ctx, call):
+        return
+    ctx.budget.actions += 1
+    snap = await cmdversions.before(deps, t, ctx.budget, ctx.log)
+    try:
+        p = await progs.start(t.sid, t.workspace, args["command"], name=args.get("name"),
+                              network=bool(args.get("network")), pty=bool(args.get("pty")), by="model", snap=snap)
+    except SandboxUnavailable as exc:
+        await rec.result(call, False, f"Refused: the command sandbox is unavailable ({exc.detail}); the program "
+                                      "was not started.")
+        return
+    await rec.emit(ev.ProgramStarted(**rec.e(), program_id=p.program_id, name=p.name, command=p.command,
+                                     network=p.network, pty=p.pty, call_id=call.tool_call_id),
+                   ops=[progs.listing(t.sid)])
+    with contextlib.suppress(TimeoutError):  # a program that fails at once says so in this result
+        await asyncio.wait_for(asyncio.shield(p.done.wait()), PROGRAM_SETTLE_S)
+    state = "running" if p.running else f"it already exited with code {p.code}"
+    await rec.result(call, True, f"Started program {p.program_id} ({p.name}): {state}. Read its output with "
+                                 f"read_program, send it input with write_program, end it with stop_program. It "
+                                 "keeps running after this turn.")
+
+
+async def _program(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any]) -> Any:
+    """The program a call names, or None after recording an error result that says why."""
+    t = ctx.turn
+    progs = ctx.deps.programs
+    p = progs.find(t.sid, str(args.get("program_id", "")))
+    if p is None:
+        here = ", ".join(f"{q.program_id} ({q.name})" for q in progs.running(t.sid)) or "none"
+        await ctx.rec.result(call, False, f"Error: no program {args.get('program_id')!r} runs in this session "
+                                          f"(running: {here}).")
+    return p
+
+
+async def read_program(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    """What a program wrote since the last read (bounded like a command's output); what it
+    changed in the workspace since its last snapshot is versioned now."""
+    t, rec, deps = ctx.turn, ctx.rec, ctx.deps
+    p = await _program(ctx, call, args)
+    if p is None:
+        return
+    wait = min(float(args.get("wait_s") or 0), max(0.0, ctx.budget.time_left(time.monotonic()) - 1))
+    got = await ctx.guarded(deps.programs.read(p, since=args.get("since"), wait_s=wait))
+    kept = await deps.programs.books.versions_after_read(p, int(t.token), t.turn_id, call.tool_call_id) \
+        if p.running else []
+    net = egress.network_events(rec.e(), p.requests, call.tool_call_id)  # a granted program's connections so far
+    ctx.taint.add(got.text)
+    await rec.result(call, True, got.text, extra=[*net, *kept], first=True)
+
+
+async def write_program(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    """Input to a running program, once the gate allowed it (its own confirm)."""
+    p = await _program(ctx, call, args)
+    if p is None:
+        return
+    ctx.budget.actions += 1
+    said = await ctx.deps.programs.write(p, args["text"])
+    await ctx.rec.result(call, not said.startswith("Error"), said + ("" if said.startswith("Error") else
+                                                                      "; read its answer with read_program."))
+
+
+async def stop_program(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
+    p = await _program(ctx, call, args)
+    if p is None:
+        return
+    was = p.running
+    await ctx.deps.programs.stop(p, "model")
+    said = f"Stopped program {p.program_id} ({p.name})." if was else         f"Program {p.program_id} ({p.name}) had already exited with code {p.code}."
+    await ctx.rec.result(call, True, said)
 
 
 async def respond(ctx: ToolContext, call: ToolCallPart, args: dict[str, Any], outcome: GateOutcome) -> None:
@@ -347,6 +431,10 @@ HANDLERS: dict[str, Handler] = {
     "write_file": write_file,
     "edit_file": edit_file,
     "run_command": run_command,
+    "start_program": start_program,
+    "read_program": read_program,
+    "write_program": write_program,
+    "stop_program": stop_program,
     "respond": respond,
     "plan_write": plan_write,
     "plan_step": plan_step,

@@ -112,6 +112,7 @@ class TurnLoop:
         try:
             await self._load()
             await self._hooks_start()
+            await self._programs_gone()
             ending = await self._loop()
         except EndTurn as end:
             ending = end.ending
@@ -264,6 +265,24 @@ class TurnLoop:
             raise EndTurn(Ending("canceled", detail=f"a UserPromptSubmit hook blocked the message: {blocked}"))
         if context:
             await self.rec.user_message(context, f"hook-prompt-{t.turn_id}", "lead", note=True)
+
+    async def _programs_gone(self) -> None:
+        """Programs the session lists that do not run on this runner are gone (their runner
+        stopped, or the session was taken over): recorded ``program.stopped`` by ``runner``, and
+        the model is told before its first request."""
+        t = self.turn
+        progs = self.deps.programs
+        if progs is None:
+            return
+        gone = await progs.books.gone(t.sid, t.info.get("programs"))
+        if not gone:
+            return
+        evs = [ev.ProgramStopped(**self.rec.e(), program_id=str(g.get("program_id")), by="runner") for g in gone]
+        await self.rec.emit(*evs, ops=[progs.listing(t.sid)])
+        names = ", ".join(f"{g.get('program_id')} ({g.get('name')}: {g.get('command')})" for g in gone)
+        await self.rec.user_message(
+            f"[coxswain: the session's programs {names} are gone: the runner that ran them stopped. Start them "
+            "again with start_program if they are still needed.]", f"programs-gone-{t.turn_id}", "lead", note=True)
 
     async def _stop_hooks(self, text: str) -> None:
         """The model would end the turn: a Stop hook that blocks saves its reason as a Lead (the

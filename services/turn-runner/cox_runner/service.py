@@ -30,6 +30,7 @@ from coxswain.ids import new_id
 from coxswain.service import Service
 
 from . import drive as drives_mod
+from . import programs as programs_mod
 from .admission import Admission
 from .clients import Clients
 from .deps import Deps
@@ -39,6 +40,7 @@ from .health import Health
 from .leases import Drive, Leases
 from .logreader import LogReader
 from .model.providers import Models
+from .programs import Programs
 from .queue_ops import QueueOps
 from .redis.archive import Archiver
 from .redis.faults import DropReplies
@@ -94,6 +96,10 @@ class Runner(Service):
             health=Health(self.nc, self.settings), process=self,
             run_slots=RunSlots(self.store, self.settings, self.runner_id, self.log),
         )
+        self.programs = Programs(self.deps)
+        self.deps.programs = self.programs
+        self.doorbell.on_drive = self._drive_here
+        self.doorbell.on_programs = self._stop_programs
         self.admission = Admission(self.deps)
         self.archiver = Archiver(self.settings, self.store, self.js, self.log, self.owner)
         await self.archiver.start()
@@ -109,6 +115,7 @@ class Runner(Service):
         await self.endpoint(rpc.RUNNER_STOP, on(a.stop))
         await self.endpoint(rpc.RUNNER_ANSWER, on(a.answer))
         await self.endpoint(rpc.RUNNER_OBSERVE, on(a.observe))
+        await self.endpoint(rpc.RUNNER_PROGRAM_STOP, on(a.program_stop))
         await self.endpoint(rpc.RUNNER_RESTORE, on(a.restore))
         await self.endpoint(rpc.RUNNER_UNDO, on(a.undo))
         await self.endpoint(rpc.RUNNER_COMPACT, on(a.compact))
@@ -130,6 +137,7 @@ class Runner(Service):
         self.spawn(self._every(1.0, limits.of(self.sandbox).reap), "orphan-reaper", critical=True)
         self.spawn(self._every(self.settings.attachments.collect_every_s, a.attachments.collect),
                    "attachment-collector", critical=True)
+        self.spawn(self._every(programs_mod.TICK_S, self.programs.books.tick), "programs", critical=True)
         if self.settings.sessions.idle_days > 0:
             self.spawn(self._every(self.settings.sessions.archive_every_s, self._archive), "archiver", critical=True)
 
@@ -172,9 +180,36 @@ class Runner(Service):
     async def _on_control(self, msg: Msg) -> None:
         try:
             data = json.loads(msg.data)
-            await self.doorbell.answer(str(data["sid"]), str(data.get("kind", "")))
+            extra = data.get("data")
+            await self.doorbell.answer(str(data["sid"]), str(data.get("kind", "")),
+                                       extra if isinstance(extra, dict) else None)
+            if msg.reply:  # Doorbell.ask waits for it
+                await msg.respond(b"ok")
         except Exception as exc:  # noqa: BLE001 - a bad doorbell is logged, never fatal
             self.log.warning("control.bad_message", error=repr(exc))
+
+    async def _drive_here(self, sid: str, data: dict[str, Any]) -> None:
+        """A send admitted by another runner to a session whose programs run here: run its turn."""
+        first = data.get("first")
+        token = data.get("token")
+        if not isinstance(first, dict) or not token:
+            return
+        d = self.leases.get(sid)
+        if d is not None and d.token == str(token):
+            return
+        drives_mod.start_drive(self.deps, Drive(sid=sid, token=str(token), first=first))
+
+    async def _stop_programs(self, sid: str, data: dict[str, Any]) -> None:
+        pid = data.get("program_id")
+        by = str(data.get("by") or "stop")
+        if by not in ("stop", "person"):
+            by = "stop"
+        if pid:
+            p = self.programs.find(sid, str(pid))
+            if p is not None:
+                await self.programs.stop(p, by)
+            return
+        await self.programs.stop_session(sid, by)
 
     # ------------------------------------------------------------------ loops
     async def _every(self, period: float, fn: Any) -> None:
@@ -226,6 +261,8 @@ class Runner(Service):
         tasks = [d.task for d in self.leases if d.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
+        with contextlib.suppress(Exception):  # the programs stop with their runner
+            await asyncio.wait_for(self.programs.stop_all("runner"), SHUTDOWN_GRACE_S)
         await self.store.outbox.close()
 
 

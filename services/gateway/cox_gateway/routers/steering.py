@@ -17,6 +17,7 @@ from coxswain.models import (
     LeadResult,
     ObserveBody,
     ObserveCmd,
+    ProgramStopCmd,
     QueueOrder,
     QueueOrderCmd,
     QueueRemoveCmd,
@@ -24,6 +25,7 @@ from coxswain.models import (
     SendCmd,
     SendMessage,
     SendResult,
+    StopBody,
     StopCmd,
     StopResult,
 )
@@ -51,8 +53,12 @@ async def lead(sid: Sid, body: LeadMessage, services: ServicesDep, reads: ReadsD
 
 
 @router.post("/v1/sessions/{sid}/stop")
-async def stop(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Principal) -> StopResult:
-    return await reads.approve(sid, who, lambda p: services.call(rpc.RUNNER_STOP, StopCmd(principal=p, sid=sid)))
+async def stop(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Principal,
+               body: StopBody | None = None) -> StopResult:
+    """Stop the turn and discard the queue; with ``{"programs": true}`` the session's programs too."""
+    programs = bool(body and body.programs)
+    return await reads.approve(sid, who, lambda p: services.call(rpc.RUNNER_STOP, StopCmd(
+        principal=p, sid=sid, programs=programs)))
 
 
 @router.post("/v1/sessions/{sid}/approvals/{aid}", responses=errors.responses(400, 409, 413))
@@ -73,7 +79,16 @@ async def queue_order(sid: Sid, body: QueueOrder, services: ServicesDep, reads: 
     return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_QUEUE_ORDER, QueueOrderCmd(principal=p, sid=sid, **body.model_dump())))
 
 
-@router.post("/v1/sessions/{sid}/observe", status_code=202, responses=errors.responses(400, 413))
+@router.post("/v1/sessions/{sid}/programs/{program_id}/stop", status_code=202)
+async def program_stop(sid: Sid, program_id: VersionId, services: ServicesDep, reads: ReadsDep,
+                       who: Principal) -> dict[str, Any]:
+    """Stop one of the session's programs (``program.stopped`` by ``person``, recorded when it ended)."""
+    await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_PROGRAM_STOP, ProgramStopCmd(
+        principal=p, sid=sid, program_id=program_id)))
+    return {"ok": True, "program_id": program_id}
+
+
+@router.post("/v1/sessions/{sid}/observe", status_code=202, responses=errors.responses(400, 409, 413))
 async def observe(sid: Sid, body: ObserveBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> dict[str, Any]:
     await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_OBSERVE, ObserveCmd(principal=p, sid=sid, **body.model_dump())))
     return {"ok": True}

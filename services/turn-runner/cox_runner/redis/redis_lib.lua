@@ -356,10 +356,14 @@ local function cox_send(keys, args)
   if traceparent ~= nil and traceparent ~= '' then msg.traceparent = traceparent end
   local res
   if not busy(base) then
+    -- The session's programs run on one runner (its :plock, renewed while they run): the turn
+    -- starts there, under a lease taken in that runner's name (the admitting runner rings it).
+    local holder = redis.call('GET', base .. ':plock')
+    if holder and holder ~= '' then runner = holder end
     local token = take_lease(base, sid, runner, lease_ms, now)
     begin_turn(base, sid, msg, turn_id, now, agents_md)
     local disp = 'started'
-    res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token }
+    res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token, runner = runner }
   elseif mode == '' then
     return refuse('busy', 'a turn is running: choose queue or steer')
   elseif mode == 'queue' then
@@ -970,6 +974,7 @@ end
 local function unarchivable(base)
   if busy(base) then return 'busy' end
   if redis.call('EXISTS', base .. ':lease') == 1 then return 'leased' end
+  if redis.call('EXISTS', base .. ':plock') == 1 then return 'programs running' end
   if redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q') > 0 then return 'queued' end
   if redis.call('LLEN', base .. ':leadq') > 0 then return 'leads pending' end
   if redis.call('LLEN', base .. ':outbox') > 0 then return 'outbox not published' end

@@ -8,6 +8,7 @@ only builds the argv for it.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -75,14 +76,21 @@ class Bwrap:
         self.store_dir = store_dir
         self.setpriv = setpriv
         """util-linux's setpriv (see :class:`~cox_runner.workspace.sandbox.Sandbox`), or None."""
-        self._base: list[str] | None = None
+        self._base: dict[bool, list[str]] = {}
 
-    def system_args(self, dropping: bool) -> list[str]:
-        if self._base is not None:
-            return self._base
+    def system_args(self, dropping: bool, share_net: bool = False) -> list[str]:
+        """The mounts, namespaces and capabilities of every sandbox. ``share_net`` (a root bwrap
+        only, started by :meth:`join_net` inside a session's own network namespace): no new
+        network namespace, so the process stays in that one (never the host's)."""
+        if share_net and not dropping:
+            raise SandboxUnavailable("only a root runner joins a session's network namespace")
+        cached = self._base.get(share_net)
+        if cached is not None:
+            return cached
         args = ["--die-with-parent", "--new-session"]
         if dropping:
-            args += [*ROOT_NAMESPACES, "--cap-drop", "ALL"]
+            spaces = [n for n in ROOT_NAMESPACES if not (share_net and n == "--unshare-net")]
+            args += [*spaces, "--cap-drop", "ALL"]
             for cap in ROOT_CAPS:
                 args += ["--cap-add", cap]
         else:
@@ -111,7 +119,7 @@ class Bwrap:
             args += [*self.parents(str(p), dropping), "--ro-bind-try", str(p), str(p)]
         for p in self.cfg.extra_rw:
             args += [*self.parents(str(p), dropping), "--bind-try", str(p), str(p)]
-        self._base = args
+        self._base[share_net] = args
         return args
 
     def parents(self, path: str, dropping: bool) -> list[str]:
@@ -136,6 +144,15 @@ class Bwrap:
         nnp = [] if dropping or _setuid(program) else ["--no-new-privs"]
         return [self.setpriv, "--pdeathsig", "KILL", *nnp, "--"]
 
+    def join_net(self, netns: int) -> list[str]:
+        """What enters the session's network namespace (the descriptor ``netns``, passed to the
+        child) before bwrap starts: util-linux's nsenter, as root (it needs CAP_SYS_ADMIN)."""
+        nsenter = shutil.which("nsenter")
+        if nsenter is None or not nsenter.startswith(("/usr/", "/bin/", "/sbin/")):
+            raise SandboxUnavailable("util-linux's nsenter is needed in the system folders to share a session's "
+                                     "network namespace")
+        return [nsenter, f"--net=/proc/self/fd/{netns}", "--"]
+
     def drop(self, owner: Owner) -> list[str]:
         """The last step inside a root bwrap: become the sandbox user (``owner``) for good."""
         inner = self.setpriv
@@ -145,12 +162,22 @@ class Bwrap:
         return [inner, f"--reuid={owner.uid}", f"--regid={owner.gid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--"]
 
-    def argv(self, program: str, workspace: Path, egress: str | None, dropping: bool) -> list[str]:
+    def argv(self, program: str, workspace: Path, egress: str | None, dropping: bool,
+             netns: int | None = None, info_fd: int | None = None) -> list[str]:
         """bwrap's argv for ``workspace``; ``egress``: the proxy socket of a granted command (its
-        network namespace stays its own: never ``--share-net``)."""
+        network namespace stays its own: never ``--share-net``). ``netns``: a descriptor of the
+        session's own network namespace (:class:`~cox_runner.workspace.sandbox.NetNs`) to run in
+        instead of a new one (root only; never with ``egress``). ``info_fd``: bwrap tells the
+        pid of its child there."""
+        if netns is not None and egress is not None:
+            raise SandboxUnavailable("a command granted the network keeps a network namespace of its own")
         ws = str(workspace)
         lead = self.lead(program, dropping)
-        argv = [*lead, program, *self.system_args(dropping), *self.parents(ws, dropping), "--bind", ws, ws]
+        if netns is not None:
+            lead = [*self.join_net(netns), *lead]
+        info = ["--info-fd", str(info_fd)] if info_fd is not None else []
+        argv = [*lead, program, *info, *self.system_args(dropping, share_net=netns is not None),
+                *self.parents(ws, dropping), "--bind", ws, ws]
         store = workspace / self.store_dir
         if store.is_dir() and not store.is_symlink():
             argv += ["--ro-bind", str(store), str(store)]

@@ -13,7 +13,9 @@ What a sandboxed command sees:
   Redis nor its NATS). Granted the network, it keeps that namespace and reaches the network only
   through coxswain's egress proxy (:mod:`cox_runner.workspace.egress`: one Unix socket bound in, a
   forwarder on its own ``127.0.0.1``, the proxy variables set), which refuses non-public
-  addresses and records every connection;
+  addresses and records every connection. While a session has programs (a root runner), its
+  processes without the network share one namespace of the session's own instead
+  (:class:`NetNs`: a loopback, nothing else, never the host's), entered before bwrap;
 - no capabilities, ``no_new_privs``, its own session (no terminal to inject into), and it dies
   with the runner (``--die-with-parent``); the runner kills the whole tree on Stop or a time-out;
 - never a privileged uid. A runner that is not root runs bwrap unprivileged: the sandbox is a
@@ -122,8 +124,55 @@ class Sandbox:
         """The last step inside a root bwrap: become the sandbox user for good (nothing when not root)."""
         return self.bwrap.drop(self.owner()) if self.dropping else []
 
-    def _bwrap(self, program: str, workspace: Path, egress: str | None) -> list[str]:
-        return self.bwrap.argv(program, workspace, egress, self.dropping)
+    def _bwrap(self, program: str, workspace: Path, egress: str | None, netns: int | None = None,
+               info_fd: int | None = None) -> list[str]:
+        return self.bwrap.argv(program, workspace, egress, self.dropping, netns, info_fd)
+
+    @property
+    def shares_net(self) -> bool:
+        """A session's commands and programs share a network namespace of its own
+        (:class:`NetNs`): confined, as root (joining one needs CAP_SYS_ADMIN, which only the
+        root runner has before it drops to the sandbox user)."""
+        return self.dropping
+
+    async def open_netns(self, workspace: Path, box_argv: Any) -> NetNs:
+        """Start a session's network namespace: a bwrap like any command's (its own loopback, no
+        other interface) whose only process sleeps as the sandbox user; its namespace is held
+        by a descriptor, which later commands enter (:meth:`argv` with ``netns``). ``box_argv``
+        puts the holder in its limits box (the orphan reaper's, should the runner die)."""
+        program = self._program()
+        if program is None:
+            raise SandboxUnavailable(self._missing().reason)
+        if not self.shares_net:
+            raise SandboxUnavailable("only a root runner shares a session's network namespace")
+        drop = self._drop()
+        r, w = os.pipe()
+        try:
+            argv = box_argv([*self._bwrap(program, workspace, None, info_fd=w), "--", *drop,
+                             "/bin/bash", "-c", CLOSE_FDS, "cox-sandbox", "sleep", "infinity"])
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL, start_new_session=True, pass_fds=(w,),
+                env={"PATH": "/usr/bin:/bin"})
+        finally:
+            os.close(w)
+        try:
+            told = await asyncio.wait_for(asyncio.to_thread(_read_info, r), PROBE_TIMEOUT_S)
+            fd = os.open(f"/proc/{int(told['child-pid'])}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, TimeoutError, ValueError, KeyError) as exc:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            await proc.wait()
+            raise SandboxUnavailable(f"the session's network namespace did not start: {exc!r}") from None
+        finally:
+            os.close(r)
+        if os.fstat(fd).st_ino == os.stat("/proc/self/ns/net").st_ino:  # never the host's
+            os.close(fd)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            await proc.wait()
+            raise SandboxUnavailable("the session's network namespace is the host's: refused")
+        return NetNs(fd, proc)
 
     def networked(self, network: bool) -> bool:
         """Whether a command asked with ``network`` goes through the egress proxy."""
@@ -160,15 +209,17 @@ class Sandbox:
         return self._status
 
     def argv(self, workspace: Path, command: str, network: bool, *, egress: str | None = None,
-             offline: bool = False) -> list[str]:
+             offline: bool = False, netns: int | None = None) -> list[str]:
         """The argv that runs ``command`` with bash in ``workspace``; raises when it cannot be confined.
         Granted the network (``network`` or ``[sandbox] network``), ``egress`` is the proxy socket
         of :meth:`cox_runner.workspace.egress.Egress.grant` (without one it is refused). ``offline`` (a
-        hook): no network whatever ``[sandbox] network`` says."""
+        hook): no network whatever ``[sandbox] network`` says. ``netns``: the session's own network
+        namespace (:class:`NetNs`) to run in, for a command without the network."""
         shell = ["/bin/bash", "-c", command]
         if self.cfg.mode == "none":
             return shell
-        return self._confined(workspace, shell, network and not offline, None if offline else egress, offline)
+        return self._confined(workspace, shell, network and not offline, None if offline else egress, offline,
+                              netns=netns)
 
     def wrap(self, workspace: Path, argv: list[str], network: bool, *, egress: str | None = None) -> list[str]:
         """The argv that runs the program ``argv`` (a stdio MCP server) confined like a command,
@@ -179,7 +230,7 @@ class Sandbox:
         return self._confined(workspace, argv, network, egress)
 
     def _confined(self, workspace: Path, argv: list[str], network: bool, egress: str | None = None,
-                  offline: bool = False) -> list[str]:
+                  offline: bool = False, netns: int | None = None) -> list[str]:
         """``argv`` under bubblewrap in ``workspace``; raises when it cannot be confined."""
         program = self._program()
         if program is None:
@@ -200,7 +251,8 @@ class Sandbox:
                 raise SandboxUnavailable("a command granted the network needs python3 in the system folders "
                                          f"({', '.join(egress_mod.PYTHONS)}) for its proxy forwarder")
             argv = egress_mod.wrapped(python, argv)
-        return [*self._bwrap(program, workspace, egress if network else None), "--", *drop,
+            netns = None  # granted the network: a namespace of its own (its forwarder serves it alone)
+        return [*self._bwrap(program, workspace, egress if network else None, netns), "--", *drop,
                 "/bin/bash", "-c", CLOSE_FDS, "cox-sandbox", *argv]
 
     async def probe(self) -> SandboxStatus:
@@ -309,6 +361,46 @@ class Sandbox:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(work, 30)
             raise
+
+
+class NetNs:
+    """A session's own network namespace (:meth:`Sandbox.open_netns`): its holder process and a
+    descriptor of the namespace. Closed when the session's last program ends; a command running
+    in it keeps the namespace alive until it exits."""
+
+    def __init__(self, fd: int, proc: asyncio.subprocess.Process) -> None:
+        self.fd = fd
+        self.proc = proc
+
+    @property
+    def alive(self) -> bool:
+        return self.fd >= 0 and self.proc.returncode is None
+
+    async def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 9)
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self.proc.wait(), 5)
+
+
+def _read_info(fd: int) -> dict[str, Any]:
+    """bwrap's ``--info-fd`` JSON (its child's pid), read until the object is whole."""
+    import json
+
+    data = b""
+    while b"}" not in data:
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    out = json.loads(data.decode())
+    if not isinstance(out, dict):
+        raise ValueError("bwrap's info is not an object")
+    return out
 
 
 def _settle(workspace: Path, store_dir: str, owner: Owner | None) -> sandbox_user.Settled | None:

@@ -91,6 +91,40 @@ TOOLS: list[ToolDefinition] = [
         ),
     ),
     ToolDefinition(
+        name="start_program",
+        description="Start a long-running program (a dev server, a watcher, a REPL) in the sandbox, in the "
+                    "workspace folder, and return its program_id at once; it keeps running after this turn. "
+                    "Commands of this session reach it on the sandbox's own loopback (127.0.0.1). Read what "
+                    "it writes with read_program, send it input with write_program, end it with stop_program. "
+                    "pty: run it on a terminal (for REPLs and prompts). network: as for run_command.",
+        parameters_json_schema=_obj(
+            {"command": {"type": "string"}, "name": {"type": "string"}, "network": {"type": "boolean"},
+             "pty": {"type": "boolean"}},
+            ["command"],
+        ),
+    ),
+    ToolDefinition(
+        name="read_program",
+        description="Read what a program wrote since the last read (or from byte offset since), and whether "
+                    "it exited. wait_s: wait up to that many seconds for new output first.",
+        parameters_json_schema=_obj(
+            {"program_id": {"type": "string"}, "wait_s": {"type": "number", "minimum": 0, "maximum": 60},
+             "since": {"type": "integer", "minimum": 0}},
+            ["program_id"],
+        ),
+    ),
+    ToolDefinition(
+        name="write_program",
+        description="Send text to a running program's input (end a line with \n). The person may be asked.",
+        parameters_json_schema=_obj({"program_id": {"type": "string"}, "text": {"type": "string"}},
+                                    ["program_id", "text"]),
+    ),
+    ToolDefinition(
+        name="stop_program",
+        description="Stop a running program (it and everything it started are killed).",
+        parameters_json_schema=_obj({"program_id": {"type": "string"}}, ["program_id"]),
+    ),
+    ToolDefinition(
         name="respond",
         description="Say something to the person (answer a question, report progress) without ending the turn.",
         parameters_json_schema=_obj({"text": {"type": "string"}}, ["text"]),
@@ -113,6 +147,10 @@ REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "find_files": (("pattern", str),),
     "search_text": (("pattern", str),),
     "run_command": (("command", str),),
+    "start_program": (("command", str),),
+    "read_program": (("program_id", str),),
+    "write_program": (("program_id", str), ("text", str)),
+    "stop_program": (("program_id", str),),
     "respond": (("text", str),),
     "plan_write": (("steps", list),),
     "plan_step": (("step", int),),
@@ -122,10 +160,13 @@ OPTIONAL: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "edit_file": (("count", int),),
     "search_text": (("path", str),),
     "run_command": (("timeout_s", (int, float)), ("network", bool)),
+    "start_program": (("name", str), ("network", bool), ("pty", bool)),
+    "read_program": (("wait_s", (int, float)), ("since", int)),
 }
 AT_LEAST_ONE: dict[str, tuple[str, ...]] = {"read_file": ("offset", "limit"), "edit_file": ("count",)}
 """Integer arguments that must be at least 1 when given."""
-ACTIONS = frozenset({"write_file", "edit_file", "run_command"})
+ACTIONS = frozenset({"write_file", "edit_file", "run_command", "start_program", "write_program"})
+PROGRAM_TOOLS = frozenset({"start_program", "read_program", "write_program", "stop_program"})
 WRITES = frozenset({"write_file", "edit_file"})
 """Tools that write a file through the fenced, versioned write (a staged write settles with their result)."""
 READ_ONLY = frozenset({"read_file", "list_dir", "find_files", "search_text"})
@@ -148,6 +189,8 @@ def check_args(name: str, args: Any) -> str | None:
             return f"argument {key!r} has the wrong type"
     if name == "plan_write" and not all(isinstance(s, str) for s in args["steps"]):
         return "steps must be strings"
+    if name == "read_program" and ((args.get("wait_s") or 0) < 0 or (args.get("since") or 0) < 0):
+        return "wait_s and since may not be negative"
     for key in AT_LEAST_ONE.get(name, ()):
         if args.get(key) is not None and args[key] < 1:
             return f"argument {key!r} must be at least 1"
@@ -448,19 +491,24 @@ class CommandResult:
 
 
 async def run_command(workspace: Path, command: str, timeout_s: float, limit: int, sandbox: Sandbox,
-                      network: bool = False, *, requests: list[Request] | None = None) -> CommandResult:
+                      network: bool = False, *, requests: list[Request] | None = None,
+                      netns: int | None = None) -> CommandResult:
     """Run ``command`` with bash in the sandbox, in its own process group and its own cgroups
     (:mod:`cox_runner.workspace.limits`); a limit reached, a time-out or a cancel kills the whole tree.
     Raises :class:`~cox_runner.errors.SandboxUnavailable` (nothing runs) when the sandbox
     cannot start. Granted the network, it gets a proxy socket of its own for its run; every
-    connection it asked for is appended to ``requests`` (to record as ``network.request``)."""
+    connection it asked for is appended to ``requests`` (to record as ``network.request``).
+    ``netns``: the session's own network namespace (its programs run there), for a command
+    without the network."""
     await sandbox.prepare(workspace)
     limiter = limits.of(sandbox)
     box = await asyncio.to_thread(limiter.box, "cmd")
     try:
         if not sandbox.networked(network):
-            argv = box.argv(sandbox.argv(workspace, command, network))
-            return await _run_boxed(workspace, argv, timeout_s, limit, sandbox, box)
+            joined = netns if sandbox.confined else None
+            argv = box.argv(sandbox.argv(workspace, command, network, netns=joined))
+            return await _run_boxed(workspace, argv, timeout_s, limit, sandbox, box,
+                                    pass_fds=(joined,) if joined is not None else ())
         async with sandbox.egress.grant(requests if requests is not None else []) as grant:
             argv = box.argv(sandbox.argv(workspace, command, network, egress=grant.socket))
             return await _run_boxed(workspace, argv, timeout_s, limit, sandbox, box)
@@ -472,9 +520,9 @@ async def run_command(workspace: Path, command: str, timeout_s: float, limit: in
 
 
 async def _run_boxed(workspace: Path, argv: list[str], timeout_s: float, limit: int, sandbox: Sandbox,
-                     box: limits.Box) -> CommandResult:
+                     box: limits.Box, pass_fds: tuple[int, ...] = ()) -> CommandResult:
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL,
+        *argv, cwd=str(workspace), stdin=asyncio.subprocess.DEVNULL, pass_fds=pass_fds,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         env=command_env(workspace),
         # setpriv (or else this hook) gives the command PR_SET_PDEATHSIG, and bwrap's

@@ -430,6 +430,11 @@ const HANDLERS = {
       (ev.scope === "files" ? "The model still sees the whole conversation." : "The model sees the conversation up to there, then what follows."), "rewound");
     m.mark("changes");
   },
+  "program.started"(m, ev) { m.note(ev, `Program ${ev.name || ev.program_id} started: \`${ev.command}\``, "small"); },
+  "program.exited"(m, ev) {
+    m.note(ev, `Program ${ev.program_id} exited${ev.code === null || ev.code === undefined ? "" : ` (code ${ev.code})`}`, ev.code ? "bad" : "small");
+  },
+  "program.stopped"(m, ev) { m.note(ev, `Program ${ev.program_id} stopped (by ${ev.by})`, "small"); },
   "session.shared"(m, ev) {
     m.note(ev, ev.role === "approver"
       ? `Shared with ${ev.principal} as an approver: they see it, answer its approvals and may Stop it`
