@@ -32,7 +32,7 @@ from coxswain.models import AttachCmd, Attachment
 from .. import errors
 from ..deps import Principal, ReadsDep, ServicesDep, SettingsDep, Sid, StreamsDep, VersionId
 
-router = APIRouter(responses=errors.responses(401, 404, 422, 503))
+router = APIRouter(responses=errors.responses(401, 403, 404, 422, 503))
 
 CHUNK = 1 << 20
 

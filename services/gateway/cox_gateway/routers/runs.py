@@ -19,7 +19,7 @@ router = APIRouter(responses=errors.responses(401, 503))
 
 @router.post("/v1/runs", status_code=201, responses={
     200: {"model": RunCreated, "description": "the run a POST with this `client_id` made before (`replay: true`)"},
-    **errors.responses(400, 404, 409, 413, 422)})
+    **errors.responses(400, 403, 404, 409, 413, 422)})
 async def start_run(body: CreateRun, services: ServicesDep, reads: ReadsDep, who: Principal, response: Response,
                     traceparent: Annotated[str | None, Header(max_length=512)] = None) -> RunCreated:
     """A session whose turns the program drives until one completes (or ``max_turns``); with a
@@ -43,7 +43,7 @@ async def list_runs(reads: ReadsDep, who: Principal, state: Literal["running", "
                             if v is not None and v.run is not None and (state is None or v.run.state == state)])
 
 
-@router.post("/v1/sessions/{sid}/check", responses=errors.responses(400, 404, 409, 413, 422))
+@router.post("/v1/sessions/{sid}/check", responses=errors.responses(400, 403, 404, 409, 413, 422))
 async def check(sid: Sid, body: CheckBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> CheckResult:
     """Run the owner's command in the sandbox in the session's workspace (no approval; 409
     ``busy`` while a turn runs); recorded as a ``check`` event. Exit code 0 is a pass."""

@@ -40,7 +40,7 @@ async def list_models(settings: SettingsDep, who: Principal) -> dict[str, Any]:
     return {"default": settings.model.default, "models": sorted(settings.model.names())}
 
 
-@router.post("/v1/sessions", status_code=201, responses=errors.responses(400, 404, 409, 413, 422, 503))
+@router.post("/v1/sessions", status_code=201, responses=errors.responses(400, 403, 404, 409, 413, 422, 503))
 async def create_session(body: CreateSession, services: ServicesDep, reads: ReadsDep, who: Principal) -> Session:
     reads.create(who)
     return await services.call(rpc.RUNNER_CREATE, CreateCmd(principal=who, **body.model_dump()))
@@ -54,7 +54,7 @@ async def get_session(sid: Sid, reads: ReadsDep, who: Principal) -> Session:
     return view
 
 
-@router.patch("/v1/sessions/{sid}", responses=errors.responses(400, 404, 413, 422, 503))
+@router.patch("/v1/sessions/{sid}", responses=errors.responses(400, 403, 404, 413, 422, 503))
 async def patch_session(sid: Sid, body: PatchSession, services: ServicesDep, reads: ReadsDep, who: Principal) -> Session:
     return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_PATCH,
                                                                PatchCmd(principal=p, sid=sid, **body.model_dump())))

@@ -33,7 +33,7 @@ from coxswain.models import (
 from .. import errors
 from ..deps import Principal, ReadsDep, ServicesDep, Sid, VersionId
 
-router = APIRouter(responses=errors.responses(401, 404, 422, 503))
+router = APIRouter(responses=errors.responses(401, 403, 404, 422, 503))
 
 
 @router.post("/v1/sessions/{sid}/messages", status_code=202, responses=errors.responses(400, 409, 413))
@@ -52,7 +52,7 @@ async def lead(sid: Sid, body: LeadMessage, services: ServicesDep, reads: ReadsD
     return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_LEAD, LeadCmd(principal=p, sid=sid, **body.model_dump())))
 
 
-@router.post("/v1/sessions/{sid}/stop")
+@router.post("/v1/sessions/{sid}/stop", responses=errors.responses(400, 413))
 async def stop(sid: Sid, services: ServicesDep, reads: ReadsDep, who: Principal,
                body: StopBody | None = None) -> StopResult:
     """Stop the turn and discard the queue; with ``{"programs": true}`` the session's programs too."""

@@ -21,7 +21,7 @@ from coxswain.models import (
 from .. import errors
 from ..deps import Principal, ReadsDep, ServicesDep, Sid
 
-router = APIRouter(responses=errors.responses(400, 401, 404, 409, 413, 422, 503))
+router = APIRouter(responses=errors.responses(400, 401, 403, 404, 409, 413, 422, 503))
 
 
 @router.post("/v1/sessions/{sid}/compact")
