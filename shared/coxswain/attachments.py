@@ -138,6 +138,8 @@ def collect(root: Path | str, store_dir: str, ttl_s: float, now: float, grace_s:
     replaced meanwhile (fresh) or a send marked meanwhile is put back (the same bytes: the name is
     their digest), else removed. Safe beside other runners doing the same (each rename is atomic)."""
     d = folder(root, store_dir)
+    if not d.is_dir():
+        return []  # nothing was ever uploaded: make no folder under the root (keep() makes it)
     kept = ensure_kept(root, store_dir)
     limit = now - ttl_s - grace_s
     removed: list[str] = []

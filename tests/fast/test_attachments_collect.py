@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 from coxswain import attachments as att
@@ -41,3 +42,11 @@ def test_only_old_unnamed_blobs_go(tmp_path: Path) -> None:
     left = {p.name for p in att.folder(tmp_path, ".coxswain").iterdir()}
     assert left == {in_grace, named, att.KEPT}
     assert hashlib.sha256(b"named").hexdigest() == named
+
+
+def test_collecting_with_nothing_uploaded_makes_no_folder_under_the_root(tmp_path: Path) -> None:
+    """The collector runs on every runner from its start: on a root nothing was uploaded to it
+    must leave no ``.coxswain`` behind (the root's store folder is no workspace, and tests of the
+    root's tree see it)."""
+    assert att.collect(tmp_path, ".coxswain", 60.0, time.time()) == []
+    assert list(tmp_path.iterdir()) == []
