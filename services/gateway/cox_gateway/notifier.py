@@ -33,12 +33,10 @@ from nats.js import JetStreamContext, api
 from coxswain import __version__, notify, subjects
 from coxswain.config import NotifyConfig, WebhookConfig
 
-from . import metrics
+from . import consumers, metrics
 
 FETCH_WAIT_S = 2.0
 """How long one pull waits for events before asking again (and noticing a stop)."""
-RESUBSCRIBE_S = 1.0
-"""The wait before a consumer that failed (no stream yet, NATS away) is set up again."""
 ACK_WAIT_EXTRA_S = 30.0
 """The consumer's ack wait is one attempt's time-out plus this: a message is redelivered only
 when the gateway that took it is gone (or stuck), never while its attempt may still answer."""
@@ -50,7 +48,7 @@ class SecretMissing(Exception):
     """A webhook's ``secret_env`` names a variable this gateway does not have (or it is empty)."""
 
 
-class Webhook:
+class Webhook(consumers.Consuming):
     """One ``[[notify.webhooks]]`` entry's delivery loop (:meth:`run`, a task of the gateway)."""
 
     def __init__(self, cfg: WebhookConfig, secret: bytes, policy: NotifyConfig, js: JetStreamContext,
@@ -66,7 +64,7 @@ class Webhook:
         self._log = log.bind(webhook=self.name)
         self._started = started
         self.state = "starting"
-        self.error: str | None = None
+        self.error = None
         self._inflight: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:  # never the URL or the secret
@@ -76,27 +74,7 @@ class Webhook:
     async def run(self) -> None:
         """Set up the consumer and deliver until cancelled; a failure is logged, then set up again."""
         try:
-            while True:
-                sub: Any = None
-                try:
-                    sub = await self._subscribe()
-                    self.state, self.error = "running", None
-                    self._log.info("notify.consuming", consumer=self.consumer)
-                    await self._consume(sub)
-                except (nats.errors.Error, OSError) as exc:
-                    # Once per kind of failure (before the runner made the stream: NotFoundError).
-                    seen, self.error = self.error, type(exc).__name__
-                    self.state = "retrying"
-                    (self._log.debug if seen == self.error else self._log.warning)(
-                        "notify.consumer_failed", error=repr(exc))
-                except Exception as exc:  # noqa: BLE001 - a bug: seen, and the webhook carries on
-                    self.state, self.error = "retrying", type(exc).__name__
-                    self._log.error("notify.consumer_failed", error=repr(exc), exc_info=exc)
-                finally:
-                    if sub is not None:
-                        with contextlib.suppress(Exception):
-                            await sub.unsubscribe()
-                await asyncio.sleep(RESUBSCRIBE_S)
+            await self._keep_consuming("notify", self.consumer)
         finally:
             # Deliveries cut short are not acknowledged: JetStream hands them out again.
             for task in self._inflight:
@@ -115,21 +93,7 @@ class Webhook:
         )
 
     async def _subscribe(self) -> Any:
-        stream = subjects.EVENTS_STREAM
-        want = self._config()
-        try:
-            have = (await self._js.consumer_info(stream, self.consumer)).config
-        except nats.js.errors.NotFoundError:
-            await self._js.add_consumer(stream, want)
-        else:
-            # Only what may change of a durable consumer; its start (deliver policy) stays.
-            editable = {"ack_wait": want.ack_wait, "max_ack_pending": want.max_ack_pending,
-                        "max_deliver": want.max_deliver, "description": want.description}
-            changed = {k: v for k, v in editable.items() if getattr(have, k) != v}
-            if changed:
-                await self._js.add_consumer(stream, have.evolve(**editable))
-                self._log.info("notify.consumer_updated", consumer=self.consumer, changed=sorted(changed))
-        return await self._js.pull_subscribe_bind(durable=self.consumer, stream=stream)
+        return await consumers.bind(self._js, self._config(), self._log, "notify")
 
     async def _consume(self, sub: Any) -> None:
         room = self._policy.concurrency

@@ -40,12 +40,11 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from coxswain import __version__, eventlog, subjects, traces
 from coxswain.config import Settings
 
-from . import metrics
+from . import consumers, metrics
 
 CONSUMER: str = "cox-traces"
 FETCH_BATCH = 256
 FETCH_WAIT_S = 2.0
-RESUBSCRIBE_S = 1.0
 ACK_WAIT_EXTRA_S = 60.0
 """The consumer's ack wait is one export's time-out plus this (room to read a turn again)."""
 MAX_ACK_PENDING = 1000
@@ -116,7 +115,7 @@ def to_sdk(spans: list[traces.Span], resource: Resource) -> list[ReadableSpan]:
     return out
 
 
-class Tracer:
+class Tracer(consumers.Consuming):
     """The trace exporter of this gateway (:meth:`run`, a task of the gateway)."""
 
     def __init__(self, settings: Settings, js: JetStreamContext, log: Any) -> None:
@@ -134,7 +133,7 @@ class Tracer:
                                           service_attributes.SERVICE_VERSION: __version__})
         self._exporter = OTLPSpanExporter(endpoint=self.url, timeout=self.cfg.timeout_s)
         self.state = "starting"
-        self.error: str | None = None
+        self.error = None
 
     def provider_of(self, model: str) -> str | None:
         p = self._models.provider(model)
@@ -143,26 +142,7 @@ class Tracer:
     # ------------------------------------------------------------ the loop
     async def run(self) -> None:
         try:
-            while True:
-                sub: Any = None
-                try:
-                    sub = await self._subscribe()
-                    self.state, self.error = "running", None
-                    self._log.info("traces.consuming", consumer=CONSUMER)
-                    await self._consume(sub)
-                except (nats.errors.Error, OSError) as exc:
-                    seen, self.error = self.error, type(exc).__name__
-                    self.state = "retrying"
-                    (self._log.debug if seen == self.error else self._log.warning)(
-                        "traces.consumer_failed", error=repr(exc))
-                except Exception as exc:  # noqa: BLE001 - a bug: seen, and the exporter carries on
-                    self.state, self.error = "retrying", type(exc).__name__
-                    self._log.error("traces.consumer_failed", error=repr(exc), exc_info=exc)
-                finally:
-                    if sub is not None:
-                        with contextlib.suppress(Exception):
-                            await sub.unsubscribe()
-                await asyncio.sleep(RESUBSCRIBE_S)
+            await self._keep_consuming("traces", CONSUMER)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._exporter.shutdown)
@@ -178,16 +158,7 @@ class Tracer:
         )
 
     async def _subscribe(self) -> Any:
-        stream = subjects.EVENTS_STREAM
-        want = self._config()
-        try:
-            have = (await self._js.consumer_info(stream, CONSUMER)).config
-        except nats.js.errors.NotFoundError:
-            await self._js.add_consumer(stream, want)
-        else:
-            if have.ack_wait != want.ack_wait:
-                await self._js.add_consumer(stream, have.evolve(ack_wait=want.ack_wait))
-        return await self._js.pull_subscribe_bind(durable=CONSUMER, stream=stream)
+        return await consumers.bind(self._js, self._config(), self._log, "traces")
 
     async def _consume(self, sub: Any) -> None:
         while True:
