@@ -615,6 +615,21 @@ end
 --       lease is dropped and the session is listed as claimable at once), hold ('1': the
 --       services a turn needs do not answer; start nothing: the session stays busy under this
 --       lease with its messages waiting, and the runner calls again with no end_body once they answer)
+-- A Stop answered with this turn's id promised that it ends 'stopped' (cox_stop set the flag in
+-- the same ordering as this call): a runner that decided another ending a moment before it
+-- could see the Stop records 'stopped', the ending it had decided kept in the detail. A turn
+-- that ended 'stopped' or 'crashed' (a takeover's) keeps its own ending.
+local KEEPS_OWN_ENDING = { stopped = true, crashed = true }
+local function stopped_end(end_body)
+  local body = cjson.decode(end_body)
+  if KEEPS_OWN_ENDING[body.outcome] then return end_body end
+  local had = 'it would have ended ' .. tostring(body.outcome)
+  if type(body.detail) == 'string' and body.detail ~= '' then had = had .. ': ' .. body.detail end
+  body.outcome = 'stopped'
+  body.detail = 'stop requested as the turn was ending (' .. had .. ')'
+  return cjson.encode(body)
+end
+
 local function cox_turn_end(keys, args)
   local base = keys[1]
   local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next, agents_md = unpack(args)
@@ -629,6 +644,7 @@ local function cox_turn_end(keys, args)
   if end_body ~= '' and turn_id ~= '' then
     dismiss_approvals(base, sid, turn_id, now)
     unapply_leads(base, sid, turn_id, now)
+    if stop_flag == 'stop' then end_body = stopped_end(end_body) end
     emit(base, sid, end_body, now)
     if running(run) then
       -- The run goes on or ends here, in the call that ends the turn: exactly one 'continue' per
