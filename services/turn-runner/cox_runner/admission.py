@@ -202,7 +202,7 @@ class Admission:
             if res.get("disposition") == "started":
                 await _start_turn(r, cmd.sid, str(res["token"]), res.get("runner"), sent, {
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
-                    "attachments": attached})
+                    "attachments": attached, "info": res.get("info")})
             elif res.get("disposition") == "steered":
                 await r.doorbell.ring(res.get("runner"), cmd.sid, "steer")
         return SendResult(message_id=res["message_id"], disposition=res["disposition"],

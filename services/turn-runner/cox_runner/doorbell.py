@@ -71,7 +71,11 @@ class Doorbell:
             await self.on_programs(sid, data or {})
             return
         d = self.leases.get(sid)
-        if d is None or d.turn is None:
+        if d is None:
+            return
+        if d.turn is None:
+            if kind in ("stop", "steer"):
+                d.stop_rung = True  # between turns: the next turn of this drive reads the flag
             return
         t = d.turn
         if kind in ("stop", "steer"):

@@ -28,7 +28,7 @@ import redis.exceptions
 
 from coxswain import events as ev
 from coxswain import keys, safefs
-from coxswain.errors import Fenced, describe
+from coxswain.errors import Fenced, OpenCalls, describe
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
@@ -110,7 +110,7 @@ async def run_drive(deps: Deps, d: Drive) -> None:
 
 async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, Plan | None]:
     # The whole session once, here: the loop's load takes its plan and title from it too.
-    info = await deps.redis.hgetall(keys.session(d.sid))
+    info = msg.get("info") or await deps.redis.hgetall(keys.session(d.sid))
     turn = Turn(
         sid=d.sid, turn_id=msg["turn_id"], token=d.token, message_id=msg["message_id"], text=msg["text"],
         via=msg.get("mode") or "send", workspace=Path(info.get("workspace") or "."),
@@ -123,7 +123,12 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, 
     deps.log.info("turn.begin", sid=d.sid, turn_id=turn.turn_id, message_id=turn.message_id, token=d.token)
     if d.shutting_down:
         turn.request_stop("shutdown")
-    stop = await deps.redis.hget(keys.session(d.sid), "stop")
+    # The session as read above has the stop flag; a Stop or steer rung since (while no turn ran
+    # here, so the doorbell could stop none) is read again. From here on a doorbell finds d.turn.
+    stop = info.get("stop")
+    if d.stop_rung:
+        d.stop_rung = False
+        stop = await deps.redis.hget(keys.session(d.sid), "stop")
     if stop:
         turn.request_stop(stop)
     slot = running_run(info) is not None
@@ -162,12 +167,18 @@ async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> 
     turn = d.turn
     if turn is None:
         return None
-    if await _close_open_calls(deps, d, turn, ending):
-        d.history = None  # results the loop never saw: the next turn rebuilds from the log
     body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome,
                               finish_reason=ending.finish_reason, detail=ending.detail,
                               provider_finish_reason=ending.provider_finish_reason))
     deps.log.info("turn.end", sid=d.sid, turn_id=turn.turn_id, outcome=ending.outcome)
+    try:
+        # The library refuses while a call of the turn is open, so the usual end (every call
+        # closed by the loop) reads nothing before it.
+        return await turn_end_call(deps, d, body, _plan_action(ending, plan))
+    except OpenCalls:
+        pass
+    if await _close_open_calls(deps, d, turn, ending):
+        d.history = None  # results the loop never saw: the next turn rebuilds from the log
     return await turn_end_call(deps, d, body, _plan_action(ending, plan))
 
 
@@ -230,7 +241,7 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     msg = res.get("next")
     if isinstance(msg, dict):
         d.arm(lease_ms, sent)  # the call renewed the lease for the next turn
-        return {**msg, "turn_id": res.get("turn_id", next_turn)}
+        return {**msg, "turn_id": res.get("turn_id", next_turn), "info": res.get("info")}
     if res.get("held"):
         d.arm(lease_ms, sent)
         return await _hold(deps, d)

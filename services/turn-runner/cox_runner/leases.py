@@ -44,6 +44,8 @@ class Drive:
     """When the lease was (at the latest) set or last renewed, on this process's monotonic clock."""
     deadline: float = 0.0
     shutting_down: bool = False
+    stop_rung: bool = False
+    """A Stop or steer doorbell came while no turn of this drive ran (its next turn reads the flag)."""
     self_fence: bool = True
     mcp: Any = None
     """The session's MCP servers while this drive holds it (:mod:`cox_runner.workspace.mcp_servers`)."""

@@ -62,6 +62,8 @@ class Sent(TypedDict):
     position: NotRequired[int]
     runner: NotRequired[str | None]
     replay: NotRequired[bool]
+    info: NotRequired[dict[str, str]]
+    """When it started a turn: the session hash as that turn began (the turn reads nothing more)."""
 
 
 class LeadSaved(TypedDict):
@@ -125,6 +127,8 @@ class TurnEnded(TypedDict):
     ended: str
     handed_off: NotRequired[bool]
     held: NotRequired[bool]
+    info: NotRequired[dict[str, str]]
+    """With ``next``: the session hash as the next turn began."""
 
 
 class OpBegun(TypedDict):

@@ -174,6 +174,15 @@ local function end_run(base, sid, run, outcome, now)
 end
 
 -- Start a turn for msg (table: message_id, text, mode). Lease must already be held/created.
+-- The session hash as a map, for the reply of a call that began a turn: the turn reads the
+-- session from it, not with a read of its own.
+local function info_of(base)
+  local flat = redis.call('HGETALL', base)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
 local function begin_turn(base, sid, msg, turn_id, now, agents_md)
   apply_next_model(base, sid, now)
   local model = redis.call('HGET', base, 'model')
@@ -363,7 +372,8 @@ local function cox_send(keys, args)
     local token = take_lease(base, sid, runner, lease_ms, now)
     begin_turn(base, sid, msg, turn_id, now, agents_md)
     local disp = 'started'
-    res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token, runner = runner }
+    res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token, runner = runner,
+            info = info_of(base) }
   elseif mode == '' then
     return refuse('busy', 'a turn is running: choose queue or steer')
   elseif mode == 'queue' then
@@ -635,6 +645,11 @@ local function cox_turn_end(keys, args)
   local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next, agents_md = unpack(args)
   lease_ms = tonumber(lease_ms)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  if end_body ~= '' and redis.call('EXISTS', base .. ':open') == 1 then
+    -- a tool call of the turn has no result yet: the runner closes it (with the writes it left)
+    -- and ends the turn again; checked here so a turn whose calls all closed reads nothing first
+    return refuse('open_calls', 'a tool call of the turn is still open')
+  end
   local now = now_ms()
   local turn_id = redis.call('HGET', base, 'turn_id')
   local stop_flag = redis.call('HGET', base, 'stop')
@@ -685,7 +700,7 @@ local function cox_turn_end(keys, args)
     redis.call('PEXPIRE', base .. ':lease', lease_ms)
     redis.call('ZADD', leases_of(base), now + lease_ms, sid)
     begin_turn(base, sid, msg, next_turn_id, now, agents_md)
-    return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id }))
+    return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id, info = info_of(base) }))
   end
   run = run_of(base)
   if running(run) then

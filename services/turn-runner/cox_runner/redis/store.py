@@ -295,7 +295,7 @@ class Store:
 _STATUS = {"not_found": 404, "busy": 409, "not_accepting": 409, "no_turn": 409, "lead_closed": 409,
            "resolved": 409, "fenced": 409, "conflict": 409, "too_many_pending": 429, "invalid": 422,
            "lost": 409, "not_queued": 409, "not_idle": 409, "workspace_nested": 409,
-           "run_active": 409}
+           "run_active": 409, "open_calls": 409}
 
 
 def _status(code: str) -> int:

@@ -1,0 +1,105 @@
+"""The calls that begin a turn hand its runner the session, and a turn's end checks its calls.
+
+Performance work (issue #23) took two reads off every turn's start and end; these are what the
+runner now relies on instead, in the library on a real Redis (no runner):
+
+- ``cox_send`` that starts a turn and ``cox_turn_end`` that starts the next one answer ``info``,
+  the session hash as the turn began (read in the same atomic call, so it holds the turn's id and
+  an empty stop flag), and the turn reads nothing more at its start;
+- ``cox_turn_end`` refuses ``open_calls`` (and changes nothing) while a call of the turn has no
+  result: the runner then closes the calls and ends the turn again, so a turn whose calls all
+  closed needs no read of ``:open`` before its end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from coxswain import keys
+from tests.support.library import Library
+from tests.support.stack import library_redis
+
+
+@pytest.fixture(scope="module")
+def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
+    yield from library_redis(tmp_path_factory.mktemp("turn-start-redis"))
+
+
+@pytest.fixture(scope="module")
+def lib(r: redis.Redis) -> Library:
+    return Library(r)
+
+
+_n = 0
+
+
+def new_session(lib: Library) -> str:
+    global _n
+    _n += 1
+    sid = f"s_start{_n}"
+    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
+    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+    return sid
+
+
+def send(lib: Library, sid: str, message_id: str, mode: str, turn_id: str) -> dict:
+    return dict(lib(lib.fns.send(sid=sid, principal="p", message_id=message_id, text=f"text of {message_id}",
+                                 mode=mode, client_id="", runner="r_1", lease_ms=5000, turn_id=turn_id, owner="",
+                                 models="", agents_md="")))
+
+
+def end(lib: Library, sid: str, token: str, turn_id: str, next_turn: str) -> dict:
+    body = json.dumps({"type": "turn.end", "sid": sid, "turn_id": turn_id, "outcome": "completed",
+                       "finish_reason": None, "detail": None})
+    return dict(lib(lib.fns.turn_end(sid=sid, token=token, owner="", end_body=body, next_turn_id=next_turn,
+                                     lease_ms=5000, plan="", handoff="", hold_next="", agents_md="")))
+
+
+def test_a_send_that_starts_a_turn_hands_over_the_session_as_it_began(r: redis.Redis, lib: Library) -> None:
+    sid = new_session(lib)
+    sent = send(lib, sid, "m_1", "", "t_1")
+    assert sent["disposition"] == "started"
+    assert sent["info"] == r.hgetall(keys.session(sid)), "the reply is the hash, whole and as it is now"
+    assert sent["info"]["turn_id"] == "t_1" and sent["info"]["stop"] == "" and sent["info"]["workspace"] == "/w"
+    queued = send(lib, sid, "m_2", "queue", "t_x")
+    assert queued["disposition"] == "queued" and "info" not in queued, "a queued message begins no turn"
+
+
+def test_a_turn_end_that_starts_the_next_turn_hands_over_the_session(r: redis.Redis, lib: Library) -> None:
+    sid = new_session(lib)
+    token = str(send(lib, sid, "m_1", "", "t_1")["token"])
+    send(lib, sid, "m_2", "queue", "t_x")
+    nxt = end(lib, sid, token, "t_1", "t_2")
+    assert nxt["next"]["message_id"] == "m_2" and nxt["turn_id"] == "t_2"
+    assert nxt["info"] == r.hgetall(keys.session(sid))
+    assert nxt["info"]["turn_id"] == "t_2" and nxt["info"]["message_id"] == "m_2"
+    idle = end(lib, sid, token, "t_2", "t_3")
+    assert idle["next"] is None and "info" not in idle, "going idle begins no turn"
+
+
+def test_a_turn_with_a_call_still_open_is_not_ended(r: redis.Redis, lib: Library) -> None:
+    sid = new_session(lib)
+    token = str(send(lib, sid, "m_1", "", "t_1")["token"])
+    send(lib, sid, "m_2", "queue", "t_x")
+    call = json.dumps({"type": "tool.call", "sid": sid, "turn_id": "t_1", "call_id": "c_1", "name": "list_dir",
+                       "args": {}})
+    lib(lib.fns.emit(sid=sid, token=token, owner="", ops=[("hset", keys.OPEN_CALLS, "c_1", "list_dir")],
+                     events=[call]))
+    before = (r.hgetall(keys.session(sid)), r.lrange(keys.of(sid, keys.OUTBOX), 0, -1),
+              r.lrange(keys.session(sid) + ":q", 0, -1))
+    refused = end(lib, sid, token, "t_1", "t_2")
+    assert refused["error"] == "open_calls", refused
+    after = (r.hgetall(keys.session(sid)), r.lrange(keys.of(sid, keys.OUTBOX), 0, -1),
+             r.lrange(keys.session(sid) + ":q", 0, -1))
+    assert after == before, "a refused end changes nothing: no event, the turn and its queue as they were"
+    result = json.dumps({"type": "tool.result", "sid": sid, "turn_id": "t_1", "call_id": "c_1", "ok": False,
+                         "output": "Cancelled"})
+    lib(lib.fns.emit(sid=sid, token=token, owner="", ops=[("hdel", keys.OPEN_CALLS, "c_1", "")], events=[result]))
+    nxt = end(lib, sid, token, "t_1", "t_2")
+    assert nxt["next"]["message_id"] == "m_2", "with its calls closed the turn ends and the queue runs on"
+    types = [json.loads(x)["type"] for x in r.lrange(keys.of(sid, keys.OUTBOX), 0, -1)]
+    assert types.index("tool.result") < types.index("turn.end")
