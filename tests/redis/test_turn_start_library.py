@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -46,13 +47,13 @@ def new_session(lib: Library) -> str:
     return sid
 
 
-def send(lib: Library, sid: str, message_id: str, mode: str, turn_id: str) -> dict:
+def send(lib: Library, sid: str, message_id: str, mode: str, turn_id: str) -> dict[str, Any]:
     return dict(lib(lib.fns.send(sid=sid, principal="p", message_id=message_id, text=f"text of {message_id}",
                                  mode=mode, client_id="", runner="r_1", lease_ms=5000, turn_id=turn_id, owner="",
                                  models="", agents_md="")))
 
 
-def end(lib: Library, sid: str, token: str, turn_id: str, next_turn: str) -> dict:
+def end(lib: Library, sid: str, token: str, turn_id: str, next_turn: str) -> dict[str, Any]:
     body = json.dumps({"type": "turn.end", "sid": sid, "turn_id": turn_id, "outcome": "completed",
                        "finish_reason": None, "detail": None})
     return dict(lib(lib.fns.turn_end(sid=sid, token=token, owner="", end_body=body, next_turn_id=next_turn,
