@@ -140,11 +140,13 @@ export class Inspector {
 
   async stopProgram(pid, el) {
     const sid = this.getSid();
-    el.stop.disabled = true; el.stop.textContent = "Stopping…"; el.error.textContent = "";
+    if (el.stopping) return;
+    // aria-disabled, not disabled: a disabled button would drop the keyboard focus.
+    el.stopping = true; el.stop.setAttribute("aria-disabled", "true"); el.stop.textContent = "Stopping…"; el.error.textContent = "";
     try {
       await this.api.stopProgram(sid, pid); // its program.stopped (by person) says when it has
     } catch (err) {
-      el.stop.disabled = false; el.stop.textContent = "Stop";
+      el.stopping = false; el.stop.removeAttribute("aria-disabled"); el.stop.textContent = "Stop";
       el.error.textContent = `Not stopped: ${err.detail || err.message}`;
     }
   }
