@@ -200,10 +200,11 @@ def test_a_refused_attachment_or_send_loses_neither_the_text_nor_the_chips(page:
     # A type not allowed ([attachments] allowed_types): failed too, saying why.
     page.set_input_files("#attach-input", files=[file("a.zip", "application/zip", b"PK\x03\x04")])
     expect(chip(page, "a.zip")).to_have_attribute("data-state", "failed")
-    expect(chip(page, "a.zip").locator(".chip-state")).to_contain_text("not accepted")
+    expect(chip(page, "a.zip").locator(".chip-state")).to_contain_text("type not allowed")
+    expect(chip(page, "a.zip").locator(".chip-state")).to_contain_text("application/zip")
     no_serious_axe(page)
     page.press("#draft", "Enter")
-    expect(page.locator("#composer-note")).to_contain_text("Remove it")
+    expect(page.locator("#composer-note")).to_contain_text("Remove them (✕) to send without them")
     expect(page.locator("#draft")).to_have_value("Here is the big log")
     assert user_msgs(api, sid) == [], "nothing may be sent while an attachment failed"
     shot(page, "attach-refused")

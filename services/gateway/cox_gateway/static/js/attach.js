@@ -18,7 +18,7 @@ export function size(n) {
 function refusal(err) {
   const why = err.detail || err.message;
   if (err.status === 413) return `too large: ${why}`;
-  if (err.status === 415) return `this type of file is not accepted: ${why}`;
+  if (err.status === 415 || err.code === "unsupported_media_type") return `type not allowed: ${why}`;
   if (err.status === 0) return `not uploaded: ${why}`;
   return `refused (${err.status} ${err.code}): ${why}`;
 }
@@ -109,7 +109,8 @@ export class Attachments {
   ids() { return this.items.filter((x) => x.state === "ready").map((x) => x.id); }
   count() { return this.items.length; }
   failedNote() {
-    return `Not attached: ${this.failed().map((x) => `${x.name} (${x.error})`).join("; ")}. Remove it (✕) to send without it.`;
+    const f = this.failed();
+    return `Not attached: ${f.map((x) => `${x.name} (${x.error})`).join("; ")}. Remove ${f.length === 1 ? "it" : "them"} (✕) to send without ${f.length === 1 ? "it" : "them"}.`;
   }
 
   /** Why the message cannot go yet, or null: an upload still running, or one that failed. */

@@ -107,7 +107,7 @@ export class Inspector {
     const el = {
       state: h("span", { class: "state" }),
       stop: h("button", { type: "button", class: "danger stop", "aria-label": `Stop program ${label}`, title: "Stop it and everything it started" }, "Stop"),
-      tail: h("pre", { class: "tail", tabindex: "0", "aria-label": `output of ${label} (its latest)` }),
+      tail: h("pre", { class: "tail", tabindex: "0", role: "region", "aria-label": `output of ${label} (its latest)` }),
       error: h("p", { class: "error", role: "status" }),
     };
     el.li = h("li", { dataset: { program: p.program_id } },
