@@ -9,10 +9,7 @@ switch, and a stream that survives the gateway being killed. Screenshots go to
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,24 +17,26 @@ from typing import Any
 import pytest
 
 from tests.support import ARTIFACTS
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    chromium,
+    login,
+    new_session,
+    open_page,
+    pytestmark,
+    sync_playwright,
+)
 from tests.support.coxup import CoxUp, cox_up
 from tests.support.stack import said, tool
 
-CHROMIUM = os.environ.get("COX_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
 try:
-    # sync_playwright is re-exported: tests/stack/test_mcp.py skips by it as these tests do.
     from playwright.sync_api import BrowserContext, Page, expect
-    from playwright.sync_api import sync_playwright as sync_playwright
-except ImportError:  # pragma: no cover - the dev extra installs it
-    sync_playwright = None  # type: ignore[assignment]
+except ImportError:  # pragma: no cover - the marks skip the module then
+    pass
 
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="the playwright package is not installed (pip install -e '.[dev]')"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium; ./dev does it as root)"),
-]
+# Re-exported for the console modules that import them from here.
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "login", "new_session", "pytestmark", "sync_playwright"]
 
 # A second configured model, so the model picker has a choice (it is never called).
 CONFIG = """
@@ -59,24 +58,13 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoxUp]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[BrowserContext]:
-    expect.set_options(timeout=30_000)
-    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="cox-chromium-") as profile:
-        ctx = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1360, "height": 860},
-        )
-        try:
-            yield ctx
-        finally:
-            ctx.close()
+    with chromium(1360) as ctx:
+        yield ctx
 
 
 @pytest.fixture
 def page(browser: BrowserContext, up: CoxUp) -> Iterator[Page]:
-    pg = browser.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(up.url + "/")
+    pg, errors = open_page(browser, up.url + "/")
     try:
         yield pg
     finally:
@@ -89,28 +77,6 @@ def shot(page: Page, name: str) -> Path:
     path = ARTIFACTS / f"console-{name}.png"
     page.screenshot(path=str(path))
     return path
-
-
-def login(page: Page, up: CoxUp) -> None:
-    if page.locator("#login").is_visible():
-        page.fill("#login-token", "wrong-token")
-        page.click("#login-form button")
-        expect(page.locator("#login-error")).to_contain_text("not known")
-        page.fill("#login-token", up.token)
-        page.click("#login-form button")
-    expect(page.locator("#app")).to_be_visible()
-
-
-def new_session(page: Page, workspace: str, create: bool = True) -> str:
-    page.fill("#new-workspace", workspace)
-    if create:
-        page.check("#new-create")
-    page.click("#new-session button[type=submit]")
-    expect(page.locator("#session")).to_be_visible()
-    expect(page.locator("#stream")).to_have_text("live")
-    m = re.search(r"#/s/([A-Za-z0-9_-]+)$", page.url)
-    assert m, page.url
-    return m.group(1)
 
 
 def outbox(page: Page, kind: str, fate: str) -> Any:

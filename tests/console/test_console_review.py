@@ -11,23 +11,22 @@ width used. One stack and one browser serve the whole module.
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.console.test_console import CHROMIUM, CHROMIUM_ARGS, login, pytestmark
-from tests.console.test_console_trust import axe
 from tests.support import ARTIFACTS
+from tests.support.browser import chromium, login, no_serious_axe, pytestmark
+from tests.support.browser import open_page as browser_page
 from tests.support.coxup import CoxUp, cox_up
 from tests.support.stack import said, tool
 
 try:
-    from playwright.sync_api import BrowserContext, Page, expect, sync_playwright
+    from playwright.sync_api import BrowserContext, Page, expect
 except ImportError:  # pragma: no cover
-    sync_playwright = None  # type: ignore[assignment]
+    pass
 
 __all__ = ["pytestmark"]
 
@@ -50,26 +49,12 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoxUp]:
 
 @pytest.fixture(scope="module")
 def browser(up: CoxUp) -> Iterator[BrowserContext]:
-    expect.set_options(timeout=30_000)
-    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="cox-chromium-") as profile:
-        ctx = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 860},
-        )
-        ctx.add_init_script(NOTIFY_SPY)
-        try:
-            yield ctx
-        finally:
-            ctx.close()
+    with chromium(1400, init_script=NOTIFY_SPY) as ctx:
+        yield ctx
 
 
 def open_page(browser: BrowserContext, up: CoxUp, width: int) -> tuple[Page, list[str]]:
-    pg = browser.new_page()
-    pg.set_viewport_size({"width": width, "height": 860})
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(up.url + "/")
-    return pg, errors
+    return browser_page(browser, up.url + "/", width)
 
 
 @pytest.fixture
@@ -101,11 +86,6 @@ def active(page: Page) -> dict[str, Any]:
         "() => { const e = document.activeElement; return {id: e.id, tag: e.tagName, act: e.dataset?.act || null,"
         " role: e.getAttribute('role'), approval: !!e.closest('.approval'), tab: e.dataset?.tab || null}; }")
     return out
-
-
-def no_serious_axe(page: Page) -> None:
-    bad = axe(page)
-    assert bad == [], [(v["id"], v["help"], [n["target"] for n in v["nodes"]][:5]) for v in bad]
 
 
 def create(page: Page, workspace: str) -> str:

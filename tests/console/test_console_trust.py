@@ -19,29 +19,21 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.console.test_console import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
-    login,
-    new_session,
-    outbox,
-    pytestmark,
-    user_texts,
-)
+from tests.console.test_console import outbox, user_texts
 from tests.support import ARTIFACTS
+from tests.support.browser import axe, chromium, login, new_session, pytestmark
+from tests.support.browser import open_page as browser_page
 from tests.support.coxup import CoxUp, cox_up
 from tests.support.stack import said, tool
 
 try:
-    from playwright.sync_api import BrowserContext, FloatRect, Page, expect, sync_playwright
+    from playwright.sync_api import BrowserContext, FloatRect, Page, expect
 except ImportError:  # pragma: no cover
-    sync_playwright = None  # type: ignore[assignment]
+    pass
 
 __all__ = ["pytestmark"]
 WIDTHS = [400, 800, 1400]
@@ -55,26 +47,12 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CoxUp]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[BrowserContext]:
-    expect.set_options(timeout=30_000)
-    import tempfile
-
-    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="cox-chromium-") as profile:
-        ctx = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 860},
-        )
-        try:
-            yield ctx
-        finally:
-            ctx.close()
+    with chromium(1400) as ctx:
+        yield ctx
 
 
 def open_page(browser: BrowserContext, up: CoxUp, width: int = 1400, path: str = "/") -> tuple[Page, list[str]]:
-    pg = browser.new_page()
-    pg.set_viewport_size({"width": width, "height": 860})
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(up.url + path)
+    pg, errors = browser_page(browser, up.url + path, width)
     login(pg, up)
     return pg, errors
 
@@ -511,14 +489,6 @@ def test_queued_messages_can_be_reordered_and_removed_before_they_start(page: Pa
 
 
 # ---------------------------------------------------------------------------------- accessibility
-def axe(page: Page) -> list[dict[str, Any]]:
-    """Serious and critical axe-core violations (axe.min.js as the axe-playwright-python wheel ships it)."""
-    pytest.importorskip("axe_playwright_python")
-    page.add_script_tag(content=resources.files("axe_playwright_python").joinpath("axe.min.js").read_text())
-    res = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations")
-    return [v for v in res if v.get("impact") in ("serious", "critical")]
-
-
 def test_accessibility_keyboard_focus_and_axe(page: Page, up: CoxUp) -> None:
     start_session(page, "a11y")
     page.fill("#draft", said("Check me", {"text": "Some **text**.", "tools": [tool("run_command", command="touch a11y")]}))

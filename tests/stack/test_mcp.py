@@ -455,7 +455,7 @@ def test_the_model_sees_the_tools_with_their_schemas_until_they_are_withdrawn(
 
 
 def test_the_console_shows_the_servers_and_their_state(stack: Stack, api: Api) -> None:
-    from tests.console.test_console import CHROMIUM, CHROMIUM_ARGS, sync_playwright
+    from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, axe, sync_playwright
 
     if sync_playwright is None or CHROMIUM is None:
         pytest.skip("the console test needs playwright and chromium (see tests/console/test_console.py)")
@@ -483,8 +483,6 @@ def test_the_console_shows_the_servers_and_their_state(stack: Stack, api: Api) -
             expect(box.locator("li[data-server='web'] .tools")).to_contain_text("web__echo")
             expect(box.locator("li[data-server='broken'] .error")).to_contain_text("nonexistent")
             expect(page.locator(".item").filter(has_text="MCP server tiny exited")).to_have_count(1)
-            from tests.console.test_console_trust import axe
-
             assert axe(page) == [], "no serious or critical accessibility problem"
             artifacts = ARTIFACTS
             artifacts.mkdir(exist_ok=True)

@@ -19,15 +19,21 @@ export class Api {
     this.onUnauthorized = onUnauthorized;
   }
 
-  async call(method, path, body) {
+  /** fetch with the bearer token; a network failure becomes an ApiError (status 0). A FormData
+   * body goes as multipart (the browser writes its Content-Type), anything else as JSON. */
+  async raw(method, path, body) {
     const headers = { Authorization: `Bearer ${this.token}` };
-    if (body !== undefined) headers["Content-Type"] = "application/json";
-    let r;
+    const form = typeof FormData !== "undefined" && body instanceof FormData;
+    if (body !== undefined && !form) headers["Content-Type"] = "application/json";
     try {
-      r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: "no-store" });
+      return await fetch(path, { method, headers, body: body === undefined ? undefined : form ? body : JSON.stringify(body), cache: "no-store" });
     } catch (err) {
       throw new ApiError(0, "network", `the server did not answer (${err.message})`);
     }
+  }
+
+  async call(method, path, body) {
+    const r = await this.raw(method, path, body);
     const text = await r.text();
     let data = null;
     try { data = text ? JSON.parse(text) : null; } catch { data = { detail: text }; }
@@ -45,11 +51,34 @@ export class Api {
   create(body) { return this.call("POST", "/v1/sessions", body); }
   session(sid) { return this.call("GET", this.s(sid)); }
   patch(sid, body) { return this.call("PATCH", this.s(sid), body); }
-  send(sid, text, mode, client_id = clientId()) {
-    return this.call("POST", this.s(sid, "/messages"), mode ? { text, mode, client_id } : { text, client_id });
+  send(sid, text, mode, client_id = clientId(), attachments = []) {
+    const body = mode ? { text, mode, client_id } : { text, client_id };
+    if (attachments.length) body.attachments = attachments;
+    return this.call("POST", this.s(sid, "/messages"), body);
   }
-  lead(sid, text, client_id = clientId()) { return this.call("POST", this.s(sid, "/lead"), { text, client_id }); }
-  stop(sid) { return this.call("POST", this.s(sid, "/stop")); }
+  lead(sid, text, client_id = clientId(), attachments = []) {
+    // A Lead carries text only: with attachments the server answers 409 lead_text_only, and says so.
+    return this.call("POST", this.s(sid, "/lead"), attachments.length ? { text, client_id, attachments } : { text, client_id });
+  }
+  stop(sid, programs = false) { return this.call("POST", this.s(sid, "/stop"), programs ? { programs: true } : undefined); }
+  stopProgram(sid, pid) { return this.call("POST", this.s(sid, `/programs/${encodeURIComponent(pid)}/stop`)); }
+  /** Upload one file (multipart, the field `file`): {attachment_id, name, media_type, size}. */
+  upload(sid, file, name = file.name) {
+    const form = new FormData();
+    form.append("file", file, name);
+    return this.call("POST", this.s(sid, "/attachments"), form);
+  }
+  /** An attachment's bytes as a Blob, fetched with the token (never a URL holding it). */
+  async attachment(sid, aid) {
+    const r = await this.raw("GET", this.s(sid, `/attachments/${encodeURIComponent(aid)}`));
+    if (!r.ok) {
+      if (r.status === 401) this.onUnauthorized?.();
+      let data = null;
+      try { data = await r.json(); } catch { /* not JSON */ }
+      throw new ApiError(r.status, data?.error || `http_${r.status}`, data?.detail || r.statusText);
+    }
+    return r.blob();
+  }
   answer(sid, aid, body) { return this.call("POST", this.s(sid, `/approvals/${encodeURIComponent(aid)}`), body); }
   changes(sid) { return this.call("GET", this.s(sid, "/changes")); }
   versions(sid, path) { return this.call("GET", this.s(sid, `/versions?path=${encodeURIComponent(path)}`)); }

@@ -1,5 +1,6 @@
 // The right-hand pane: the plan, Changes (latest recorded preview per file) and History (kept
-// versions of a file: diff to current, Restore, Undo). The pane is narrow, so diffs wrap.
+// versions of a file: diff to current, Restore, Undo), and below them the session's programs and
+// tool servers. The pane is narrow, so diffs wrap.
 
 import { changeView } from "./diff.js";
 import { $, $$, ago, clear, h } from "./dom.js";
@@ -40,7 +41,7 @@ export class Inspector {
     });
   }
 
-  reset() { this.open.clear(); this.historyPath = ""; this.selected = null; this.generation += 1; this.show("plan"); }
+  reset() { this.progEls?.clear(); clear($("#programs")); $("#programs").hidden = true; this.open.clear(); this.historyPath = ""; this.selected = null; this.generation += 1; this.show("plan"); }
 
   show(tab) {
     this.tab = tab;
@@ -79,6 +80,75 @@ export class Inspector {
       h("strong", {}, s.name), " ", h("span", { class: `state state-${shown(s)}` }, shown(s)),
       s.tools?.length ? h("span", { class: "tools muted" }, s.tools.join(", ")) : null,
       s.error ? h("span", { class: "error" }, s.error) : null))));
+  }
+
+  /** The session's programs (docs/api.md, Programs): name, command, state, the tail of what they
+   *  wrote, and a Stop for each running one. Updated in place, so a Stop keeps the keyboard and
+   *  a tail being read keeps its scroll. */
+  drawPrograms(programs) {
+    const box = $("#programs");
+    const list = [...programs.values()];
+    box.hidden = !list.length;
+    this.progEls = this.progEls || new Map();
+    if (!list.length) { clear(box); this.progEls.clear(); return; }
+    if (!box.querySelector("ul")) { clear(box, h("h2", {}, "Programs"), h("ul", {})); this.progEls.clear(); }
+    const ul = box.querySelector("ul");
+    const want = new Set(list.map((p) => p.program_id));
+    for (const [id, el] of this.progEls) if (!want.has(id)) { el.li.remove(); this.progEls.delete(id); }
+    for (const p of list) {
+      let el = this.progEls.get(p.program_id);
+      if (!el) { el = this.programRow(p); this.progEls.set(p.program_id, el); ul.append(el.li); }
+      this.updateProgram(el, p);
+    }
+  }
+
+  programRow(p) {
+    const label = p.name || p.program_id;
+    const el = {
+      state: h("span", { class: "state" }),
+      stop: h("button", { type: "button", class: "danger stop", "aria-label": `Stop program ${label}`, title: "Stop it and everything it started" }, "Stop"),
+      tail: h("pre", { class: "tail", tabindex: "0", role: "region", "aria-label": `output of ${label} (its latest)` }),
+      error: h("p", { class: "error", role: "status" }),
+    };
+    el.li = h("li", { dataset: { program: p.program_id } },
+      h("div", { class: "prog-head" }, h("strong", { class: "name" }, label), " ", el.state, el.stop),
+      h("div", { class: "command mono" }, p.command || ""),
+      h("div", { class: "meta muted" }, `started by ${p.by === "person" ? "you (!&)" : "the model"}${p.started ? ` at ${when(p.started)}` : ""}${p.pty ? " · terminal" : ""}${p.network ? " · network" : ""}`),
+      el.tail, el.error);
+    el.stop.addEventListener("click", () => this.stopProgram(p.program_id, el));
+    return el;
+  }
+
+  updateProgram(el, p) {
+    el.li.dataset.state = p.state;
+    el.state.className = `state state-${p.state}`;
+    el.state.textContent = p.state === "running" ? "running"
+      : p.state === "exited" ? `exited${p.code === null || p.code === undefined ? "" : ` (code ${p.code})`}`
+        : `stopped${p.stopped_by ? ` (by ${p.stopped_by})` : ""}`;
+    if (p.state !== "running" && !el.stop.hidden) {
+      const had = document.activeElement === el.stop;
+      el.stop.hidden = true;
+      if (had) el.tail.focus();
+    }
+    const text = p.tail || (p.state === "running" ? "(no output yet)" : "(no output)");
+    if (el.tail.textContent !== text) {
+      const atEnd = el.tail.scrollHeight - el.tail.scrollTop - el.tail.clientHeight < 20;
+      el.tail.textContent = text;
+      if (atEnd) el.tail.scrollTop = el.tail.scrollHeight;
+    }
+  }
+
+  async stopProgram(pid, el) {
+    const sid = this.getSid();
+    if (el.stopping) return;
+    // aria-disabled, not disabled: a disabled button would drop the keyboard focus.
+    el.stopping = true; el.stop.setAttribute("aria-disabled", "true"); el.stop.textContent = "Stopping…"; el.error.textContent = "";
+    try {
+      await this.api.stopProgram(sid, pid); // its program.stopped (by person) says when it has
+    } catch (err) {
+      el.stopping = false; el.stop.removeAttribute("aria-disabled"); el.stop.textContent = "Stop";
+      el.error.textContent = `Not stopped: ${err.detail || err.message}`;
+    }
   }
 
   async loadChanges() {

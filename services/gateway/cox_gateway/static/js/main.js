@@ -2,6 +2,7 @@
 // stream), the composer and its keys. Everything goes through the v1 API.
 
 import { Api } from "./api.js";
+import { Attachments } from "./attach.js";
 import { $, clear, h } from "./dom.js";
 import { Inspector } from "./inspector.js";
 import { Review } from "./review.js";
@@ -13,6 +14,7 @@ const TOKEN_KEY = "cox.token";
 const HINT_BUSY = "A turn is running: Send is refused. Choose Queue (Ctrl+O) or Steer (Ctrl+S), or Lead (Ctrl+L) to join this turn.";
 const HINT_RUN = "Refused: a run drives this session (409 run_active), so nothing was sent. Stop (Esc) ends the run; after that a message goes on with the task as a chat. Your text is still in the box.";
 const SESSIONS_EVERY_MS = 5000; // the list follows runs started elsewhere
+const PROGRAMS_EVERY_MS = 2000; // programs' output tails, while the inspector shows running ones
 
 const app = {
   api: null, model: null, stream: null, view: null, inspector: null, models: [],
@@ -255,6 +257,7 @@ async function openSession(sid) {
   for (const d of document.querySelectorAll("dialog[open]")) d.close(); // Review or Rewind of the session left
   app.view.reset();
   app.inspector.reset();
+  app.attach.reset();
   $("#empty").hidden = true; $("#session").hidden = false; $("#inspector").hidden = false;
   setStream("loading");
   note("");
@@ -310,10 +313,12 @@ function flush() {
     queue: (op, id, pos) => queueOp(model, op, id, pos),
     turn: (op, n, turnId) => turnOp(model, op, n, turnId),
     diff: (vid) => app.api.diff(model.sid, vid),
+    attachment: (aid) => app.api.attachment(model.sid, aid),
   });
   checkNote(model);
   if (changed.has("plan")) app.inspector.drawPlan(model.plan);
   if (changed.has("mcp") || changed.has("head")) app.inspector.drawMcp(model.info.mcp_servers, model.info.busy);
+  if (changed.has("programs")) app.inspector.drawPrograms(model.programs);
   app.inspector.refresh(changed);
   if (changed.has("review")) app.review?.refresh();
   if (changed.has("sessions")) loadSessions();
@@ -432,32 +437,56 @@ const REFUSALS = {
   run_active: HINT_RUN,
   no_turn: "No turn is running, so there is nothing to Lead: Send it instead. Your text is still in the box.",
   lead_closed: "This turn is finishing and no longer takes a Lead: Queue it instead. Your text is still in the box.",
+  lead_text_only: "A Lead carries text only: Send, Queue or Steer this message with its attachments, or remove them (✕) to Lead. Your text and attachments are still here.",
 };
 
+/** The message to send: the box's text, or (attachments alone) a line naming them. */
 function draftText() {
   const text = $("#draft").value;
-  if (!text.trim()) { note("Type a message first.", true); return null; }
-  return text;
+  if (text.trim()) return text;
+  if (app.attach.count() && !app.attach.blocker()) return `Attached: ${app.attach.items.map((x) => x.name).join(", ")}`;
+  note("Type a message first.", true);
+  return null;
+}
+
+/** Why the inspector's programs are worth polling now: some run, and the person can see them. */
+function programsShown() {
+  const m = app.model;
+  if (!m || document.hidden || $("#inspector").hidden || !m.runningPrograms().length) return false;
+  return !matchMedia("(max-width: 999px)").matches || $("#inspector").classList.contains("open");
+}
+
+async function pollPrograms() {
+  const model = app.model;
+  if (!programsShown() || app.polling) return;
+  app.polling = true;
+  try {
+    const s = await app.api.session(model.sid);
+    if (app.model === model) { model.programTails(s.programs); flush(); }
+  } catch { /* the next poll tries again; the stream goes on */ } finally { app.polling = false; }
 }
 
 async function act(kind) {
   const model = app.model;
   if (!model) return;
   if (kind === "stop") return stop();
+  const blocker = app.attach.blocker();
+  if (blocker) { note(blocker, true); return; }
   const text = draftText();
   if (text === null) return;
+  const ids = app.attach.ids();
   // While a run drives, the server refuses (409 run_active) and the refusal says why.
   if (kind === "send" && model.info.busy && !model.runDriving()) { note(HINT_BUSY, true, { untilIdle: true }); return; }
   const box = $("#draft");
   app.sending = text;
   try {
     if (kind === "lead") {
-      const r = await app.api.lead(model.sid, text);
+      const r = await app.api.lead(model.sid, text, undefined, ids);
       model.sent(r.lead_id, "lead", text);
       note(`Lead saved: it joins this turn at its next safe boundary (${r.pending} pending).`, false, { id: r.lead_id });
     } else {
       const mode = kind === "send" ? undefined : kind;
-      const r = await app.api.send(model.sid, text, mode);
+      const r = await app.api.send(model.sid, text, mode, undefined, ids);
       if (r.disposition === "started") { model.localTexts.set(r.message_id, text); note(""); }
       else {
         model.sent(r.message_id, mode === "steer" ? "steer" : "queue", text);
@@ -466,13 +495,17 @@ async function act(kind) {
       }
     }
     if (box.value === text) box.value = ""; // only now: a refused message stays in the box
+    if (ids.length) app.attach.sent(); // and so do its attachments
     app.sending = null;
     flush();
   } catch (err) {
     app.sending = null;
     const lead = kind === "lead" && err.code === "run_active"
       ? "Refused: this run is not supervised (its confirm is not “person”, or it is unattended), so it takes no Lead. Stop (Esc) ends the run. Your text is still in the box." : null;
-    note(lead || REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. Your text is still in the box.`, true,
+    const kept = ids.length ? "Your text and attachments are still here." : "Your text is still in the box.";
+    const why = err.code === "not_accepting" && ids.length
+      ? `Not sent: ${err.detail || err.message}. Choose a model that takes images, or remove the image (✕). ${kept}` : null;
+    note(lead || why || REFUSALS[err.code] || `${kind === "lead" ? "Lead not saved" : "Not sent"}: ${err.detail || err.message}. ${kept}`, true,
       err.code === "busy" || err.code === "run_active" ? { untilIdle: true } : {});
   }
 }
@@ -481,10 +514,13 @@ async function stop() {
   const model = app.model;
   // Read before the call: the run's run.end can reach the stream before Stop's reply does.
   const runDriving = Boolean(model.runDriving());
+  const programs = !$("#stop-programs-wrap").hidden && $("#stop-programs").checked;
   try {
-    const r = await app.api.stop(model.sid);
-    if (!r.turn_id) { note("Nothing was running."); return; }
+    const r = await app.api.stop(model.sid, programs);
+    if (programs) $("#stop-programs").checked = false; // asked each time, never left on
+    if (!r.turn_id) { note(programs ? "Nothing was running; its programs are stopped." : "Nothing was running."); return; }
     const parts = runDriving ? ["the run ends (run.end stopped)"] : [];
+    if (programs) parts.push("its programs stopped too");
     if (r.discarded?.length) parts.push(`${r.discarded.length} queued discarded`);
     if (r.unapplied_leads?.length) parts.push(`${r.unapplied_leads.length} Lead(s) saved but not applied`);
     note(`Stopped.${parts.length ? " " + parts.join("; ") + "." : ""}`);
@@ -639,12 +675,16 @@ async function start(token) {
   app.inspector.api = app.api;
   app.review = app.review || new Review(app.api, () => app.model, () => {});
   app.review.api = app.api;
+  app.attach = app.attach || new Attachments(app.api, () => app.model?.sid, (m, error) => note(m, error));
+  app.attach.api = app.api;
   $("#login").hidden = true;
   $("#app").hidden = false;
   await loadModels();
   await Promise.all([loadSessions(), loadWorkspaces()]);
   clearInterval(app.listTimer);
   app.listTimer = setInterval(() => { if (!$("#app").hidden) loadSessions(); }, SESSIONS_EVERY_MS);
+  clearInterval(app.programsTimer);
+  app.programsTimer = setInterval(pollPrograms, PROGRAMS_EVERY_MS);
   app.model = null;
   drawNotify();
   route();

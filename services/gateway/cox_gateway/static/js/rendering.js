@@ -31,9 +31,9 @@ export const RENDERING = {
   "plan.step": "inspector plan (the plan_step call is one line in the transcript)",
   "plan.write": "inspector plan (the plan_write call is one line in the transcript)",
   "policy.decision": "the call's card: who refused it and why, or its diff preview",
-  "program.exited": "transcript: one line, the program and its exit code",
-  "program.started": "transcript: one line, the program's name and command",
-  "program.stopped": "transcript: one line, the program and who stopped it",
+  "program.exited": "transcript: one line, the program and its exit code; inspector programs: exited",
+  "program.started": "transcript: one line, the program's name and command; inspector programs: listed, with its output tail and Stop",
+  "program.stopped": "transcript: one line, the program and who stopped it; inspector programs: stopped",
   "queue.added": "waiting list above the composer",
   "queue.discarded": "transcript: one line naming what Stop discarded",
   "queue.removed": "transcript: one line",
@@ -55,7 +55,7 @@ export const RENDERING = {
   "turn.end": "transcript: the turn's end with Fork, Rewind and Review",
   "turn.start": "transcript: one line; the turn status line",
   "usage": "turn status line: tokens and cost (judge, title and compaction requests added to the turn's)",
-  "user.msg": "transcript: the message",
+  "user.msg": "transcript: the message, with its attachments (images previewed, other files as a named chip)",
   "version.kept": "the call's card (its inline diff) and Review"
 };
 // END RENDERING

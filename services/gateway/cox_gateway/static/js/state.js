@@ -18,6 +18,7 @@ export class SessionModel {
     this.outbox = new Map();    // message_id | lead_id -> {id, kind, text, fate, live}
     this.localTexts = new Map();// what this console sent itself, by message/lead id
     this.plan = null;
+    this.programs = new Map();  // program_id -> {program_id, name, command, by, started, tail, state, code, stopped_by}
     this.lastSeq = 0;
     this.replaying = true;
     this.streaming = null;      // the assistant item receiving deltas
@@ -81,7 +82,39 @@ export class SessionModel {
     for (const a of s.approvals || []) this.approvals.set(a.approval_id, { ...this.approvals.get(a.approval_id), ...a });
     for (const id of [...this.approvals.keys()]) if (!pending.has(id)) this.approvals.delete(id);
     if (s.plan && !this.plan) this.plan = { ...s.plan };
-    this.mark("head", "approvals", "outbox", "plan", "mcp");
+    if (Array.isArray(s.programs) && this.replaying) {
+      // On opening, the session object says what runs now (the backlog replayed forgets what
+      // ended). Later its copies may be older than the live events, which alone then say which
+      // programs run: a later session object only brings their output tails.
+      const now = new Set(s.programs.map((p) => p.program_id));
+      for (const [id, p] of this.programs) if (p.state === "running" && !now.has(id)) this.programs.delete(id);
+      for (const p of s.programs) this.programs.set(p.program_id, { ...this.programs.get(p.program_id), ...p, state: "running" });
+    } else this.programTails(s.programs);
+    this.mark("head", "approvals", "outbox", "plan", "mcp", "programs");
+  }
+
+  /** The programs' output tails from a fresher session object (a poll while the inspector shows
+   *  them); which programs run is the events' to say. */
+  programTails(list) {
+    for (const p of list || []) {
+      const mine = this.programs.get(p.program_id);
+      if (mine && mine.state === "running" && typeof p.tail === "string" && p.tail !== mine.tail) { mine.tail = p.tail; this.mark("programs"); }
+    }
+  }
+
+  runningPrograms() { return [...this.programs.values()].filter((p) => p.state === "running"); }
+
+  /** A program ended: shown as such in the inspector (live), or forgotten (the backlog). */
+  programEnded(ev, state) {
+    const p = this.programs.get(ev.program_id);
+    if (!p) return null;
+    if (this.replaying) { this.programs.delete(ev.program_id); return p; }
+    Object.assign(p, { state, code: ev.code ?? null, stopped_by: ev.by || null, ended: ev.ts });
+    // Keep the few that ended most recently in view, not every program of a long session.
+    const ended = [...this.programs.values()].filter((x) => x.state !== "running");
+    for (const x of ended.slice(0, Math.max(0, ended.length - 5))) this.programs.delete(x.program_id);
+    this.mark("programs", "head");
+    return p;
   }
 
   /** What the person sent from here: shown as waiting until the server's events settle it. */
@@ -194,7 +227,7 @@ const HANDLERS = {
   "user.msg"(m, ev) {
     m.endStreaming();
     if (ev.turn_id && !m.turnText.has(ev.turn_id)) m.turnText.set(ev.turn_id, ev.text);
-    m.add({ kind: "user", key: `u${ev.seq}`, text: ev.text, via: ev.via, id: ev.message_id });
+    m.add({ kind: "user", key: `u${ev.seq}`, text: ev.text, via: ev.via, id: ev.message_id, attachments: ev.attachments || [] });
     const o = m.settle(ev.message_id, "applied");
     if (o && !o.text) o.text = ev.text;
   },
@@ -430,11 +463,20 @@ const HANDLERS = {
       (ev.scope === "files" ? "The model still sees the whole conversation." : "The model sees the conversation up to there, then what follows."), "rewound");
     m.mark("changes");
   },
-  "program.started"(m, ev) { m.note(ev, `Program ${ev.name || ev.program_id} started: \`${ev.command}\``, "small"); },
-  "program.exited"(m, ev) {
-    m.note(ev, `Program ${ev.program_id} exited${ev.code === null || ev.code === undefined ? "" : ` (code ${ev.code})`}`, ev.code ? "bad" : "small");
+  "program.started"(m, ev) {
+    m.programs.set(ev.program_id, { ...m.programs.get(ev.program_id), program_id: ev.program_id, name: ev.name, command: ev.command,
+      network: ev.network, pty: ev.pty, by: ev.call_id ? "model" : "person", started: ev.ts, tail: "", state: "running" });
+    m.note(ev, `Program ${ev.name || ev.program_id} started: \`${ev.command}\``, "small");
+    m.mark("programs");
   },
-  "program.stopped"(m, ev) { m.note(ev, `Program ${ev.program_id} stopped (by ${ev.by})`, "small"); },
+  "program.exited"(m, ev) {
+    const p = m.programEnded(ev, "exited");
+    m.note(ev, `Program ${p?.name || ev.program_id} exited${ev.code === null || ev.code === undefined ? "" : ` (code ${ev.code})`}`, ev.code ? "bad" : "small");
+  },
+  "program.stopped"(m, ev) {
+    const p = m.programEnded(ev, "stopped");
+    m.note(ev, `Program ${p?.name || ev.program_id} stopped (by ${ev.by})`, "small");
+  },
   "session.shared"(m, ev) {
     m.note(ev, ev.role === "approver"
       ? `Shared with ${ev.principal} as an approver: they see it, answer its approvals and may Stop it`

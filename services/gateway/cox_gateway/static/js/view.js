@@ -1,5 +1,6 @@
 // Drawing the session model: each transcript item is one element, redrawn only when it changed.
 
+import { attachedView, forgetBlobs } from "./attach.js";
 import { changeView, contentView } from "./diff.js";
 import { $, clear, h, short } from "./dom.js";
 import { writeVerb } from "./state.js";
@@ -70,7 +71,9 @@ function renderOne(it) {
   const attrs = { class: `item ${it.kind}`, dataset: { key: it.key } };
   switch (it.kind) {
     case "user":
-      return h("div", attrs, it.via && VIA[it.via] ? h("span", { class: "via" }, VIA[it.via]) : null, it.text);
+      // The text stays the element's last child (what the tests and a copy read as the message).
+      return h("div", attrs, it.via && VIA[it.via] ? h("span", { class: "via" }, VIA[it.via]) : null,
+        attachedView(drawing.sid, it.attachments, drawing.attachment), it.text);
     case "assistant":
       return withCopy(h("div", { ...attrs, class: `item assistant md${it.streaming ? " streaming" : ""}` }, markdown(it.text)), it.streaming);
     case "agent":
@@ -104,6 +107,8 @@ function renderOne(it) {
 
 // How a card reaches the API for a lazily loaded diff (set by View.draw from its handlers).
 let loadDiff = null;
+// The session being drawn and how its attachments' bytes are fetched (View.draw sets them).
+const drawing = { sid: null, attachment: null };
 
 /** One file a call changed: created, changed or deleted, +/-, and its diff folded under it —
  *  the preview guard computed for a write (exactly what it did), or, for a command, the diff from
@@ -188,12 +193,13 @@ export class View {
     });
   }
 
-  reset() { clear(this.transcript); this.elements.clear(); }
+  reset() { clear(this.transcript); this.elements.clear(); forgetBlobs(); }
 
   /** Redraw what the model marked changed; keep the view pinned to the bottom if it was. */
   draw(model, handlers) {
     this.handlers = handlers;
     loadDiff = handlers.diff || null;
+    drawing.sid = model.sid; drawing.attachment = handlers.attachment || null;
     const atBottom = this.transcript.scrollHeight - this.transcript.scrollTop - this.transcript.clientHeight < 40;
     for (const c of model.changed) {
       if (!c.startsWith("item:")) continue;
@@ -246,6 +252,11 @@ export class View {
     $("#btn-steer").classList.toggle("primary", busy && !driving);
     $("#btn-lead").disabled = !busy || (driving && (driving.confirm !== "person" || driving.unattended));
     $("#btn-stop").disabled = !busy && !driving;
+    // While programs run, Stop offers to stop them too (else they run on after the turn).
+    const progs = model.runningPrograms().length;
+    $("#stop-programs-wrap").hidden = !progs || (!busy && !driving);
+    if (!progs) $("#stop-programs").checked = false;
+    $("#stop-programs-wrap").lastChild.textContent = ` Stop programs too (${progs} running)`;
   }
 
   /** Elapsed time, tool calls, tokens and cost of the turn and the session; what the turn waits for. */

@@ -1,0 +1,106 @@
+"""What the console tests share: Debian's chromium through Playwright, the skip marks when either
+is missing, one browser context per module, the login, and axe-core.
+
+Each console module has its own ``cox up`` (its own config) and its own ``browser`` fixture built
+with :func:`chromium`; the page, the login and the accessibility check come from here so they are
+written once.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from .coxup import CoxUp
+
+CHROMIUM = os.environ.get("COX_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+try:
+    # sync_playwright is re-exported: tests/stack/test_mcp.py skips by it as the console tests do.
+    from playwright.sync_api import BrowserContext, Page, expect
+    from playwright.sync_api import sync_playwright as sync_playwright
+except ImportError:  # pragma: no cover - the dev extra installs it
+    sync_playwright = None  # type: ignore[assignment]
+
+pytestmark = [
+    pytest.mark.skipif(sync_playwright is None, reason="the playwright package is not installed (pip install -e '.[dev]')"),
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium; ./dev does it as root)"),
+]
+"""The console modules' skip marks (``pytestmark = browser.pytestmark`` or imported)."""
+
+
+@contextmanager
+def chromium(width: int = 1360, height: int = 860, init_script: str | None = None) -> Iterator[BrowserContext]:
+    """A headless chromium with a fresh profile, pages ``width`` x ``height``; ``init_script``
+    runs in every page before its own scripts."""
+    expect.set_options(timeout=30_000)
+    with sync_playwright() as p, tempfile.TemporaryDirectory(prefix="cox-chromium-") as profile:
+        ctx = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": width, "height": height},
+        )
+        if init_script:
+            ctx.add_init_script(init_script)
+        try:
+            yield ctx
+        finally:
+            ctx.close()
+
+
+def open_page(ctx: BrowserContext, url: str, width: int | None = None) -> tuple[Page, list[str]]:
+    """A new page at ``url`` (``width`` px wide if given), and the list its uncaught errors go to
+    (a test asserts it empty at the end)."""
+    pg = ctx.new_page()
+    if width:
+        pg.set_viewport_size({"width": width, "height": 860})
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto(url)
+    return pg, errors
+
+
+def login(page: Page, up: CoxUp) -> None:
+    """Log in with ``up``'s token (a wrong one first: the form says so), unless already in."""
+    if page.locator("#login").is_visible():
+        page.fill("#login-token", "wrong-token")
+        page.click("#login-form button")
+        expect(page.locator("#login-error")).to_contain_text("not known")
+        page.fill("#login-token", up.token)
+        page.click("#login-form button")
+    expect(page.locator("#app")).to_be_visible()
+
+
+def new_session(page: Page, workspace: str, create: bool = True) -> str:
+    """Create a session from the sidebar's form; its id once its stream is live."""
+    page.fill("#new-workspace", workspace)
+    if create:
+        page.check("#new-create")
+    page.click("#new-session button[type=submit]")
+    expect(page.locator("#session")).to_be_visible()
+    expect(page.locator("#stream")).to_have_text("live")
+    m = re.search(r"#/s/([A-Za-z0-9_-]+)$", page.url)
+    assert m, page.url
+    return m.group(1)
+
+
+def axe(page: Page) -> list[dict[str, Any]]:
+    """Serious and critical axe-core violations (axe.min.js as the axe-playwright-python wheel ships it)."""
+    pytest.importorskip("axe_playwright_python")
+    page.add_script_tag(content=resources.files("axe_playwright_python").joinpath("axe.min.js").read_text())
+    res = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations")
+    return [v for v in res if v.get("impact") in ("serious", "critical")]
+
+
+def no_serious_axe(page: Page) -> None:
+    bad = axe(page)
+    assert bad == [], [(v["id"], v["help"], [n["target"] for n in v["nodes"]][:5]) for v in bad]
