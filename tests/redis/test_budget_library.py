@@ -137,8 +137,8 @@ def test_a_paused_session_keeps_its_queue_and_refuses_sends_until_resumed(lib: L
         refused = send(lib, sid, f"m_no{mode}", mode)
         assert refused["error"] == "budget_reached", refused
         assert "daily spend budget" in refused["detail"]
-    lead = lib(lib.fns.lead(sid=sid, principal="p", lead_id="l_1", text="x", client_id="", max_pending=8, owner="",
-                            want_turn=""))
+    lead = dict(lib(lib.fns.lead(sid=sid, principal="p", lead_id="l_1", text="x", client_id="", max_pending=8,
+                                 owner="", want_turn="")))
     assert lead["error"] == "budget_reached"
     assert queued_ids(r, sid) == ["m_1", "m_2"], "a refused send records nothing"
 
@@ -167,7 +167,7 @@ def test_the_principal_s_budget_keeps_a_session_paused(lib: Library, r: redis.Re
 
 
 def test_the_principal_over_refuses_a_send_to_a_session_not_paused(lib: Library, r: redis.Redis) -> None:
-    sid, token = busy_session(lib)
+    sid, _token = busy_session(lib)
     refused = send(lib, sid, "m_1", "queue", over="its owner spent $1.00 of $1 today")
     assert refused["error"] == "budget_reached" and "its owner" in refused["detail"]
     assert queued_ids(r, sid) == []
