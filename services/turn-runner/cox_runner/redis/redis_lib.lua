@@ -852,12 +852,9 @@ local function cox_budget_resume(keys, args)
   local base = keys[1]
   local sid, owner, session_spend, principal_usd, principal_spend, runner, lease_ms, turn_id, agents_md, by =
     unpack(args)
-  if redis.call('EXISTS', base) == 0 then
-    redis.call('ZREM', paused_of(base), sid)
-    return refuse('not_found', 'no such session')
-  end
   local b = budget_of(base)
   if b == nil then
+    -- not paused, or not in Redis (archived: its next use loads it back and lists it again)
     redis.call('ZREM', paused_of(base), sid)
     return { reply({ resumed = false, paused = false }) }
   end
