@@ -399,8 +399,9 @@ class Admission:
             evs = [*(ev.Usage(sid=cmd.sid, purpose="compaction", model=name, **u) for u in used), event]
             ops = [op for u in used for op in usage.totals_ops(u)]
             await r.store.fns.emit(sid=cmd.sid, token=token, owner=r.owner, ops=ops, events=[ev.body(e) for e in evs])
-            for u in used:
+            for u in used:  # the gateways' metrics, and the principal's spend of the day (the session's is above)
                 await r.clients.usage_seen({"model": name, "purpose": "compaction", **u})
+                await spending.count_principal(r.store.fns, cmd.principal, float(u.get("cost") or 0))
             return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
                                  summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
 

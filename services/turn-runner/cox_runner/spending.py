@@ -115,6 +115,12 @@ def spend_of(ops: Sequence[tuple[str, str, str, str]]) -> float:
     return sum(float(v) for op, _, _, v in ops if op == "spend")
 
 
+async def count_principal(fns: Any, principal: str, cost: float) -> None:
+    """Count a cost recorded outside a turn (a person's compaction) in its principal's spend of the day."""
+    if cost > 0 and principal:
+        await fns.spend(principal=principal, add=repr(cost))
+
+
 def over_words(limit: float, usd: float) -> str:
     """Why a send is refused when the principal's budget is reached (not yet any pause)."""
     return Reached(PRINCIPAL, limit, usd, 0).detail
