@@ -429,9 +429,10 @@ local function cox_send(keys, args)
   -- the caller's trace context (a traceparent header), carried with the message to its user.msg
   if traceparent ~= nil and traceparent ~= '' then msg.traceparent = traceparent end
   local res
+  -- paused on an earlier day (budget_refusal let it through): today's budget is whole again, and
+  -- the pause is lifted by a send that is taken (a refused one changes nothing)
   local stale = budget_of(base)
-  if stale ~= nil then
-    -- paused on an earlier day (budget_refusal let it through): today's budget is whole again
+  if stale ~= nil and (mode ~= '' or not busy(base)) then
     lift(base, sid, stale, 'day', now)
   end
   if stale ~= nil and not busy(base) and waiting_count(base) > 0 then
