@@ -71,6 +71,14 @@ class LimitsConfig(_Section):
     """Seconds of work; time spent waiting for the person to answer an approval does not count."""
     spend: float | None = Field(None, gt=0)
     """Cost of one turn's model requests in USD (none: no spend limit). See ``ProviderConfig``."""
+    session_spend: float | None = Field(None, gt=0)
+    """USD one session may spend per day (UTC; every model request counts: turns, titles, the
+    judge, compactions). Reached: the turn ends ``spend_limit`` and the session pauses (its queue
+    waits, sends are 409 ``budget_reached``) until an admin raises it (PATCH ``spend_limit``, or
+    this key and a reload) or the day ends. None: no daily session budget."""
+    principal_spend: float | None = Field(None, gt=0)
+    """USD all of one principal's sessions may spend per day, together; reached, each of its
+    sessions pauses as :attr:`session_spend` does. None: no daily principal budget."""
     soft: SoftLimits = Field(default_factory=SoftLimits)
     stuck_repeats: int = Field(3, ge=2)
     """How many times the same call with the same result counts as stuck (progress guard)."""

@@ -9,6 +9,7 @@
     │   └── Collected             collected       410   a version the retention policy removed
     ├── Conflict                  (various)       409   busy, not_accepting, no_turn, lead_closed,
     │   │                                               lead_text_only, resolved, fenced, run_active
+    │   ├── BudgetReached         budget_reached  409   a daily spend budget paused the session
     │   └── WorkspaceNested       workspace_nested 409  inside or around another workspace
     ├── TooLarge                  too_large       413
     ├── Unsupported               unsupported_media_type 415  an attachment type not allowed
@@ -147,6 +148,13 @@ class RunActive(Conflict):
     code = "run_active"
 
 
+class BudgetReached(Conflict):
+    """A send or Lead to a session a daily spend budget paused (``[limits] session_spend``,
+    ``principal_spend`` or its ``spend_limit``)."""
+
+    code = "budget_reached"
+
+
 class WorkspaceNested(Conflict):
     """A new workspace inside another one, or holding one."""
 
@@ -191,7 +199,8 @@ _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
-        LeadClosed, LeadTextOnly, Unsupported, Resolved, Fenced, OpenCalls, RunActive, WorkspaceInvalid, WorkspaceNested, TooLarge,
+        LeadClosed, LeadTextOnly, Unsupported, Resolved, Fenced, OpenCalls, RunActive, BudgetReached, WorkspaceInvalid,
+        WorkspaceNested, TooLarge,
         TooManyPending, TooManyStreams, Refused, Forbidden, Unavailable,
     )
 }

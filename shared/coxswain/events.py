@@ -436,6 +436,36 @@ class LimitWarning(_Event):
     """The hard limit's value."""
 
 
+DailyBudget = Literal["session_spend", "principal_spend"]
+"""The daily budgets (docs/api.md, "Budgets"): the session's (``[limits] session_spend`` or its
+``spend_limit``) and its principal's (``[limits] principal_spend``)."""
+
+
+class BudgetReached(_Event):
+    """A daily spend budget is reached: the turn that reached it ended ``spend_limit`` and the
+    session is paused. Its waiting messages stay waiting (``waiting`` of them) and every send is
+    409 ``budget_reached`` until an admin raises the budget or the day (UTC) is over."""
+
+    type: Literal["budget.reached"] = "budget.reached"
+    budget: DailyBudget
+    limit: float
+    """The budget in USD per day."""
+    spent: float
+    """USD spent today (the session's, or for ``principal_spend`` all of its principal's sessions')."""
+    waiting: int = 0
+
+
+class BudgetResumed(_Event):
+    """The pause is over: ``by`` ``patch`` (an admin raised the session's ``spend_limit``),
+    ``reload`` (the configured budgets were raised and reloaded) or ``day`` (a new UTC day). The
+    ``waiting`` messages run on, in order."""
+
+    type: Literal["budget.resumed"] = "budget.resumed"
+    budget: DailyBudget
+    by: Literal["patch", "reload", "day"]
+    waiting: int = 0
+
+
 UsagePurpose = Literal["turn", "title", "judge", "compaction"]
 
 
@@ -572,7 +602,7 @@ Event = Annotated[
     | TurnEnd | AssistantDelta | AssistantMsg | ToolCall | ToolResult | ToolSkipped | PolicyDecision
     | ApprovalPending | ApprovalResolved | VersionKept | FileWritten | LeadSaved | LeadApplied
     | LeadUnapplied | AgentMessage | Observed | PlanWrite | PlanStep | PlanCarried | LimitSoft | LimitHard
-    | EventOmitted | LimitWarning | Usage | ModelRetry | ContextCompacted
+    | EventOmitted | LimitWarning | BudgetReached | BudgetResumed | Usage | ModelRetry | ContextCompacted
     | SessionArchived | SessionRestored | SessionRewound | SessionForked
     | HookDecision | McpServer | NetworkRequest | Check | RunStart | RunEnd | SessionShared | SessionUnshared
     | ProgramStarted | ProgramExited | ProgramStopped,

@@ -36,6 +36,7 @@ META: Final = "cox:meta"
 LEASES_PREFIX: Final = "cox:leases:"
 DIRTY_PREFIX: Final = "cox:dirty:"
 ACTIVE_PREFIX: Final = "cox:active:"
+PAUSED_PREFIX: Final = "cox:paused:"
 VERSIONS_MAC_KEY: Final = "cox:versions:mac-key"
 """string: the versions service's HMAC key (hex). Index lines in a workspace's store folder are
 members only with a valid MAC; the key lives here, out of reach of the model's commands."""
@@ -76,6 +77,14 @@ SESSION_FIELDS: Final[Mapping[str, str]] = MappingProxyType({
     "usage_cache_read_tokens": "tokens read from a provider's prompt cache so far",
     "usage_cache_write_tokens": "tokens written to a provider's prompt cache so far",
     "usage_cost": "USD so far (a float, rounded to 8 places when read)",
+    # daily budgets ([limits] session_spend, principal_spend; docs/api.md "Budgets")
+    "spend_day": "the UTC day (days since the epoch, Redis clock) spend_today counts (cox_emit's spend op)",
+    "spend_today": "USD the session's model requests cost on spend_day (a float)",
+    "spend_limit": "an admin's USD/day budget of this session (PATCH spend_limit), in place of [limits] "
+                   "session_spend; absent: the configured one",
+    "budget": "JSON {budget, limit, spent, day, detail} while a daily budget pauses the session (cox_turn_end): "
+              "its messages wait and sends are refused budget_reached; absent otherwise",
+    "spend_warned": "'<day>:<budget>,...': the daily budgets a limit.warning was recorded for on that day",
     # runs (cox_run; cox_turn_end goes on with a run or ends it)
     "run": "JSON of the session's run ({state: running|ended, confirm, unattended, max_turns, turns, outcome?, "
            "last?}); absent for a chat",
@@ -174,6 +183,12 @@ def active(b: int) -> str:
     return ACTIVE_PREFIX + tag(b)
 
 
+def paused(b: int) -> str:
+    """zset sid -> ms when a daily budget paused the session (bucket ``b``): what a config reload
+    looks at to resume the sessions whose budget was raised (``cox_budget_resume``)."""
+    return PAUSED_PREFIX + tag(b)
+
+
 ARCHIVED: Final = ("", QUEUE, STEER, LEADS, LEAD_ORDER, CLIENT_IDS, APPROVALS, OPEN_CALLS, STANDING, WRITES,
                    OBSERVED, ATTACHMENTS)
 """The suffixes of the keys an archived session's snapshot holds (``""``: the session hash): every
@@ -240,3 +255,10 @@ def principal(name: str) -> str:
     """zset sid -> created ms: the sessions one principal owns. Written before the session is
     created (its own call: another slot); an entry without a session is skipped when listed."""
     return f"cox:p:{check_id(name, 'principal')}"
+
+
+def principal_spend(name: str) -> str:
+    """hash ``{day, usd}``: what one principal's sessions cost on the UTC day ``day`` (Redis clock),
+    against ``[limits] principal_spend`` (``cox_spend``). Its own hash tag (the principal's name),
+    so a call's transition reply (``TX``) is in its slot."""
+    return f"cox:p:{{{check_id(name, 'principal')}}}:spend"

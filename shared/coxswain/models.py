@@ -55,6 +55,9 @@ class PatchSession(_Body):
     auto_title: bool | None = None
     model: Annotated[Text, Field(min_length=1, max_length=200)] | None = None
     dont_ask: bool | None = None
+    spend_limit: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)] | None = None
+    """An admin's daily budget of this session in USD (in place of ``[limits] session_spend``);
+    ``null`` clears it (the configured one applies again). Raising it resumes a paused session."""
 
 
 class SendMessage(_Body):
@@ -212,6 +215,17 @@ class UsageTotals(_Out):
     cost: float = 0.0
 
 
+class BudgetInfo(_Out):
+    """The daily budget that pauses a session (docs/api.md, "Budgets")."""
+
+    budget: Literal["session_spend", "principal_spend"]
+    limit: float
+    """USD per day."""
+    spent: float
+    """USD spent today when it paused (the principal's, across its sessions, for ``principal_spend``)."""
+    detail: str = ""
+
+
 class RunInfo(_Out):
     """A run's state in the session object (docs/api.md, "Runs")."""
 
@@ -253,6 +267,12 @@ class Session(_Out):
     """The programs running in the session's sandbox now (docs/api.md, "Programs")."""
     usage: UsageTotals = Field(default_factory=UsageTotals)
     """Running totals of the session's model requests (the sum of its ``usage`` events)."""
+    spend_today: float = 0.0
+    """USD the session's model requests cost today (UTC), against its daily budget."""
+    spend_limit: float | None = None
+    """An admin's daily budget of this session (PATCH ``spend_limit``); None: ``[limits] session_spend``."""
+    budget_reached: BudgetInfo | None = None
+    """The daily budget that pauses the session today (sends are 409 ``budget_reached``), or None."""
     created: int = 0
     next_model: str | None = None
     run: RunInfo | None = None
@@ -359,6 +379,8 @@ class ShareBody(_Body):
 
 
 class PatchCmd(SessionRef, PatchSession):
+    spend_limit_set: bool = False
+    """The body named ``spend_limit`` (``null`` in it clears the session's own budget)."""
     share: ShareBody | None = None
     """Set (or change) a share; not part of PATCH's body (the shares routes send it)."""
     unshare: Id | None = None

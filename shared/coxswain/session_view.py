@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from . import keys
@@ -10,6 +11,7 @@ from .config import McpConfig, SandboxConfig
 from .models import (
     STANDING_NETWORK,
     ApprovalInfo,
+    BudgetInfo,
     LeadInfo,
     McpServerInfo,
     Plan,
@@ -150,10 +152,34 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
         created=int(h.get("created", 0) or 0),
         next_model=h.get("next_model") or None,
         run=run_info(h.get("run")),
+        **spend_info(h),
         last_seq=int(h.get("seq", 0) or 0),
         shares=[ShareInfo(principal=p, role=r) for p, r in sorted(shares_of(h).items())
                 if r in ("reader", "approver")],
     )
+
+
+DAY_S = 86_400
+
+
+def spend_info(h: dict[str, str], now: float | None = None) -> dict[str, Any]:
+    """The session object's ``spend_today``, ``spend_limit`` and ``budget_reached`` from its hash
+    (docs/api.md, "Budgets"): the day is the UTC day (the runner counts it by Redis's clock); a
+    spend or a pause of an earlier day is over."""
+    today = str(int((time.time() if now is None else now) // DAY_S))
+    spent = float(h.get("spend_today") or 0) if h.get("spend_day") == today else 0.0
+    limit = h.get("spend_limit")
+    reached: BudgetInfo | None = None
+    raw = h.get("budget")
+    if raw:
+        try:
+            b = json.loads(raw)
+            if str(b.get("day")) == today:
+                reached = BudgetInfo(budget=b["budget"], limit=float(b["limit"]), spent=float(b["spent"]),
+                                     detail=str(b.get("detail") or ""))
+        except (ValueError, KeyError, TypeError):
+            reached = None
+    return {"spend_today": round(spent, 8), "spend_limit": float(limit) if limit else None, "budget_reached": reached}
 
 
 def run_info(raw: str | None) -> RunInfo | None:

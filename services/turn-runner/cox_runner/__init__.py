@@ -61,6 +61,8 @@ orders its own modules the same way in its ``__init__``.
 17. A turn's state
    - ``turn``: a running turn's identity and the signals (Stop, Lead, doorbell) sent to it.
    - ``budget``: a turn's use against its limits (pure).
+   - ``spending``: the daily budgets (``[limits] session_spend``, ``principal_spend``): today's
+     spend, the budgets reached, the pause and the refusal's words.
 18. The leaves: Redis, the model, the workspace, the other services
    - ``redis``: Redis state (the Lua library, its facade, the store, the archive).
    - ``model``: the model (providers, the script model, retries, usage).

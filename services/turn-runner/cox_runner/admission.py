@@ -52,7 +52,7 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, compaction, drive, instructions, transcript
+from . import cmdversions, compaction, drive, instructions, spending, transcript
 from .attachments import Attachments
 from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
@@ -171,6 +171,8 @@ class Admission:
         if cmd.dont_ask is not None:
             # the holder re-reads its settings; turned on, it also answers a pending approval
             await self.r.doorbell.ring(res.get("runner"), cmd.sid, "approval")
+        if cmd.spend_limit_set:  # an admin changed the session's daily budget: a paused session may go on
+            await resume(self.r, cmd.sid, "patch")
         view = await session_view.load(self.r.redis, cmd.sid, cmd.principal, self.r.settings.sandbox, self.r.settings.mcp)
         if view is None:
             raise NotFound("no such session")
@@ -193,12 +195,15 @@ class Admission:
             raise WorkspaceInvalid(ROOT_SESSION)
         agents = await instructions.agents_md_hash(ws)
         attached, wire = await self.attachments.named(cmd.sid, cmd.attachments)
+        over = await spending.principal_over(r.store.fns, r.settings.limits, cmd.principal)
         res = await r.store.fns.send(
             sid=cmd.sid, principal=cmd.principal, message_id=message_id, text=cmd.text, mode=cmd.mode or "",
             client_id=cmd.client_id or "", runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
             owner=r.owner, models=" ".join(sorted(r.models.names())), agents_md=agents, attachments=wire,
-            traceparent=cmd.traceparent or "")
+            traceparent=cmd.traceparent or "", over=over)
         if not res.get("replay"):
+            if (started := res.get("resumed")) is not None:  # a pause of an earlier day lifted: the queue first
+                await _resumed(r, cmd.sid, started, sent)
             if res.get("disposition") == "started":
                 await _start_turn(r, cmd.sid, str(res["token"]), res.get("runner"), sent, {
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
@@ -229,7 +234,7 @@ class Admission:
         res = await r.store.fns.lead(
             sid=cmd.sid, principal=cmd.principal, lead_id=new_id("l"), text=cmd.text, client_id=cmd.client_id or "",
             max_pending=r.settings.lead.max_pending, owner=r.owner, want_turn=cmd.turn_id or "",
-        )
+            over=await spending.principal_over(r.store.fns, r.settings.limits, cmd.principal))
         if not res.get("replay"):
             await r.doorbell.ring(res.get("runner"), cmd.sid, "lead")
         return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]), turn_id=res.get("turn_id"))
@@ -394,8 +399,9 @@ class Admission:
             evs = [*(ev.Usage(sid=cmd.sid, purpose="compaction", model=name, **u) for u in used), event]
             ops = [op for u in used for op in usage.totals_ops(u)]
             await r.store.fns.emit(sid=cmd.sid, token=token, owner=r.owner, ops=ops, events=[ev.body(e) for e in evs])
-            for u in used:
+            for u in used:  # the gateways' metrics, and the principal's spend of the day (the session's is above)
                 await r.clients.usage_seen({"model": name, "purpose": "compaction", **u})
+                await spending.count_principal(r.store.fns, cmd.principal, float(u.get("cost") or 0))
             return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
                                  summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
 
@@ -452,4 +458,51 @@ def _patch_fields(cmd: PatchCmd) -> list[tuple[str, str]]:
         fields.append(("model", cmd.model))
     if cmd.dont_ask is not None:
         fields.append(("dont_ask", "1" if cmd.dont_ask else "0"))
+    if cmd.spend_limit_set:
+        fields.append(("spend_limit", "" if cmd.spend_limit is None else repr(float(cmd.spend_limit))))
     return fields
+
+
+# ------------------------------------------------------------------ daily budgets: a paused session goes on
+async def resume(r: Deps, sid: str, by: str) -> bool:
+    """Ask Redis whether a paused session goes on now (its budgets raised: by ``patch`` or
+    ``reload``, see :mod:`cox_runner.spending`); when it does and it is idle, its first waiting
+    message starts here (the rest follow in order). True when the pause was lifted."""
+    lim = r.settings.limits
+    principal, ws = await r.redis.hmget(keys.session(sid), ["principal", "workspace"])
+    usd = ""
+    if lim.principal_spend is not None and principal:
+        usd = repr(float((await r.store.fns.spend(principal=principal, add="0"))["usd"]))
+    turn_id = new_id("t")
+    sent = time.monotonic()
+    res = await r.store.fns.budget_resume(
+        sid=sid, owner=r.owner, session_spend="" if lim.session_spend is None else repr(lim.session_spend),
+        principal_usd=usd, principal_spend="" if lim.principal_spend is None else repr(lim.principal_spend),
+        runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
+        agents_md=await instructions.agents_md_hash(ws), by=by)
+    if isinstance(res.get("next"), dict):
+        await _resumed(r, sid, dict(res), sent)
+    r.log.info("budget.resume", sid=sid, by=by, resumed=res.get("resumed"), still=res.get("budget"))
+    return bool(res.get("resumed"))
+
+
+async def _resumed(r: Deps, sid: str, started: dict[str, Any], sent: float) -> None:
+    """Run the waiting message a lifted pause started (``{next, token, turn_id, runner}``)."""
+    first = {**started["next"], "turn_id": started["turn_id"]}
+    await _start_turn(r, sid, str(started["token"]), started.get("runner"), sent, first)
+
+
+async def resume_all(r: Deps, by: str) -> int:
+    """After a reload of the configured budgets: every paused session (the buckets' paused
+    indexes) that may go on now goes on. How many did."""
+    async with r.redis.pipeline(transaction=False) as pipe:
+        for b in range(keys.buckets()):
+            pipe.zrange(keys.paused(b), 0, -1)
+        found = await pipe.execute()
+    n = 0
+    for sid in sorted({s for got in found for s in got or []}):
+        try:
+            n += await resume(r, sid, by)
+        except Exception as exc:  # noqa: BLE001 - one session's failure does not stop the others
+            r.log.warning("budget.resume_failed", sid=sid, error=repr(exc))
+    return n

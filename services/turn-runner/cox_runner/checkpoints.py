@@ -14,6 +14,7 @@ import time
 from coxswain import events as ev
 from coxswain.models import CallSpec
 
+from . import spending
 from .budget import Budget
 from .gate import Gate
 from .recorder import Recorder
@@ -51,6 +52,29 @@ class Checkpoints:
             await self.rec.user_message(
                 f"[coxswain] {shown} of {w.of:g} {w.limit.replace('_', ' ')} used in this turn: wrap up, "
                 "or say what you need to finish.", f"warn-{w.limit}-{self.turn.turn_id}", "lead", note=True)
+
+    async def daily(self) -> None:
+        """The daily budgets (:mod:`cox_runner.spending`), before each model request and after each
+        response: at ``warn_at`` of one a ``limit.warning`` and a system Lead (once per budget,
+        session and day); reached, the turn ends ``spend_limit`` and the session pauses."""
+        t, rec, limits = self.turn, self.rec, self.limits
+        if not spending.active(t.info, limits) or not t.info.get("principal"):
+            return
+        if rec.today is None:  # the turn's first look: today's spend as Redis has it (its clock's day)
+            got = await rec.deps.store.fns.spend(principal=str(t.info.get("principal") or ""), add="0")
+            day = int(got["day"])
+            rec.today = spending.Today(day=day, session=spending.session_today(t.info, day), principal=float(got["usd"]))
+        due, marked = spending.warnings_due(rec.today, t.info, limits)
+        for w in due:
+            await rec.emit(ev.LimitWarning(**rec.e(), limit=w.budget, value=round(w.spent, 6), of=w.limit),
+                           ops=[("hset", "", "spend_warned", marked)])
+            await rec.user_message(
+                f"[coxswain] ${w.spent:.4f} of the ${w.limit:g} daily {w.budget.replace('_', ' ')} budget used today: "
+                "wrap up, or say what you need to finish.", f"warn-{w.budget}-{t.turn_id}", "lead", note=True)
+        hit = spending.reached(rec.today, t.info, limits)
+        if hit is not None:
+            await rec.emit(ev.LimitHard(**rec.e(), limit=hit.budget, value=round(hit.spent, 8)))
+            raise EndTurn(Ending("spend_limit", detail=hit.detail, pause=hit.pause()))
 
     async def soft(self) -> None:
         """A soft limit set lower than its hard one is a checkpoint: the person is asked whether

@@ -174,12 +174,12 @@ async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> 
     try:
         # The library refuses while a call of the turn is open, so the usual end (every call
         # closed by the loop) reads nothing before it.
-        return await turn_end_call(deps, d, body, _plan_action(ending, plan))
+        return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause)
     except OpenCalls:
         pass
     if await _close_open_calls(deps, d, turn, ending):
         d.history = None  # results the loop never saw: the next turn rebuilds from the log
-    return await turn_end_call(deps, d, body, _plan_action(ending, plan))
+    return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause)
 
 
 async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) -> bool:
@@ -216,8 +216,10 @@ async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) ->
     return True
 
 
-async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bool = True) -> dict[str, Any] | None:
-    """End the turn (``body``) and take the next waiting message, or go idle.
+async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bool = True,
+                        pause: str = "") -> dict[str, Any] | None:
+    """End the turn (``body``) and take the next waiting message, or go idle (``pause``: a daily
+    budget the turn reached pauses the session: nothing starts, its messages wait).
 
     While the services a turn needs do not answer (the bus is down, guard or versions is gone),
     the next message is not started, since it could only fail: the session is held (busy, under
@@ -233,7 +235,7 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     try:
         res = await deps.store.fns.turn_end(
             sid=d.sid, token=d.token, owner=deps.owner, end_body=body, next_turn_id=next_turn, lease_ms=lease_ms,
-            plan=plan, handoff=handoff, hold_next=hold, agents_md=agents,
+            plan=plan, handoff=handoff, hold_next=hold, agents_md=agents, pause=pause,
         )
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc

@@ -19,7 +19,7 @@ from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import Fenced
 
-from . import transcript
+from . import spending, transcript
 from .deps import Deps
 from .errors import LeaseLost
 from .turn import Turn
@@ -50,6 +50,9 @@ class Recorder:
         """What the last ``emit`` saw waiting: Leads and operator observations."""
         self._deferred: list[ev._Event] = []
         """Events recorded with the next ``emit`` (one Redis call instead of two)."""
+        self.today: spending.Today | None = None
+        """What the session and its principal spent today, as the last recorded cost left it
+        (None until the turn's first check: :meth:`cox_runner.checkpoints.Checkpoints.daily`)."""
 
     def e(self) -> dict[str, Any]:
         """The fields every event of this turn carries."""
@@ -68,6 +71,19 @@ class Recorder:
         self.history.seq = max(self.history.seq, int(res.get("last") or 0))
         self.leads_hint = int(res.get("leads") or 0)
         self.observed_hint = int(res.get("observed") or 0)
+        if "spend_day" in res:
+            await self._spent(int(res["spend_day"]), float(res.get("spend_today") or 0), spending.spend_of(ops or []))
+
+    async def _spent(self, day: int, session: float, cost: float) -> None:
+        """A model request's cost was counted in the session's spend of ``day``: count it in its
+        principal's too (its own key: another call), and keep both for the turn's checks."""
+        principal = str(self.turn.info.get("principal") or "")
+        usd = 0.0
+        if principal:
+            got = await self.deps.store.fns.spend(principal=principal, add=repr(cost))
+            usd = float(got.get("usd") or 0)
+            day = int(got.get("day") or day)
+        self.today = spending.Today(day=day, session=session, principal=usd)
 
     def defer(self, event: ev._Event) -> None:
         """Record ``event`` together with the next one: it is known now, but nothing waits on it

@@ -6,6 +6,9 @@
   ``crashed`` before going on with the queue in order.
 - sweeper: publishes outboxes whose publisher died.
 
+SIGHUP reloads ``[limits]`` from the config (the file and the environment, as at start) and
+resumes the sessions a daily budget paused whose budget is now raised (docs/api.md, "Budgets").
+
 Shutdown (SIGTERM): stop taking requests, ask running turns to end (``canceled``), hand the
 sessions with waiting messages to another runner, wait (bounded), then cancel what is left.
 """
@@ -16,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -24,14 +28,14 @@ from nats.aio.msg import Msg
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from coxswain import eventlog, rpc, subjects
+from coxswain import config, eventlog, rpc, subjects
 from coxswain.config import Settings
 from coxswain.ids import new_id
 from coxswain.service import Service
 
 from . import drive as drives_mod
 from . import programs as programs_mod
-from .admission import Admission
+from .admission import Admission, resume_all
 from .clients import Clients
 from .deps import Deps
 from .doorbell import Doorbell
@@ -140,6 +144,23 @@ class Runner(Service):
         self.spawn(self._every(programs_mod.TICK_S, self.programs.books.tick), "programs", critical=True)
         if self.settings.sessions.idle_days > 0:
             self.spawn(self._every(self.settings.sessions.archive_every_s, self._archive), "archiver", critical=True)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, lambda: self.spawn(self.reload(), "reload"))
+
+    async def reload(self) -> None:
+        """SIGHUP: read ``[limits]`` again (turns that start from now on use it; a running turn
+        keeps the limits it started with) and resume the paused sessions whose daily budget is
+        now above what they spent (docs/api.md, "Budgets"). A config that does not load changes
+        nothing (logged)."""
+        try:
+            fresh = await asyncio.to_thread(config.load)
+        except Exception as exc:  # noqa: BLE001 - a bad file keeps the running settings
+            self.log.error("config.reload_failed", error=repr(exc))
+            return
+        self.settings.limits = fresh.limits
+        self.log.info("config.reloaded", session_spend=fresh.limits.session_spend,
+                      principal_spend=fresh.limits.principal_spend)
+        resumed = await resume_all(self.deps, "reload")
+        self.log.info("budget.reload_resumed", sessions=resumed)
 
     async def _check_durability(self) -> None:
         """The queue is only as durable as Redis: say so when it does not fsync every write."""

@@ -83,6 +83,7 @@ class ModelStep:
     async def once(self, last_try: bool = False) -> ModelResponse:
         t = self.turn
         rec = self.rec
+        await self.checks.daily()  # a daily budget reached (by this session, or its principal's others)
         await handlers.mcp_changes(rec, t.mcp)  # a server that died since: its tools are withdrawn now
         rec.take_pending()
         await self.compactor.before_request()  # keeps the request inside the context window
@@ -133,6 +134,7 @@ class ModelStep:
         if b.tokens_over():
             await self.checks.hard("tokens", b.tokens)
         await self.checks.warnings()
+        await self.checks.daily()
         if b.spend_over():
             await rec.emit(ev.LimitHard(**rec.e(), limit="spend", value=round(b.spend, 8)))
             raise EndTurn(Ending("spend_limit", detail=f"spend limit of ${self.limits.spend:g} reached "

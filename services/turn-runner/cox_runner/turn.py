@@ -35,6 +35,9 @@ class Ending:
     finish_reason: str | None = None
     detail: str | None = None
     provider_finish_reason: str | None = None
+    pause: str = ""
+    """A daily budget the turn reached (:meth:`cox_runner.spending.Reached.pause`): its end pauses
+    the session."""
 
 
 class EndTurn(Exception):

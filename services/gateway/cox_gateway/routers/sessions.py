@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 
 from coxswain import rpc
-from coxswain.errors import NotFound
+from coxswain.errors import Forbidden, NotFound
 from coxswain.ids import ID_RE
 from coxswain.models import (
     CreateCmd,
@@ -56,8 +56,12 @@ async def get_session(sid: Sid, reads: ReadsDep, who: Principal) -> Session:
 
 @router.patch("/v1/sessions/{sid}", responses=errors.responses(400, 403, 404, 413, 422, 503))
 async def patch_session(sid: Sid, body: PatchSession, services: ServicesDep, reads: ReadsDep, who: Principal) -> Session:
-    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_PATCH,
-                                                               PatchCmd(principal=p, sid=sid, **body.model_dump())))
+    budget = "spend_limit" in body.model_fields_set
+    if budget and reads.role(who) != "admin":
+        await reads.owned(sid, who)  # 404 unless the session is visible to them
+        raise Forbidden("only an admin may change a session's daily spend budget (spend_limit)")
+    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_PATCH, PatchCmd(
+        principal=p, sid=sid, spend_limit_set=budget, **body.model_dump())))
 
 
 @router.post("/v1/sessions/{sid}/shares", responses=errors.responses(400, 403, 404, 413, 422, 503))

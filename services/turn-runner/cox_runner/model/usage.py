@@ -70,10 +70,14 @@ def usage_of(response: ModelResponse, provider: ProviderConfig | None) -> dict[s
 
 def totals_ops(u: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """The ``cox_emit`` ops that add one request's usage to the session's running totals
-    (``usage_*`` fields of the session hash; the session object's ``usage``)."""
+    (``usage_*`` fields of the session hash; the session object's ``usage``) and its cost to the
+    session's spend of the day (``spend``)."""
     ops = [("hincrby", "", f"usage_{k}", str(int(u[k])))
            for k in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")]
-    return [*ops, ("hincrbyfloat", "", "usage_cost", repr(float(u["cost"]))), ("hincrby", "", "usage_requests", "1")]
+    ops += [("hincrbyfloat", "", "usage_cost", repr(float(u["cost"]))), ("hincrby", "", "usage_requests", "1")]
+    if float(u["cost"]) > 0:  # the session's spend of the day (its daily budget, docs/api.md "Budgets")
+        ops.append(("spend", "", "", repr(float(u["cost"]))))
+    return ops
 
 
 def spend_cost(prices: tuple[float, float] | None, response: ModelResponse) -> float:

@@ -64,6 +64,9 @@ class Sent(TypedDict):
     replay: NotRequired[bool]
     info: NotRequired[dict[str, str]]
     """When it started a turn: the session hash as that turn began (the turn reads nothing more)."""
+    resumed: NotRequired[dict[str, Any] | None]
+    """A pause of an earlier day lifted by this send: the waiting message it started
+    (``{next, token, turn_id, runner}``); this one was queued behind the others."""
 
 
 class LeadSaved(TypedDict):
@@ -101,6 +104,10 @@ class Emitted(TypedDict):
     last: int
     leads: int
     observed: int
+    spend_day: NotRequired[int]
+    """With a ``spend`` op: the UTC day (Redis clock) the session's spend was counted on."""
+    spend_today: NotRequired[float]
+    """With a ``spend`` op: the session's spend on that day, this request's included."""
 
 
 class FenceOk(TypedDict):
@@ -129,6 +136,26 @@ class TurnEnded(TypedDict):
     held: NotRequired[bool]
     info: NotRequired[dict[str, str]]
     """With ``next``: the session hash as the next turn began."""
+    paused: NotRequired[bool]
+    """A daily budget pauses the session: nothing started, its messages wait."""
+
+
+class BudgetResumed(TypedDict):
+    resumed: bool
+    paused: bool
+    budget: NotRequired[str]
+    """Still paused: the budget that is still reached (``session_spend`` or ``principal_spend``)."""
+    next: NotRequired[dict[str, Any]]
+    """Resumed while idle: the waiting message that started (its turn is ``turn_id``)."""
+    token: NotRequired[str]
+    turn_id: NotRequired[str]
+    runner: NotRequired[str]
+
+
+class Spent(TypedDict):
+    day: int
+    """The UTC day (days since the epoch, Redis clock)."""
+    usd: float
 
 
 class OpBegun(TypedDict):
@@ -246,20 +273,21 @@ class Fns:
     @lua("cox_send")
     async def send(self, *, sid: str, principal: str, message_id: str, text: str, mode: str, client_id: str,
                    runner: str, lease_ms: int, turn_id: str, owner: str, models: str, agents_md: str,
-                   attachments: str = "", traceparent: str = "") -> Sent:
+                   attachments: str = "", traceparent: str = "", over: str = "") -> Sent:
         """``mode``: '' (send), queue or steer; ``models``: the configured names, space separated;
         ``attachments``: a JSON array of the message's attachment records ('' for none);
-        ``traceparent``: the W3C trace context the message's turn is a child of ('' for none)."""
+        ``traceparent``: the W3C trace context the message's turn is a child of ('' for none);
+        ``over``: why the principal's daily budget refuses it ('' = it does not)."""
         res = await self.store.call("cox_send", sid, [sid, principal, message_id, text, mode, client_id, runner,
                                                       str(lease_ms), turn_id, owner, models, agents_md, attachments,
-                                                      traceparent])
+                                                      traceparent, over])
         return cast(Sent, res)
 
     @lua("cox_lead")
     async def lead(self, *, sid: str, principal: str, lead_id: str, text: str, client_id: str, max_pending: int,
-                   owner: str, want_turn: str) -> LeadSaved:
+                   owner: str, want_turn: str, over: str = "") -> LeadSaved:
         res = await self.store.call("cox_lead", sid, [sid, principal, lead_id, text, client_id, str(max_pending),
-                                                      owner, want_turn])
+                                                      owner, want_turn, over])
         return cast(LeadSaved, res)
 
     @lua("cox_stop")
@@ -305,11 +333,30 @@ class Fns:
 
     @lua("cox_turn_end")
     async def turn_end(self, *, sid: str, token: str, owner: str, end_body: str, next_turn_id: str, lease_ms: int,
-                       plan: str, handoff: str, hold_next: str, agents_md: str) -> TurnEnded:
-        """``plan``: '' keep, '-' clear, else JSON; ``handoff``/``hold_next``: '1' or ''."""
+                       plan: str, handoff: str, hold_next: str, agents_md: str, pause: str = "") -> TurnEnded:
+        """``plan``: '' keep, '-' clear, else JSON; ``handoff``/``hold_next``: '1' or ''; ``pause``:
+        '' or the JSON of the daily budget the turn reached (the session pauses)."""
         res = await self.store.call("cox_turn_end", sid, [sid, token, owner, end_body, next_turn_id, str(lease_ms),
-                                                          plan, handoff, hold_next, agents_md])
+                                                          plan, handoff, hold_next, agents_md, pause])
         return cast(TurnEnded, res)
+
+    @lua("cox_budget_resume")
+    async def budget_resume(self, *, sid: str, owner: str, session_spend: str, principal_usd: str,
+                            principal_spend: str, runner: str, lease_ms: int, turn_id: str, agents_md: str,
+                            by: str) -> BudgetResumed:
+        """Lift a daily budget's pause if today's budgets are now above what was spent (and, idle,
+        start the first waiting message); ``by``: ``patch`` or ``reload``. Numbers as text, '' = none."""
+        res = await self.store.call("cox_budget_resume", sid, [sid, owner, session_spend, principal_usd,
+                                                               principal_spend, runner, str(lease_ms), turn_id,
+                                                               agents_md, by])
+        return cast(BudgetResumed, res)
+
+    @lua("cox_spend")
+    async def spend(self, *, principal: str, add: str) -> Spent:
+        """Add ``add`` USD (a number as text) to the principal's spend of the day ('0': read it);
+        answers its spend today."""
+        res = await self.store.call("cox_spend", None, [add], extra_keys=[keys.principal_spend(principal)])
+        return cast(Spent, res)
 
     @lua("cox_op_begin")
     async def op_begin(self, *, sid: str, principal: str, runner: str, lease_ms: int, op: str) -> OpBegun:

@@ -27,10 +27,13 @@ is not refused "fenced" on the retry).
 local LEASES_PREFIX = 'cox:leases:'
 local DIRTY_PREFIX = 'cox:dirty:'
 local ACTIVE_PREFIX = 'cox:active:'
+local PAUSED_PREFIX = 'cox:paused:'
 local function tag_of(key) return string.match(key, '(%b{})') end
 local function leases_of(base) return LEASES_PREFIX .. tag_of(base) end
 local function dirty_of(base) return DIRTY_PREFIX .. tag_of(base) end
 local function active_of(base) return ACTIVE_PREFIX .. tag_of(base) end
+local function paused_of(base) return PAUSED_PREFIX .. tag_of(base) end
+local DAY_MS = 86400000
 local PUB_BATCH = 200
 local PUB_LOCK_MS = 5000
 local TX_KEEP_MS = 60000
@@ -221,6 +224,62 @@ local function release(base, sid, now)
   apply_next_model(base, sid, now)
 end
 
+-- Start the first waiting message (steered first, then queued) on an idle session, under a new
+-- lease (in the name of the runner that runs the session's programs, if one does), or nil.
+local function start_waiting(base, sid, runner, lease_ms, turn_id, now, agents_md)
+  local raw = redis.call('LPOP', base .. ':sq')
+  if not raw then raw = redis.call('LPOP', base .. ':q') end
+  if not raw then return nil end
+  local holder = redis.call('GET', base .. ':plock')
+  if holder and holder ~= '' then runner = holder end
+  local token = take_lease(base, sid, runner, lease_ms, now)
+  local msg = cjson.decode(raw)
+  begin_turn(base, sid, msg, turn_id, now, agents_md)
+  return { next = msg, token = token, turn_id = turn_id, runner = runner }
+end
+
+-- ------------------------------------------------------------------ daily budgets
+-- [limits] session_spend and principal_spend (docs/api.md, "Budgets"): USD per day, the day being
+-- the UTC day of Redis's clock (ms / DAY_MS). The session hash counts its own spend of the day
+-- (spend_day, spend_today: cox_emit's 'spend' op); a principal's is its own key (cox_spend). A
+-- turn that reaches a budget ends spend_limit and its cox_turn_end pauses the session: the field
+-- budget holds JSON {budget, limit, spent, day, detail}, the bucket's paused index lists it, its
+-- waiting messages stay waiting and every send is refused budget_reached, until cox_budget_resume
+-- (an admin raised the budget) or the day is over (the next send or resume lifts it).
+local function day_of(now) return math.floor(now / DAY_MS) end
+
+local function budget_of(base)
+  local raw = redis.call('HGET', base, 'budget')
+  if not raw or raw == '' then return nil end
+  return cjson.decode(raw)
+end
+
+-- The pause of today, or nil (a pause of an earlier day is over: its budget counted that day).
+local function paused_today(base, now)
+  local b = budget_of(base)
+  if b ~= nil and tonumber(b.day) == day_of(now) then return b end
+  return nil
+end
+
+-- The refusal of a send or a Lead to a paused session (over: the runner found the principal's
+-- budget reached today, '' = not), or nil.
+local function budget_refusal(base, now, over)
+  if over ~= nil and over ~= '' then return refuse('budget_reached', over) end
+  local b = paused_today(base, now)
+  if b ~= nil then return refuse('budget_reached', b.detail or 'a daily spend budget is reached') end
+  return nil
+end
+
+local function waiting_count(base) return redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q') end
+
+-- The pause ends: by 'patch' (an admin raised the session's spend_limit), 'reload' (the
+-- configured budgets were raised) or 'day' (a new day began).
+local function lift(base, sid, b, by, now)
+  redis.call('HDEL', base, 'budget')
+  redis.call('ZREM', paused_of(base), sid)
+  emit_t(base, sid, { type = 'budget.resumed', budget = b.budget, by = by, waiting = waiting_count(base) }, now)
+end
+
 -- Mark every pending lead unapplied (Stop, steer, crash): they stay saved, start nothing.
 local function unapply_leads(base, sid, turn_id, now)
   local ids = redis.call('LRANGE', base .. ':leadq', 0, -1)
@@ -277,7 +336,7 @@ local function cox_create(keys, args)
 end
 
 -- ARGV: sid, principal, owner, then field/value pairs among title, auto_title, model, dont_ask,
--- share (JSON {principal, role}) and unshare (a principal); a share change is sent alone
+-- spend_limit (a number, '' = none), share (JSON {principal, role}) and unshare (a principal); a share change is sent alone
 local function cox_patch(keys, args)
   local base = keys[1]
   local sid, principal, owner = args[1], args[2], args[3]
@@ -305,6 +364,17 @@ local function cox_patch(keys, args)
     elseif f == 'auto_title' or f == 'dont_ask' then
       redis.call('HSET', base, f, v)
       changes[f] = (v == '1')
+      n = n + 1
+    elseif f == 'spend_limit' then
+      -- an admin's USD/day budget of this session ('' = [limits] session_spend again); the
+      -- runner then asks cox_budget_resume whether a paused session goes on
+      if v == '' then
+        redis.call('HDEL', base, 'spend_limit')
+        changes.spend_limit = cjson.null
+      else
+        redis.call('HSET', base, 'spend_limit', v)
+        changes.spend_limit = tonumber(v)
+      end
       n = n + 1
     elseif f == 'share' or f == 'unshare' then
       local raw = redis.call('HGET', base, 'shares')
@@ -334,15 +404,20 @@ end
 
 -- ARGV: sid, principal, message_id, text, mode ('', queue, steer), client_id, runner,
 --       lease_ms, turn_id, owner, known_models (space separated, '' = any), agents_md,
---       attachments, traceparent (W3C, '' = none: carried to the message's user.msg)
+--       attachments, traceparent (W3C, '' = none: carried to the message's user.msg), over (''
+--       or why the principal's daily budget refuses it: the runner read it, another slot)
+-- A paused session (a daily budget reached today) is refused budget_reached.
 local function cox_send(keys, args)
   local base = keys[1]
-  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments, traceparent =
+  local sid, principal, message_id, text, mode, client_id, runner, lease_ms, turn_id, owner, models, agents_md, attachments, traceparent, over =
     unpack(args)
   lease_ms = tonumber(lease_ms)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local prev = replayed(base, client_id)
   if prev then return prev end
+  local now = now_ms()
+  local refused = budget_refusal(base, now, over)
+  if refused then return refused end
   if running(run_of(base)) then
     return refuse('run_active', 'a run drives this session: wait for its end, or Stop it first')
   end
@@ -357,14 +432,27 @@ local function cox_send(keys, args)
       return refuse('not_accepting', 'model ' .. target .. ' is not configured')
     end
   end
-  local now = now_ms()
   local msg = { message_id = message_id, text = text, mode = mode }
   -- the attachments' records (a JSON array), carried with the message to its user.msg
   if attachments ~= nil and attachments ~= '' then msg.attachments = cjson.decode(attachments) end
   -- the caller's trace context (a traceparent header), carried with the message to its user.msg
   if traceparent ~= nil and traceparent ~= '' then msg.traceparent = traceparent end
   local res
-  if not busy(base) then
+  -- paused on an earlier day (budget_refusal let it through): today's budget is whole again, and
+  -- the pause is lifted by a send that is taken (a refused one changes nothing)
+  local stale = budget_of(base)
+  if stale ~= nil and (mode ~= '' or not busy(base)) then
+    lift(base, sid, stale, 'day', now)
+  end
+  if stale ~= nil and not busy(base) and waiting_count(base) > 0 then
+    -- the messages that waited through the pause run first, in order; this one after them
+    local started = start_waiting(base, sid, runner, lease_ms, turn_id, now, agents_md)
+    msg.mode = 'queue'
+    redis.call('RPUSH', base .. ':q', cjson.encode(msg))
+    local pos = waiting_count(base)
+    emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'queue', text = text }, now)
+    res = { message_id = message_id, disposition = 'queued', position = pos, resumed = started }
+  elseif not busy(base) then
     -- The session's programs run on one runner (its :plock, renewed while they run): the turn
     -- starts there, under a lease taken in that runner's name (the admitting runner rings it).
     local holder = redis.call('GET', base .. ':plock')
@@ -398,16 +486,20 @@ local function cox_send(keys, args)
 end
 
 -- Save a Lead for the running turn (serialized per session: one atomic call).
--- ARGV: sid, principal, lead_id, text, client_id, max_pending, owner, turn_id ('' = whichever runs)
--- Refusals, in order: no_turn (idle, between turns, or not the turn the client named),
+-- ARGV: sid, principal, lead_id, text, client_id, max_pending, owner, turn_id ('' = whichever runs),
+--       over ('' or why the principal's daily budget refuses it)
+-- Refusals, in order: budget_reached (as a send's), no_turn (idle, between turns, or not the turn the client named),
 -- lead_closed (Stop/steer asked, or the turn closed admission for its final work),
 -- too_many_pending. A client_id already used for a Lead answers the same reply again.
 local function cox_lead(keys, args)
   local base = keys[1]
-  local sid, principal, lead_id, text, client_id, max_pending, owner, want_turn = unpack(args)
+  local sid, principal, lead_id, text, client_id, max_pending, owner, want_turn, over = unpack(args)
   if not session_of(base, principal) then return refuse('not_found', 'no such session') end
   local prev = replayed(base, client_id ~= '' and ('lead:' .. client_id) or '')
   if prev then return prev end
+  local now = now_ms()
+  local refused = budget_refusal(base, now, over)
+  if refused then return refused end
   local run = run_of(base)
   if running(run) and (run.confirm ~= 'person' or run.unattended == true) then
     return refuse('run_active', 'a run nobody supervises drives this session: no Lead (Stop it first)')
@@ -425,7 +517,6 @@ local function cox_lead(keys, args)
   if redis.call('LLEN', base .. ':leadq') >= tonumber(max_pending) then
     return refuse('too_many_pending', 'at most ' .. max_pending .. ' Leads may wait')
   end
-  local now = now_ms()
   redis.call('HSET', base .. ':leads', lead_id,
     cjson.encode({ lead_id = lead_id, text = text, state = 'pending', turn_id = turn_id, saved = now }))
   redis.call('RPUSH', base .. ':leadq', lead_id)
@@ -517,7 +608,9 @@ end
 
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
 -- then nops*4 op fields (op, suffix, field, value), then event bodies.
--- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop); suffix in the allowed set.
+-- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop) | hincrby |
+-- hincrbyfloat | spend (value: USD added to the session's spend of the day; the reply then says
+-- spend_day and spend_today); suffix in the allowed set.
 local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
                   [':wip'] = true, [':att'] = true }
 local function cox_emit(keys, args)
@@ -533,6 +626,8 @@ local function cox_emit(keys, args)
   end
   i = 5
   local results = {}
+  local now = now_ms()
+  local spent = nil
   for _ = 1, nops do
     local op, suffix, field, value = args[i], args[i + 1], args[i + 2], args[i + 3]
     local key = base .. suffix
@@ -545,18 +640,30 @@ local function cox_emit(keys, args)
     elseif op == 'ltrim' then redis.call('LTRIM', key, tonumber(field), tonumber(value))
     elseif op == 'hincrby' then redis.call('HINCRBY', key, field, tonumber(value))
     elseif op == 'hincrbyfloat' then redis.call('HINCRBYFLOAT', key, field, value)
+    elseif op == 'spend' then
+      -- USD of a model request, counted in the session's spend of the day (a new day starts at 0)
+      local day = day_of(now)
+      if tonumber(redis.call('HGET', base, 'spend_day') or '') ~= day then
+        redis.call('HSET', base, 'spend_day', day, 'spend_today', value)
+      else
+        redis.call('HINCRBYFLOAT', base, 'spend_today', value)
+      end
+      spent = day
     end
     i = i + 4
   end
-  local now = now_ms()
   local first, last = 0, 0
   for j = i, #args do
     last = emit(base, sid, args[j], now)
     if first == 0 then first = last end
   end
   -- What waits for the holder's next boundary, so it need not ask again.
-  return with_pub(base, owner, reply({ first = first, last = last, leads = redis.call('LLEN', base .. ':leadq'),
-                                       observed = redis.call('LLEN', base .. ':observed') }))
+  local leads, observed = redis.call('LLEN', base .. ':leadq'), redis.call('LLEN', base .. ':observed')
+  if spent ~= nil then
+    return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed, spend_day = spent,
+                                         spend_today = tonumber(redis.call('HGET', base, 'spend_today')) or 0 }))
+  end
+  return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed }))
 end
 
 -- Is token still the lease? ARGV: sid, token[, call_id, intent]. With an intent (a staged file
@@ -624,7 +731,10 @@ end
 --       shutting down; leave the next message for another runner: the session stays busy, the
 --       lease is dropped and the session is listed as claimable at once), hold ('1': the
 --       services a turn needs do not answer; start nothing: the session stays busy under this
---       lease with its messages waiting, and the runner calls again with no end_body once they answer)
+--       lease with its messages waiting, and the runner calls again with no end_body once they answer),
+--       agents_md, pause ('' or the JSON of the daily budget the turn reached: {budget, limit,
+--       spent, day, detail}; the session pauses, see "daily budgets" above; a Stopped turn does not)
+-- A paused session starts nothing: it goes idle with its messages waiting.
 -- A Stop answered with this turn's id promised that it ends 'stopped' (cox_stop set the flag in
 -- the same ordering as this call): a runner that decided another ending a moment before it
 -- could see the Stop records 'stopped', the ending it had decided kept in the detail. A turn
@@ -642,7 +752,7 @@ end
 
 local function cox_turn_end(keys, args)
   local base = keys[1]
-  local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next, agents_md = unpack(args)
+  local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next, agents_md, pause = unpack(args)
   lease_ms = tonumber(lease_ms)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   if end_body ~= '' and redis.call('EXISTS', base .. ':open') == 1 then
@@ -656,11 +766,20 @@ local function cox_turn_end(keys, args)
   if plan == '-' then redis.call('HDEL', base, 'plan')
   elseif plan ~= '' then redis.call('HSET', base, 'plan', plan) end
   local run = run_of(base)
+  if pause == nil or turn_id == '' or end_body == '' or stop_flag == 'stop' then pause = '' end
   if end_body ~= '' and turn_id ~= '' then
     dismiss_approvals(base, sid, turn_id, now)
     unapply_leads(base, sid, turn_id, now)
     if stop_flag == 'stop' then end_body = stopped_end(end_body) end
     emit(base, sid, end_body, now)
+    if pause ~= '' then
+      -- a daily budget is reached: the session pauses, its waiting messages stay waiting
+      local p = cjson.decode(pause)
+      redis.call('HSET', base, 'budget', pause)
+      redis.call('ZADD', paused_of(base), now, sid)
+      emit_t(base, sid, { type = 'budget.reached', turn_id = turn_id, budget = p.budget, limit = p.limit,
+                          spent = p.spent, waiting = waiting_count(base) }, now)
+    end
     if running(run) then
       -- The run goes on or ends here, in the call that ends the turn: exactly one 'continue' per
       -- unfinished turn, whichever runner (or takeover) ends it.
@@ -668,6 +787,7 @@ local function cox_turn_end(keys, args)
       run.last = outcome
       if outcome == 'completed' then end_run(base, sid, run, 'completed', now)
       elseif stop_flag == 'stop' then end_run(base, sid, run, 'stopped', now)
+      elseif pause ~= '' then end_run(base, sid, run, 'spend_limit', now)
       elseif RUN_CANNOT_CONTINUE[outcome] then end_run(base, sid, run, outcome, now)
       elseif (tonumber(run.turns) or 0) >= (tonumber(run.max_turns) or 1) then end_run(base, sid, run, 'max_turns', now)
       else
@@ -681,6 +801,16 @@ local function cox_turn_end(keys, args)
   end
   redis.call('DEL', base .. ':open')
   redis.call('HSET', base, 'turn_id', '', 'message_id', '', 'stop', '', 'lead_closed', '0', 'op', '')
+  local b = budget_of(base)
+  if b ~= nil and tonumber(b.day) ~= day_of(now) then
+    lift(base, sid, b, 'day', now)
+    b = nil
+  end
+  if b ~= nil then
+    -- paused: nothing more starts (the messages wait, in order, for cox_budget_resume)
+    release(base, sid, now)
+    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, paused = true }))
+  end
   if handoff == '1' and (redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')) > 0 then
     redis.call('DEL', base .. ':lease')
     redis.call('ZADD', leases_of(base), 0, sid)
@@ -723,6 +853,71 @@ local function cox_op_begin(keys, args)
   local token = take_lease(base, sid, runner, tonumber(lease_ms), now_ms())
   redis.call('HSET', base, 'op', op)
   return { reply({ token = token }) }
+end
+
+-- ------------------------------------------------------------------ daily budgets: resume, a principal's spend
+
+-- Does a paused session go on? Asked after an admin changed its spend_limit (by 'patch') and, on
+-- every turn-runner, after the configured budgets were reloaded (by 'reload'). It goes on when
+-- both of today's budgets are now above what was spent (or the pause was of an earlier day): the
+-- pause is lifted (budget.resumed) and, idle, its first waiting message starts (the others follow
+-- in order, as after any turn). Otherwise nothing changes. ARGV: sid, owner, session_spend
+-- ([limits] session_spend, '' = none), principal_usd (the principal's spend today, read by the
+-- runner: another slot), principal_spend ('' = none), runner, lease_ms, turn_id, agents_md, by
+local function cox_budget_resume(keys, args)
+  local base = keys[1]
+  local sid, owner, session_spend, principal_usd, principal_spend, runner, lease_ms, turn_id, agents_md, by =
+    unpack(args)
+  local b = budget_of(base)
+  if b == nil then
+    -- not paused, or not in Redis (archived: its next use loads it back and lists it again)
+    redis.call('ZREM', paused_of(base), sid)
+    return { reply({ resumed = false, paused = false }) }
+  end
+  local now = now_ms()
+  local today = day_of(now)
+  if tonumber(b.day) == today then
+    local limit = tonumber(redis.call('HGET', base, 'spend_limit') or '') or tonumber(session_spend)
+    local spent = 0
+    if tonumber(redis.call('HGET', base, 'spend_day') or '') == today then
+      spent = tonumber(redis.call('HGET', base, 'spend_today')) or 0
+    end
+    if limit ~= nil and spent >= limit then
+      return { reply({ resumed = false, paused = true, budget = 'session_spend' }) }
+    end
+    local plimit = tonumber(principal_spend)
+    if plimit ~= nil and (tonumber(principal_usd) or 0) >= plimit then
+      return { reply({ resumed = false, paused = true, budget = 'principal_spend' }) }
+    end
+  else
+    by = 'day'
+  end
+  lift(base, sid, b, by, now)
+  local res = { resumed = true, paused = false }
+  if not busy(base) then
+    local started = start_waiting(base, sid, runner, tonumber(lease_ms), turn_id, now, agents_md)
+    if started ~= nil then
+      res.next = started.next
+      res.token = started.token
+      res.turn_id = started.turn_id
+      res.runner = started.runner
+    end
+  end
+  return with_pub(base, owner, reply(res))
+end
+
+-- A principal's spend of the day (UTC, Redis's clock), across its sessions: KEYS the principal's
+-- spend hash {day, usd} (coxswain.keys.principal_spend; one key a principal, its own slot).
+-- ARGV: add (USD to add, '0' to read). A new day starts at 0.
+local function cox_spend(keys, args)
+  local key = keys[1]
+  local add = args[1]
+  local day = day_of(now_ms())
+  if tonumber(redis.call('HGET', key, 'day') or '') ~= day then
+    redis.call('HSET', key, 'day', day, 'usd', '0')
+  end
+  if (tonumber(add) or 0) > 0 then redis.call('HINCRBYFLOAT', key, 'usd', add) end
+  return { reply({ day = day, usd = tonumber(redis.call('HGET', key, 'usd')) or 0 }) }
 end
 
 -- ------------------------------------------------------------------ takeover
@@ -833,6 +1028,8 @@ redis.register_function('cox_take_leads', once(cox_take_leads))
 redis.register_function('cox_close_leads', once(cox_close_leads))
 redis.register_function('cox_turn_end', once(cox_turn_end))
 redis.register_function('cox_op_begin', once(cox_op_begin))
+redis.register_function('cox_budget_resume', once(cox_budget_resume))
+redis.register_function('cox_spend', once(cox_spend))
 redis.register_function('cox_claim', cox_claim)
 redis.register_function('cox_pub_done', cox_pub_done)
 redis.register_function('cox_dirty', cox_dirty)
@@ -1065,6 +1262,7 @@ local function cox_archive_drop(keys, args)
   redis.call('ZREM', active_of(base), sid)
   redis.call('ZREM', dirty_of(base), sid)
   redis.call('ZREM', leases_of(base), sid)
+  redis.call('ZREM', paused_of(base), sid)
   return { reply({ dropped = true }) }
 end
 
@@ -1094,7 +1292,9 @@ local function cox_archive_load(keys, args)
     for i = 1, #entries do redis.call('DEL', base .. entries[i][1]) end
     return refuse('invalid', 'the archived snapshot does not hold seq ' .. seq)
   end
-  emit(base, sid, body, now_ms())
+  local now = now_ms()
+  if budget_of(base) ~= nil then redis.call('ZADD', paused_of(base), now, sid) end
+  emit(base, sid, body, now)
   return with_pub(base, owner, reply({ restored = true }))
 end
 

@@ -49,7 +49,8 @@ HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_lea
 # Functions registered through ``once`` in the library: their last argument is the transition id.
 TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
                     "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
-                    "cox_queue_remove", "cox_queue_order", "cox_archive_take", "cox_fork", "cox_run"})
+                    "cox_queue_remove", "cox_queue_order", "cox_archive_take", "cox_fork", "cox_run",
+                    "cox_budget_resume", "cox_spend"})
 LOAD_WAIT_S = 30.0
 """How long a starting runner waits for Redis to take the library (transient errors only)."""
 SWEEP_SHARE = 4
@@ -65,7 +66,7 @@ _BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # Transitions a person is told succeeded (the API's 202/201 answers) and the turn's end: with
 # ``[redis] wait_replicas`` they are not acknowledged before that many replicas hold them.
 WAITED_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer",
-                        "cox_queue_remove", "cox_queue_order", "cox_op_begin", "cox_turn_end",
+                        "cox_queue_remove", "cox_queue_order", "cox_op_begin", "cox_turn_end", "cox_budget_resume",
                         # an archived session loaded back: on a replica before its archive entry is deleted
                         "cox_archive_load"})
 
@@ -295,7 +296,7 @@ class Store:
 _STATUS = {"not_found": 404, "busy": 409, "not_accepting": 409, "no_turn": 409, "lead_closed": 409,
            "resolved": 409, "fenced": 409, "conflict": 409, "too_many_pending": 429, "invalid": 422,
            "lost": 409, "not_queued": 409, "not_idle": 409, "workspace_nested": 409,
-           "run_active": 409, "open_calls": 409}
+           "run_active": 409, "open_calls": 409, "budget_reached": 409}
 
 
 def _status(code: str) -> int:

@@ -10,6 +10,8 @@ export const RENDERING = {
   "approval.pending": "approval card over the composer; the call's card says waiting for you; Needs you in the title, the favicon and the list",
   "approval.resolved": "the call's card: allowed or denied, once, with the message",
   "attachment.withheld": "transcript: one line, the file the model was not given and why",
+  "budget.reached": "transcript: one line, the daily budget that paused the session and what waits",
+  "budget.resumed": "transcript: one line, the session goes on (and why)",
   "assistant.delta": "transcript: the streaming answer",
   "assistant.msg": "transcript: the answer as Markdown; its usage counts in the turn's status line",
   "check": "transcript: one line, the command and whether it passed",

@@ -505,6 +505,14 @@ const HANDLERS = {
   },
   "limit.soft"(m, ev) { m.note(ev, `Soft limit reached: ${ev.limit} = ${ev.value}`, "bad"); },
   "limit.hard"(m, ev) { m.note(ev, `Hard limit reached: ${ev.limit} = ${ev.value}`, "bad"); },
+  "budget.reached"(m, ev) {
+    const waiting = ev.waiting ? `; ${ev.waiting} waiting message(s) kept` : "";
+    m.note(ev, `Paused: the daily ${ev.budget.replace("_", " ")} budget of $${ev.limit} is reached ($${ev.spent} spent today)${waiting}`, "bad");
+  },
+  "budget.resumed"(m, ev) {
+    const why = { patch: "an admin raised its budget", reload: "the budgets were raised", day: "a new day" }[ev.by] || ev.by;
+    m.note(ev, `Going on: ${why}${ev.waiting ? `; ${ev.waiting} waiting message(s) run in order` : ""}`, "small");
+  },
   "hook.decision"(m, ev) {
     // A hook's answer (docs/api.md, "Hooks"): a line in the transcript, and on the call it was about.
     const bad = ev.failed || ["deny", "block", "error"].includes(ev.decision);
