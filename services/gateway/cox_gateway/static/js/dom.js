@@ -40,3 +40,11 @@ export function short(text, n = 160) {
   const s = String(text ?? "");
   return s.length > n ? s.slice(0, n - 1) + "…" : s;
 }
+
+/** After ``dialog`` closed (its ``close`` event comes a task later, and the browser runs key presses
+ *  first): true when focus is where a person put it since, not on the page's body, inside the
+ *  dialog or back on its ``opener`` (where the browser itself returns it); then it stays there. */
+export function focusMovedSince(dialog, opener) {
+  const a = document.activeElement;
+  return !!a && a !== document.body && !dialog.contains(a) && a !== opener;
+}

@@ -3,7 +3,7 @@
 
 import { Api } from "./api.js";
 import { Attachments } from "./attach.js";
-import { $, clear, h } from "./dom.js";
+import { $, clear, focusMovedSince, h } from "./dom.js";
 import { Inspector } from "./inspector.js";
 import { Review } from "./review.js";
 import { EventStream } from "./sse.js";
@@ -583,7 +583,12 @@ function showKeys() {
 }
 $("#btn-keys").addEventListener("click", showKeys);
 $("#btn-review").addEventListener("click", () => app.review.open(null));
-$("#keys").addEventListener("close", () => { (keysOpener && keysOpener !== document.body ? keysOpener : $("#draft")).focus?.(); keysOpener = null; });
+$("#keys").addEventListener("close", () => {
+  // The close event comes a task after the dialog closed, and the browser runs key presses first:
+  // a key typed meanwhile ("/" to the composer) may have moved focus already; then it stays there.
+  if (!focusMovedSince($("#keys"), keysOpener)) (keysOpener && keysOpener !== document.body ? keysOpener : $("#draft")).focus?.();
+  keysOpener = null;
+});
 
 /** Focus where the next action is: the message box of the open session (after login, after
  *  creating or opening a session), or the new-session form when none is open. */

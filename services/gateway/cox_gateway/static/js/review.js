@@ -4,7 +4,7 @@
 // and Restore (put the file back as it was before) and Undo from there.
 
 import { changeView } from "./diff.js";
-import { $, clear, h } from "./dom.js";
+import { $, clear, focusMovedSince, h } from "./dom.js";
 
 function counts(added, removed) {
   return h("span", { class: "counts" }, h("span", { class: "add" }, `+${added ?? 0}`), " ", h("span", { class: "del" }, `−${removed ?? 0}`));
@@ -36,7 +36,7 @@ export class Review {
     this.dialog.addEventListener("close", () => {
       this.generation += 1;
       const back = this.opener && this.opener.isConnected && this.opener !== document.body ? this.opener : $("#draft");
-      back?.focus?.();
+      if (!focusMovedSince(this.dialog, this.opener)) back?.focus?.();  // a key typed since moved it: keep it there
       this.opener = null;
     });
     $("#review-close").addEventListener("click", () => this.dialog.close());
