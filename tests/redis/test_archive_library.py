@@ -6,22 +6,15 @@ there. (The archive on a whole stack: tests/stack/test_archive.py.)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
 from coxswain import keys
 from tests.support.library import Library
-from tests.support.stack import library_redis
 
 SFX = list(keys.ARCHIVED)
 
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    yield from library_redis(tmp_path_factory.mktemp("archive-redis"))
 
 
 _n = 0

@@ -12,7 +12,6 @@ the day, ``cox_spend`` the principal's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,19 +19,10 @@ import redis
 
 from coxswain import keys
 from tests.support.library import Library
-from tests.support.stack import library_redis
 
 DAY_MS = 86_400_000
 
 
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    yield from library_redis(tmp_path_factory.mktemp("budget-redis"))
-
-
-@pytest.fixture(scope="module")
-def lib(r: redis.Redis) -> Library:
-    return Library(r)
 
 
 _n = 0

@@ -7,10 +7,8 @@ session's slot. (Whole stacks whose runner drops a reply: tests/stack/test_idemp
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 from redis.crc import key_slot
 
@@ -18,18 +16,6 @@ from cox_runner.redis.fns import Sent, StateOp
 from cox_runner.redis.store import LIBRARY
 from coxswain import keys
 from tests.support.library import Library
-from tests.support.stack import library_redis
-
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    yield from library_redis(tmp_path_factory.mktemp("idem-redis"))
-
-
-@pytest.fixture(scope="module")
-def lib(r: redis.Redis) -> Library:
-    return Library(r)
-
 
 _n = 0
 

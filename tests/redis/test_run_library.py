@@ -9,26 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
 from coxswain import keys
 from tests.support.library import Library
-from tests.support.stack import library_redis
-
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    yield from library_redis(tmp_path_factory.mktemp("run-redis"))
-
-
-@pytest.fixture(scope="module")
-def lib(r: redis.Redis) -> Library:
-    return Library(r)
-
 
 _n = 0
 

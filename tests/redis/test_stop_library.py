@@ -11,7 +11,6 @@ random faults: tests/faults/test_random_faults.py, which found it: seed 2022.)""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,18 +18,6 @@ import redis
 
 from coxswain import keys
 from tests.support.library import Library
-from tests.support.stack import library_redis
-
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    yield from library_redis(tmp_path_factory.mktemp("stop-redis"))
-
-
-@pytest.fixture(scope="module")
-def lib(r: redis.Redis) -> Library:
-    return Library(r)
-
 
 _n = 0
 

@@ -14,26 +14,12 @@ runner now relies on instead, in the library on a real Redis (no runner):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 
 from coxswain import keys
 from tests.support.library import Library
-from tests.support.stack import library_redis
-
-
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    yield from library_redis(tmp_path_factory.mktemp("turn-start-redis"))
-
-
-@pytest.fixture(scope="module")
-def lib(r: redis.Redis) -> Library:
-    return Library(r)
-
 
 _n = 0
 
