@@ -25,14 +25,15 @@ class LogReader:
         self.leases = leases
         self.log = log
 
-    async def read(self, sid: str) -> list[dict[str, Any]]:
-        """The session's whole log, at least up to the last event recorded when called.
+    async def read(self, sid: str, through: int | None = None) -> list[dict[str, Any]]:
+        """The session's whole log, at least up to the last event recorded when called (or up to
+        seq ``through``, when the caller knows it: no read of the session's seq then).
 
         Events are recorded in Redis first and published after, so the outbox is flushed and the
         log read until it holds that seq: a turn never starts from a partial transcript. While
         NATS is down this waits (retrying) rather than run on what it has; Stop still ends it.
         """
-        target = int(await self.redis.hget(keys.session(sid), "seq") or 0)
+        target = through if through is not None else int(await self.redis.hget(keys.session(sid), "seq") or 0)
         out: list[dict[str, Any]] = []
         pause = 0.05
         while True:

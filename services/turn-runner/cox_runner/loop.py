@@ -159,8 +159,11 @@ class TurnLoop:
             else:  # a text part, microseconds: a thread's hop would cost more than the call
                 self.rec.history.user(t.text, t.via, t.attachments, files)
         else:
-            # events.read flushes the outbox and reads the log up to the session's seq.
-            events = await self.deps.events.read(t.sid)
+            # events.read flushes the outbox and reads the log up to the session's seq (as the
+            # turn began, when the call that began it handed the session over: its user.msg and
+            # turn.start are the last events the transcript needs).
+            seq = t.info.get("seq") if t.info else None
+            events = await self.deps.events.read(t.sid, through=int(seq) if seq else None)
             self.rec.history = await asyncio.to_thread(transcript.build, events, files)
         if refused:
             # Checked when the message was sent or queued; the session's model changed since (a
