@@ -134,13 +134,6 @@ class Fenced(Conflict):
     code = "fenced"
 
 
-class OpenCalls(Conflict):
-    """A turn's end refused by the library: one of its tool calls has no result yet (the runner
-    closes the calls it left open and ends the turn again; never sent to a client)."""
-
-    code = "open_calls"
-
-
 class RunActive(Conflict):
     """A run drives the session: a send, queue, steer (or a Lead into an unsupervised run) waits
     for ``run.end`` or a Stop."""
@@ -199,7 +192,7 @@ _BY_CODE: dict[str, type[CoxError]] = {
     cls.code: cls
     for cls in (
         Invalid, BadJson, Unauthorized, NotFound, Collected, Conflict, Busy, NotAccepting, NoTurn,
-        LeadClosed, LeadTextOnly, Unsupported, Resolved, Fenced, OpenCalls, RunActive, BudgetReached, WorkspaceInvalid,
+        LeadClosed, LeadTextOnly, Unsupported, Resolved, Fenced, RunActive, BudgetReached, WorkspaceInvalid,
         WorkspaceNested, TooLarge,
         TooManyPending, TooManyStreams, Refused, Forbidden, Unavailable,
     )

@@ -28,7 +28,7 @@ import redis.exceptions
 
 from coxswain import events as ev
 from coxswain import keys, safefs
-from coxswain.errors import Fenced, OpenCalls, describe
+from coxswain.errors import CoxError, Fenced, describe
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
@@ -175,11 +175,17 @@ async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> 
         # The library refuses while a call of the turn is open, so the usual end (every call
         # closed by the loop) reads nothing before it.
         return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause)
-    except OpenCalls:
-        pass
+    except CoxError as exc:
+        if exc.code != OPEN_CALLS:
+            raise
     if await _close_open_calls(deps, d, turn, ending):
         d.history = None  # results the loop never saw: the next turn rebuilds from the log
     return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause)
+
+
+OPEN_CALLS = "open_calls"
+"""cox_turn_end's refusal while a call of the turn has no result (the library's own: never a
+client's error, so not one of :mod:`coxswain.errors`' codes)."""
 
 
 async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) -> bool:
