@@ -5,6 +5,7 @@ runner killed -9 under a sweep loses no task."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -168,6 +169,20 @@ def test_a_sweep_killed_halfway_and_started_again_has_one_session_per_task(
     assert next(x for x in got if x["id"] == lost["id"])["session_id"] == made.json()["session_id"]
 
 
+def turns_in_flight(log: str) -> int:
+    """How many turns a runner's JSON log says it began (a drive's ``turn.begin``, which names
+    the message) and has not ended."""
+    begun, ended = set(), set()
+    for line in log.splitlines():
+        with contextlib.suppress(ValueError):
+            e = json.loads(line)
+            if e.get("event") == "turn.begin" and "message_id" in e:
+                begun.add(e["turn_id"])
+            elif e.get("event") == "turn.end":
+                ended.add(e.get("turn_id"))
+    return len(begun - ended)
+
+
 def test_a_runner_killed_under_a_sweep_loses_no_task(stack: Stack, api: Api, tmp_path: Path) -> None:
     template(api, stack, "sw-c")
     tasks = write_tasks(tmp_path / "tasks.jsonl", [task(i, "sw-c", delay_ms=600) for i in range(N)])
@@ -179,6 +194,11 @@ def test_a_runner_killed_under_a_sweep_loses_no_task(stack: Stack, api: Api, tmp
         while not out.exists() or len(out.read_text().splitlines()) < 8:
             assert p.poll() is None and time.monotonic() < deadline, "the sweep did not start"
             time.sleep(0.05)
+        # Killed while it holds a turn: the tasks run in waves of eight and a wave can start on the
+        # other runner alone (CI: the kill fell between two waves and ended nothing).
+        while turns_in_flight(stack.log("turn-runner-1")) == 0:
+            assert p.poll() is None and time.monotonic() < deadline, "turn-runner-1 never held a turn of the sweep"
+            time.sleep(0.02)
         stack.kill("turn-runner-1")
         stdout, stderr = p.communicate(timeout=240)
     finally:
