@@ -4,7 +4,7 @@ The transcript streams while you type. Enter sends; while a turn runs a plain se
 and you choose: Ctrl+O queue, Ctrl+S steer, Ctrl+L Lead (join this turn); Esc stops. Approvals
 are answered inline (``/allow [message]``, ``/deny [message]``, ``/always``, or Ctrl+Y / Ctrl+N
 with the typed text as the message). ``/undo``, ``/versions PATH``, ``/diff VID``,
-``/restore VID``, ``/title NEW``, ``/model NAME``, ``/dontask on|off``, ``/help``.
+``/restore VID``, ``/title NEW``, ``/model NAME``, ``/dontask on|off``, ``/attach PATH``, ``/help``.
 """
 
 from __future__ import annotations

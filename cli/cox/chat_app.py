@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import mimetypes
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ REFUSALS = {
 HELP = ("Enter send · Ctrl+O queue · Ctrl+S steer · Ctrl+L Lead · Esc stop · Ctrl+Y/Ctrl+N allow/deny (press twice) · "
         "/allow [msg] /deny [msg] /always [msg] · /drop N · /move N M · /undo · /versions PATH · /diff VID · /restore VID · "
         "/title NEW · /model NAME · /dontask on|off · /fork N · /rewind N [conversation|files|both] · /mcp · "
-        "!cmd runs it · !&cmd starts a program · /programs · /kill N · /stop programs · /clear · /quit")
+        "/attach PATH · !cmd runs it · !&cmd starts a program · /programs · /kill N · /stop programs · /clear · /quit")
 STATUS = {"proposed": "proposed", "running": "running", "waiting": "waiting for you", "ok": "done",
           "fail": "failed", "denied": "denied by you", "refused": "refused", "skipped": "skipped", "closed": "closed"}
 VIA = {"queue": "queued", "steer": "steered", "lead": "Lead", "approval": "with the approval", "run": "sent by the run"}
@@ -129,6 +130,8 @@ class ChatApp(App[int]):
         self.ready = asyncio.Event()
         self.confirm: tuple[str, str, str, float] | None = None
         """A Ctrl+Y/Ctrl+N waiting for its second press: (decision, approval id, message, when)."""
+        self.attached: list[dict[str, Any]] = []
+        """Files uploaded with ``/attach``, sent with the next message (send, queue or steer)."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="head")
@@ -362,12 +365,17 @@ class ChatApp(App[int]):
             return
         try:
             if kind == "lead":
+                if self.attached:
+                    self.say("A Lead is text only: the attached files go with a message you send, queue or steer "
+                             "(/attach - drops them). The text is kept.", error=True)
+                    return
                 r = await self.api.lead(m.sid, text)
                 m.sent(r["lead_id"], "lead", text)
                 self.say(f"Lead saved: it joins this turn at its next safe boundary ({r['pending']} pending).")
             else:
                 mode = None if kind == "send" else kind
-                r = await self.api.send(m.sid, text, mode)
+                r = await self.api.send(m.sid, text, mode, [a["attachment_id"] for a in self.attached])
+                self.attached = []
                 if r["disposition"] == "started":
                     m.local_texts[r["message_id"]] = text
                     self.say("")
@@ -462,6 +470,30 @@ class ChatApp(App[int]):
             return
         self.done(text)
         self.say("Started in the background: /programs lists it, /kill N stops it." if background else "")
+
+    async def attach_command(self, rest: str) -> None:
+        """``/attach PATH`` uploads a file for the next message; ``/attach`` lists what is attached,
+        ``/attach -`` drops it all (an upload the server refused is not kept)."""
+        m = self.m
+        assert m is not None
+        if rest == "-":
+            self.attached = []
+            self.say("Nothing attached now.")
+            return
+        if not rest:
+            self.say("Attached to the next message: " + ", ".join(f"{a['name']} ({a['size']} bytes)" for a in self.attached)
+                     if self.attached else "Nothing attached: /attach PATH adds a file to the next message.")
+            return
+        path = Path(rest).expanduser()
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+        except OSError as exc:
+            raise ApiError(0, "usage", f"cannot read {rest}: {exc.strerror or exc}") from None
+        media_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        a = await self.api.attach(m.sid, path.name, data, media_type)
+        self.attached.append(a)
+        self.say(f"Attached {a['name']} ({a['media_type']}, {a['size']} bytes): it goes with your next message "
+                 f"({len(self.attached)} attached; /attach - drops them).")
 
     async def program_command(self, name: str, rest: str) -> None:
         """/programs lists the session's running programs; /kill N stops the N-th of that list."""
@@ -560,6 +592,10 @@ class ChatApp(App[int]):
                 return
             if name in ("fork", "rewind"):
                 await self.turn_command(name, rest)
+                return
+            if name == "attach":
+                await self.attach_command(rest)
+                self.draft.value = ""
                 return
             if name in ("programs", "kill"):
                 await self.program_command(name, rest)

@@ -62,11 +62,29 @@ class ChatApi:
     async def patch(self, sid: str, **body: Any) -> dict[str, Any]:
         return dict(await self.call("PATCH", self.s(sid), body))
 
-    async def send(self, sid: str, text: str, mode: str | None = None) -> dict[str, Any]:
+    async def send(self, sid: str, text: str, mode: str | None = None,
+                   attachments: list[str] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"text": text, "client_id": client_id()}
         if mode:
             body["mode"] = mode
+        if attachments:
+            body["attachments"] = attachments
         return dict(await self.call("POST", self.s(sid, "/messages"), body))
+
+    async def attach(self, sid: str, name: str, data: bytes, media_type: str) -> dict[str, Any]:
+        """Upload one file (multipart, the field ``file``): ``{attachment_id, name, media_type, size}``."""
+        try:
+            r = await self.http.post(self.s(sid, "/attachments"), files={"file": (name, data, media_type)})
+        except httpx.HTTPError as exc:
+            raise ApiError(0, "network", f"the server did not answer ({exc})") from exc
+        try:
+            d = r.json()
+        except ValueError:
+            d = {"detail": r.text}
+        if r.status_code >= 400:
+            d = d if isinstance(d, dict) else {}
+            raise ApiError(r.status_code, str(d.get("error") or f"http_{r.status_code}"), str(d.get("detail") or r.text))
+        return dict(d)
 
     async def lead(self, sid: str, text: str) -> dict[str, Any]:
         return dict(await self.call("POST", self.s(sid, "/lead"), {"text": text, "client_id": client_id()}))

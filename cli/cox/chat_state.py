@@ -218,7 +218,10 @@ def _updated(m: ChatModel, ev: Event) -> None:
 
 def _user(m: ChatModel, ev: Event) -> None:
     m.end_streaming()
-    m.add(Item(key=f"u{ev['seq']}", kind="user", text=ev["text"], via=ev.get("via")))
+    files = ev.get("attachments") or []
+    text = ev["text"] + ("\n[attached: " + ", ".join(f"{a.get('name')} ({a.get('media_type')}, {a.get('size')} bytes)"
+                                                    for a in files) + "]" if files else "")
+    m.add(Item(key=f"u{ev['seq']}", kind="user", text=text, via=ev.get("via")))
     w = m.settle(ev["message_id"], "applied")
     if w is not None and not w.text:
         w.text = ev["text"]

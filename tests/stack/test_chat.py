@@ -330,3 +330,41 @@ async def test_programs_from_the_terminal(up: CoxUp) -> None:
         await pilot.press("enter")
         await until(pilot, lambda: "No programs are running" in shown(app), "an empty list")
         save(app, "programs")
+
+
+async def test_attach_from_the_terminal(up: CoxUp, tmp_path: Path) -> None:
+    """``/attach PATH`` uploads a file for the next message, which carries it (its ``user.msg``
+    names it, the transcript shows it); a Lead with a file attached is refused before it is sent
+    and keeps both; ``/attach -`` drops them; a file that cannot be read is said so."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the build fails on line 3\n")
+    app = ChatApp(ChatApi(up.url, up.token), None, workspace="tui-attach")
+    async with app.run_test(size=(140, 48)) as pilot:
+        await until(pilot, lambda: app.stream_status == "live", "the stream is live")
+        assert app.m is not None
+        sid = app.m.sid
+        await paste(pilot, f"/attach {tmp_path / 'missing.txt'}")
+        await pilot.press("enter")
+        await until(pilot, lambda: "cannot read" in shown(app), "an unreadable file said so")
+        await paste(pilot, f"/attach {notes}")
+        await pilot.press("enter")
+        await until(pilot, lambda: "Attached notes.txt (text/plain, 26 bytes)" in shown(app), "the upload")
+        await paste(pilot, "a Lead")
+        await pilot.press("ctrl+l")
+        await until(pilot, lambda: "A Lead is text only" in shown(app), "the Lead refused")
+        assert app.draft.value == "a Lead" and len(app.attached) == 1
+        await paste(pilot, said("read it", {"text": "read"}))
+        await pilot.press("enter")
+        await until(pilot, lambda: "[attached: notes.txt (text/plain, 26 bytes)]" in shown(app), "the message's file")
+        assert app.attached == [], "sent with the message, not again with the next"
+        evs = [e async for e in app.api.backlog(sid, 0)]
+        [msg] = [e for e in evs if e["type"] == "user.msg"]
+        [att] = msg["attachments"]
+        assert att["name"] == "notes.txt" and att["size"] == 26 and len(att["sha256"]) == 64
+        await paste(pilot, f"/attach {notes}")
+        await pilot.press("enter")
+        await paste(pilot, "/attach -")
+        await pilot.press("enter")
+        await until(pilot, lambda: "Nothing attached now." in shown(app), "dropped")
+        assert app.attached == []
+        save(app, "attach")
