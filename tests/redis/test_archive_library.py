@@ -21,12 +21,8 @@ _n = 0
 
 
 def new_session(r: redis.Redis) -> str:
-    global _n
-    _n += 1
-    sid = f"s_arch{_n}"
-    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
     lib = Library(r)
-    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+    sid = lib.create("s_arch")
     publish_all(r, sid)
     return sid
 

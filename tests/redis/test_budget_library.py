@@ -40,11 +40,7 @@ def send(lib: Library, sid: str, message_id: str, mode: str = "", turn_id: str =
 
 
 def busy_session(lib: Library) -> tuple[str, str]:
-    global _n
-    _n += 1
-    sid = f"s_budget{_n}"
-    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
-    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+    sid = lib.create("s_budget")
     sent = send(lib, sid, "m_0", turn_id="t_1")
     assert sent["disposition"] == "started", sent
     return sid, str(sent["token"])

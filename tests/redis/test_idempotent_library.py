@@ -22,11 +22,7 @@ _n = 0
 
 def busy_session(lib: Library, queued: int = 0) -> tuple[str, str]:
     """A session with a turn running (its lease token) and ``queued`` messages waiting."""
-    global _n
-    _n += 1
-    sid = f"s_idem{_n}"
-    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
-    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+    sid = lib.create("s_idem")
     sent = send(lib, sid, "m_1", "first", "", "t_1")
     assert sent["disposition"] == "started", sent
     for i in range(queued):

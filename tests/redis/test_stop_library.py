@@ -23,11 +23,7 @@ _n = 0
 
 
 def busy_session(lib: Library) -> tuple[str, str]:
-    global _n
-    _n += 1
-    sid = f"s_stop{_n}"
-    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
-    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+    sid = lib.create("s_stop")
     sent = send(lib, sid, "m_1", "first", "", "t_1")
     assert sent["disposition"] == "started", sent
     return sid, str(sent["token"])

@@ -25,11 +25,7 @@ _n = 0
 
 
 def new_session(lib: Library) -> str:
-    global _n
-    _n += 1
-    sid = f"s_start{_n}"
-    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
-    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+    sid = lib.create("s_start")
     return sid
 
 

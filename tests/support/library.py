@@ -46,6 +46,9 @@ class _Client:
         return self.lib.r.zadd(key, mapping, nx=nx)
 
 
+_created = 0
+
+
 class Library:
     """The facade over ``r`` (a ``redis.Redis`` whose user may call the library)."""
 
@@ -65,6 +68,16 @@ class Library:
             argv.append(self._tx)
         self.raw = list(self.r.fcall(fn, len(ks), *ks, *argv))
         return dict(json.loads(self.raw[0]))
+
+    def create(self, prefix: str) -> str:
+        """A new idle session of principal ``p`` in workspace ``/w`` on the script model, its sid
+        ``<prefix><n>`` (n counts the sessions this process made)."""
+        global _created
+        _created += 1
+        sid = f"{prefix}{_created}"
+        body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
+        self(self.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+        return sid
 
     def __call__(self, call: Coroutine[Any, Any, T], tx: str = "") -> T:
         """Run one method's call (``lib(lib.fns.emit(...))``) with transition id ``tx``: its head."""
