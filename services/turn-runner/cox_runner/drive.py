@@ -163,6 +163,11 @@ def _plan_action(ending: Ending, plan: Plan | None) -> str:
     return ""
 
 
+OPEN_CALLS = "open_calls"
+"""cox_turn_end's refusal while a call of the turn has no result (the library's own: never a
+client's error, so not one of :mod:`coxswain.errors`' codes)."""
+
+
 async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> dict[str, Any] | None:
     turn = d.turn
     if turn is None:
@@ -181,11 +186,6 @@ async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> 
     if await _close_open_calls(deps, d, turn, ending):
         d.history = None  # results the loop never saw: the next turn rebuilds from the log
     return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause)
-
-
-OPEN_CALLS = "open_calls"
-"""cox_turn_end's refusal while a call of the turn has no result (the library's own: never a
-client's error, so not one of :mod:`coxswain.errors`' codes)."""
 
 
 async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) -> bool:

@@ -466,7 +466,7 @@ local function cox_send(keys, args)
     return refuse('busy', 'a turn is running: choose queue or steer')
   elseif mode == 'queue' then
     redis.call('RPUSH', base .. ':q', cjson.encode(msg))
-    local pos = redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')
+    local pos = waiting_count(base)
     emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'queue', text = text }, now)
     res = { message_id = message_id, disposition = 'queued', position = pos }
   else
@@ -811,13 +811,13 @@ local function cox_turn_end(keys, args)
     release(base, sid, now)
     return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, paused = true }))
   end
-  if handoff == '1' and (redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')) > 0 then
+  if handoff == '1' and waiting_count(base) > 0 then
     redis.call('DEL', base .. ':lease')
     redis.call('ZADD', leases_of(base), 0, sid)
     redis.call('HSET', base, 'runner', '', 'token', '')
     return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, handed_off = true }))
   end
-  local waiting = redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q')
+  local waiting = waiting_count(base)
   if hold_next == '1' and waiting > 0 then
     redis.call('PEXPIRE', base .. ':lease', lease_ms)
     redis.call('ZADD', leases_of(base), now + lease_ms, sid)
@@ -1203,7 +1203,7 @@ local function unarchivable(base)
   if busy(base) then return 'busy' end
   if redis.call('EXISTS', base .. ':lease') == 1 then return 'leased' end
   if redis.call('EXISTS', base .. ':plock') == 1 then return 'programs running' end
-  if redis.call('LLEN', base .. ':sq') + redis.call('LLEN', base .. ':q') > 0 then return 'queued' end
+  if waiting_count(base) > 0 then return 'queued' end
   if redis.call('LLEN', base .. ':leadq') > 0 then return 'leads pending' end
   if redis.call('LLEN', base .. ':outbox') > 0 then return 'outbox not published' end
   if redis.call('HLEN', base .. ':wip') > 0 then return 'writes to settle' end
