@@ -3,8 +3,14 @@ which rules out a cycle, is tests/fast/test_layers.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from cox_runner import handlers
 from cox_runner.budget import Budget
+from cox_runner.drive import take_renewal
+from cox_runner.leases import Drive
+from cox_runner.turn import Turn
 from cox_runner.workspace import tools
 from coxswain.config import LimitsConfig, SoftLimits
 
@@ -64,7 +70,6 @@ def test_stuck_and_malformed() -> None:
 def test_a_half_done_writes_cleanup_survives_a_second_cancellation() -> None:
     """A turn that loses its lease is cancelled twice (deadline, then renewal): the cleanup of a
     staged write must still run to its end (CI once found temp files left behind)."""
-    import asyncio
 
     done: list[str] = []
 
@@ -98,3 +103,21 @@ def test_a_half_done_writes_cleanup_survives_a_second_cancellation() -> None:
 
     asyncio.run(main())
     assert done == ["cleaned"]
+
+
+def test_a_renewal_s_flags_reach_only_the_turn_they_were_read_for() -> None:
+    """A renewal sent while one turn ran can be answered after the next has begun (the reply
+    is late, or the Lua ran just before the turn ended): its stop flag was that turn's. Seen in
+    CI: a steered turn ended "stopped: steer requested" after its first response, stopped by
+    the steer that had started it."""
+    async def go() -> None:
+        d = Drive(sid="s_1", token="3")
+        d.turn = Turn(sid="s_1", turn_id="t_new", token="3", message_id="m_2", text="next", via="steer",
+                      workspace=Path("."), model="script")
+        head = {"stop": "steer", "leads": 1, "observed": 0, "dont_ask": False, "turn_id": "t_old"}
+        take_renewal(d, head)
+        assert not d.turn.stopping and not d.turn.leads_waiting
+        take_renewal(d, {**head, "turn_id": "t_new"})
+        assert d.turn.stopping and d.turn.stop_reason == "steer" and d.turn.leads_waiting
+
+    asyncio.run(go())

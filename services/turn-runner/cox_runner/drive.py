@@ -115,6 +115,7 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, 
         sid=d.sid, turn_id=msg["turn_id"], token=d.token, message_id=msg["message_id"], text=msg["text"],
         via=msg.get("mode") or "send", workspace=Path(info.get("workspace") or "."),
         model=info.get("model") or "script", info=info, attachments=list(msg.get("attachments") or []),
+        fresh=bool(msg.get("fresh")),
     )
     if d.mcp is None and deps.settings.mcp.enabled():
         d.mcp = McpServers(deps.settings, deps.sandbox, deps.log.bind(sid=d.sid))
@@ -353,18 +354,25 @@ async def renew_all(deps: Deps) -> None:
             continue
         if deps.leases.get(d.sid) is d:
             d.arm(lease_ms, sent)
-        t = d.turn
-        if t is None:
-            continue
-        if head.get("stop"):
-            t.request_stop(head["stop"])
-        if head.get("leads"):
-            t.leads_waiting = True
-            t.ring()
-        if head.get("observed"):
-            t.observed_waiting = True
-        if t.policy_inputs is not None and t.policy_inputs[1] != bool(head.get("dont_ask")):
-            t.policy_inputs = None
+        take_renewal(d, head)
+
+
+def take_renewal(d: Drive, head: dict[str, Any]) -> None:
+    """Pass on what a renewal read to the drive's turn, when it was read for that turn: a reply
+    that comes after the turn ended (late, or read just before the end) would stop the next one
+    with the steer that started it. The next turn reads the flags itself when it begins."""
+    t = d.turn
+    if t is None or head.get("turn_id") != t.turn_id:
+        return
+    if head.get("stop"):
+        t.request_stop(head["stop"])
+    if head.get("leads"):
+        t.leads_waiting = True
+        t.ring()
+    if head.get("observed"):
+        t.observed_waiting = True
+    if t.policy_inputs is not None and t.policy_inputs[1] != bool(head.get("dont_ask")):
+        t.policy_inputs = None
 
 
 async def _settle_writes(deps: Deps, sid: str, turn_id: str, outcome: str) -> tuple[dict[str, list[ev._Event]], Any]:

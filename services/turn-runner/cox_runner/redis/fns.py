@@ -97,6 +97,8 @@ class Renewed(TypedDict):
     leads: int
     observed: int
     dont_ask: bool
+    turn_id: str
+    """The turn these flags are for (the session's as the renewal ran; '' between turns)."""
 
 
 class Emitted(TypedDict):
@@ -200,6 +202,8 @@ class RunStarted(TypedDict):
     token: str
     """The first turn's lease token (a decimal string)."""
     turn_id: str
+    info: dict[str, str]
+    """The session hash as its first turn began (the turn reads nothing more)."""
 
 
 class RunSlots(TypedDict):

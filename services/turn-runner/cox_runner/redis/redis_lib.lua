@@ -601,9 +601,11 @@ local function cox_renew(keys, args)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   redis.call('PEXPIRE', base .. ':lease', lease_ms)
   redis.call('ZADD', leases_of(base), now_ms() + lease_ms, sid)
+  -- turn_id: the flags are this turn's (a late reply must not stop the turn after it)
   return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq'),
                    observed = redis.call('LLEN', base .. ':observed'),
-                   dont_ask = redis.call('HGET', base, 'dont_ask') == '1' }) }
+                   dont_ask = redis.call('HGET', base, 'dont_ask') == '1',
+                   turn_id = redis.call('HGET', base, 'turn_id') }) }
 end
 
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
