@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from cox_runner import transcript
 from coxswain import keys
 from tests.support.library import Library
 
@@ -167,3 +168,25 @@ def test_the_slots_are_shared_between_runners_that_wait_and_lapse_unless_renewed
     assert granted(slots(lib, "r_d", "?r_d|s2|2", max_active=1)) == []
     time.sleep(0.3)  # r_c died: its slot was not renewed
     assert granted(slots(lib, "r_d", "?r_d|s2|2", max_active=1)) == ["r_d|s2|2"]
+
+
+
+def shape(messages: list[Any]) -> list[Any]:
+    """A transcript without the build's clock (each part's timestamp is when it was built)."""
+    return [(type(m).__name__, [(type(p).__name__, getattr(p, "content", None)) for p in m.parts],
+             getattr(m, "instructions", None), getattr(m, "metadata", None)) for m in messages]
+
+
+def test_a_runs_first_turn_builds_from_the_message_what_the_log_would_give(r: redis.Redis, lib: Library) -> None:
+    """``cox_run`` hands the session as the turn began (``info``), and the run's first turn builds
+    its transcript from its message without reading the log (``TurnLoop._load``): the same
+    transcript, up to the same seq, as building it from the events the call wrote."""
+    sid, _ = new_run(lib)
+    info = json.loads(lib.raw[0])["info"]
+    assert info == r.hgetall(keys.session(sid)), "info is the session hash as the turn began"
+    events = log(r, sid)
+    assert int(info["seq"]) == events[-1]["seq"]
+    from_log = transcript.build(events)
+    fresh = transcript.of_message("the task", "send", int(info["seq"]))
+    assert shape(fresh.request_messages("i")) == shape(from_log.request_messages("i"))
+    assert (fresh.seq, fresh.seqs) == (from_log.seq, from_log.seqs)

@@ -158,6 +158,12 @@ class TurnLoop:
                 await asyncio.to_thread(self.rec.history.user, t.text, t.via, t.attachments, files)
             else:  # a text part, microseconds: a thread's hop would cost more than the call
                 self.rec.history.user(t.text, t.via, t.attachments, files)
+        elif t.fresh and not t.attachments and t.info.get("seq"):
+            # A run's first turn: cox_run made the session and began this turn in one call, so its
+            # log is session.created, run.start, this message's user.msg and turn.start, and of
+            # those the transcript takes the message alone (transcript.build). Built here, it
+            # spares a flush of the outbox and a read of JetStream per run.
+            self.rec.history = transcript.of_message(t.text, t.via, int(t.info["seq"]), files)
         else:
             # events.read flushes the outbox and reads the log up to the session's seq (as the
             # turn began, when the call that began it handed the session over: its user.msg and

@@ -132,7 +132,8 @@ class Runs:
         r.log.info("run.started", sid=sid, workspace=str(ws), confirm=cmd.confirm, unattended=cmd.unattended,
                    max_turns=cmd.max_turns, template=cmd.template)
         drive.start_drive(r, Drive(sid=sid, token=str(res["token"]), acquired=sent, first={
-            "message_id": message_id, "text": cmd.text, "mode": "send", "turn_id": turn_id,
+            "message_id": message_id, "text": cmd.text, "mode": "send", "turn_id": turn_id, "info": res.get("info"),
+            "fresh": True,  # the session was made by the call that began the turn (loop.TurnLoop._load)
         }))
         return RunCreated(session_id=sid, workspace=str(ws), run=RunInfo(
             state="running", confirm=cmd.confirm, unattended=cmd.unattended, max_turns=cmd.max_turns, turns=1))

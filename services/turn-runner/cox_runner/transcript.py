@@ -233,3 +233,10 @@ def build(events: list[dict[str, Any]], files: AttachmentFiles | None = None) ->
     if events:  # a rewind leaves its own and later seqs out of the transcript, not out of the log
         b.seq = max(b.seq, max(int(e.get("seq") or 0) for e in events))
     return b
+
+
+def of_message(text: str, via: str, seq: int, files: AttachmentFiles | None = None) -> Builder:
+    """The transcript of a session whose log holds, of what :func:`build` takes, one text message
+    (``user.msg``) and nothing after ``seq``: a run's first turn (``cox_run`` made the session and
+    began the turn in one call)."""
+    return build([{"type": "user.msg", "seq": seq, "text": text, "via": via}], files)

@@ -60,6 +60,9 @@ class Turn:
     model: str
     attachments: list[dict[str, Any]] = field(default_factory=list)
     """The message's attachment records (as its ``user.msg`` carries them)."""
+    fresh: bool = False
+    """The call that began this turn made the session (``cox_run``): the log holds nothing the
+    transcript needs but this message, so the turn does not read it."""
     started: float = field(default_factory=time.monotonic)
     bell: asyncio.Event = field(default_factory=asyncio.Event)
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)

@@ -1354,7 +1354,8 @@ local function cox_run(keys, args)
   -- the caller's trace context (run.traceparent) goes with each of the run's turns
   begin_turn(base, sid, { message_id = message_id, text = text, mode = 'send', traceparent = r.traceparent }, turn_id,
     now, agents_md)
-  return with_pub(base, owner, reply({ sid = sid, created = now, token = token, turn_id = turn_id }))
+  return with_pub(base, owner, reply({ sid = sid, created = now, token = token, turn_id = turn_id,
+    info = info_of(base) }))
 end
 
 redis.register_function('cox_run', once(cox_run))
