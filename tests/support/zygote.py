@@ -35,9 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cox_runner.workspace.mcp_servers import SDK_MODULES
+
 PRELOAD = ("cox_gateway.service", "cox_runner.service", "cox_guard.service", "cox_judge.service",
-           "cox_versions.service")
-"""What every fork finds imported (the rest of a service imports on its own, as it would)."""
+           "cox_versions.service", *SDK_MODULES)
+"""What every fork finds imported (the rest of a service imports on its own, as it would). The MCP
+SDK is one import the runner makes later (at start when servers are configured, ~1 s of CPU)."""
 
 
 def enabled() -> bool:

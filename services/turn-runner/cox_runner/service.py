@@ -52,6 +52,7 @@ from .redis.store import Store
 from .runs import Runs
 from .runslots import RunSlots
 from .workspace import limits
+from .workspace.mcp_servers import load_sdk
 from .workspace.sandbox import Sandbox
 
 SHUTDOWN_GRACE_S = 8.0
@@ -91,6 +92,8 @@ class Runner(Service):
         await self.store.load()
         await self._check_durability()
         await self._check_sandbox()
+        if self.settings.mcp.enabled():
+            await load_sdk()  # before serving: its import would hold the loop (and the leases)
         self.clients = Clients(self.nc, self.settings)
         self.doorbell = Doorbell(self.nc, self.runner_id, self.leases, self.redis)
         self.deps = Deps(

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import re
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,24 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What a tool name may be for the providers (OpenAI's rule, the strictest)."""
 CLOSE_TIMEOUT_S = 5.0
 STDERR_TAIL = 400
+
+
+SDK_MODULES = ("mcp.client.stdio", "mcp.client.streamable_http", "mcp.shared.exceptions")
+"""The MCP SDK's modules a server's connection imports (:meth:`_Server._run`)."""
+
+
+def _import_sdk() -> None:
+    for name in SDK_MODULES:
+        importlib.import_module(name)
+
+
+async def load_sdk() -> None:
+    """Import the MCP SDK off the event loop. Its import builds pydantic schemas for every MCP
+    type (~1 s of CPU, 9 s seen on a loaded 2-core machine): on the loop, it held the lease
+    renewals until the lease lapsed and the turn ended ``crashed``. The runner calls this at start
+    when servers are configured; a drive's first start calls it again (a no-op once imported)."""
+    if not all(name in sys.modules for name in SDK_MODULES):
+        await asyncio.to_thread(_import_sdk)
 
 
 class McpDown(Exception):
@@ -205,6 +225,7 @@ class McpServers:
         self.started = True
         self.workspace = workspace
         try:
+            await load_sdk()
             await asyncio.gather(*(self._start(s, workspace, env) for s in self.servers.values()))
         except asyncio.CancelledError:
             # Stop during the start: nothing half-started stays behind; the next turn starts again.
