@@ -34,11 +34,13 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from . import __version__, bus, keys, logs, rpc, subjects
+from . import __version__, bus, keys, logs, redisfix, rpc, subjects
 from .config import Settings
 from .errors import CoxError, Invalid, Unavailable, describe
 from .models import Health
 from .stalls import StallWatch
+
+redisfix.install()  # before any client: redis-py must not swallow a cancellation (coxswain.redisfix)
 
 M = TypeVar("M", bound=BaseModel)
 Req = TypeVar("Req", bound=BaseModel)
@@ -132,7 +134,7 @@ async def connect_redis(
     # redis-py 8's default pool refuses the 101st concurrent command ("Too many connections")
     # instead of waiting for a free connection: a runner driving ~100 sessions at once answered
     # sends with 503 and missed lease renewals (turns ended "crashed"). Wait, bounded, instead.
-    pool = aioredis.BlockingConnectionPool.from_url(
+    pool = redisfix.WaitingPool.from_url(
         url, max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_POOL_WAIT_S, decode_responses=True,
         socket_connect_timeout=2, socket_timeout=5, health_check_interval=5, **auth,
     )
