@@ -122,6 +122,15 @@ async def _raw_call_once(nc: Client, subject: str, payload: bytes, timeout: floa
     except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
             nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError) as exc:
         raise Unavailable(f"the message bus is not connected: {exc}") from exc
+    except (OSError, RuntimeError) as exc:
+        # nats-py writes a request to the socket as it publishes it: a server that died under it
+        # (its client not yet told) surfaces as the transport's own error, a reset or uvloop's
+        # RuntimeError "unable to perform operation on <TCPTransport closed=True>; the handler is
+        # closed". Seen as a 500 in the NATS-cluster drill when a node was killed mid-load. The
+        # request may have gone out before (as with any 503 in flight).
+        if isinstance(exc, RuntimeError) and "closed" not in str(exc):
+            raise
+        raise Unavailable(f"the message bus connection broke while sending to {subject}") from exc
     try:
         data = json.loads(msg.data)
     except ValueError as exc:
