@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from . import keys
@@ -162,12 +163,17 @@ def build(sid: str, h: dict[str, str], steer: list[str], queue: list[str], leads
 DAY_S = 86_400
 
 
+def spent_on(h: Mapping[str, Any], day: int | str) -> float:
+    """The session's spend on UTC day number ``day`` as its hash holds it (0 when it counted another day)."""
+    return float(h.get("spend_today") or 0) if str(h.get("spend_day") or "") == str(day) else 0.0
+
+
 def spend_info(h: dict[str, str], now: float | None = None) -> dict[str, Any]:
     """The session object's ``spend_today``, ``spend_limit`` and ``budget_reached`` from its hash
     (docs/api.md, "Budgets"): the day is the UTC day (the runner counts it by Redis's clock); a
     spend or a pause of an earlier day is over."""
     today = str(int((time.time() if now is None else now) // DAY_S))
-    spent = float(h.get("spend_today") or 0) if h.get("spend_day") == today else 0.0
+    spent = spent_on(h, today)
     limit = h.get("spend_limit")
     reached: BudgetInfo | None = None
     raw = h.get("budget")

@@ -6,6 +6,7 @@ import json
 
 from cox_runner import spending
 from coxswain.config import LimitsConfig
+from coxswain.session_view import spent_on
 
 LIMITS = LimitsConfig(session_spend=0.10, principal_spend=1.0, warn_at=0.5)
 
@@ -19,8 +20,8 @@ def test_a_session_s_own_spend_limit_replaces_the_configured_budget() -> None:
 
 def test_the_spend_of_another_day_counts_nothing() -> None:
     info = {"spend_day": "100", "spend_today": "0.07"}
-    assert spending.session_today(info, 100) == 0.07
-    assert spending.session_today(info, 101) == 0.0
+    assert spent_on(info, 100) == 0.07
+    assert spent_on(info, 101) == 0.0
 
 
 def test_reached_names_the_first_budget_reached_and_its_words() -> None:

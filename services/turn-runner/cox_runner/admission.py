@@ -472,7 +472,7 @@ async def resume(r: Deps, sid: str, by: str) -> bool:
     principal, ws = await r.redis.hmget(keys.session(sid), ["principal", "workspace"])
     usd = ""
     if lim.principal_spend is not None and principal:
-        usd = repr(float((await r.store.fns.spend(principal=principal, add="0"))["usd"]))
+        usd = repr((await spending.principal_spend(r.store.fns, principal))[1])
     turn_id = new_id("t")
     sent = time.monotonic()
     res = await r.store.fns.budget_resume(

@@ -13,6 +13,7 @@ import time
 
 from coxswain import events as ev
 from coxswain.models import CallSpec
+from coxswain.session_view import spent_on
 
 from . import spending
 from .budget import Budget
@@ -61,9 +62,8 @@ class Checkpoints:
         if not spending.active(t.info, limits) or not t.info.get("principal"):
             return
         if rec.today is None:  # the turn's first look: today's spend as Redis has it (its clock's day)
-            got = await rec.deps.store.fns.spend(principal=str(t.info.get("principal") or ""), add="0")
-            day = int(got["day"])
-            rec.today = spending.Today(day=day, session=spending.session_today(t.info, day), principal=float(got["usd"]))
+            day, usd = await spending.principal_spend(rec.deps.store.fns, str(t.info.get("principal") or ""))
+            rec.today = spending.Today(day=day, session=spent_on(t.info, day), principal=usd)
         due, marked = spending.warnings_due(rec.today, t.info, limits)
         for w in due:
             await rec.emit(ev.LimitWarning(**rec.e(), limit=w.budget, value=round(w.spent, 6), of=w.limit),

@@ -80,9 +80,7 @@ class Recorder:
         principal = str(self.turn.info.get("principal") or "")
         usd = 0.0
         if principal:
-            got = await self.deps.store.fns.spend(principal=principal, add=repr(cost))
-            usd = float(got.get("usd") or 0)
-            day = int(got.get("day") or day)
+            day, usd = await spending.principal_spend(self.deps.store.fns, principal, cost)
         self.today = spending.Today(day=day, session=session, principal=usd)
 
     def defer(self, event: ev._Event) -> None:

@@ -73,13 +73,6 @@ def active(info: Mapping[str, Any], limits: LimitsConfig) -> bool:
     return limits.principal_spend is not None or session_limit(info, limits)[0] is not None
 
 
-def session_today(info: Mapping[str, Any], day: int) -> float:
-    """The session's spend on ``day`` as its hash holds it (0 when it counted another day)."""
-    if str(info.get("spend_day") or "") != str(day):
-        return 0.0
-    return float(info.get("spend_today") or 0)
-
-
 def budgets(today: Today, info: Mapping[str, Any], limits: LimitsConfig) -> list[Reached]:
     """Both daily budgets that apply, with what was spent against each."""
     out: list[Reached] = []
@@ -115,10 +108,17 @@ def spend_of(ops: Sequence[tuple[str, str, str, str]]) -> float:
     return sum(float(v) for op, _, _, v in ops if op == "spend")
 
 
+async def principal_spend(fns: Any, principal: str, add: float = 0.0) -> tuple[int, float]:
+    """Add ``add`` USD to the principal's spend of the day (0: only read it) and answer the day
+    (Redis's clock) and what the principal spent on it. One Redis call (``cox_spend``)."""
+    got = await fns.spend(principal=principal, add=repr(add) if add else "0")
+    return int(got["day"]), float(got["usd"])
+
+
 async def count_principal(fns: Any, principal: str, cost: float) -> None:
     """Count a cost recorded outside a turn (a person's compaction) in its principal's spend of the day."""
     if cost > 0 and principal:
-        await fns.spend(principal=principal, add=repr(cost))
+        await principal_spend(fns, principal, cost)
 
 
 def over_words(limit: float, usd: float) -> str:
@@ -132,6 +132,5 @@ async def principal_over(fns: Any, limits: LimitsConfig, principal: str) -> str:
     limit = limits.principal_spend
     if limit is None or not principal:
         return ""
-    got = await fns.spend(principal=principal, add="0")
-    usd = float(got.get("usd") or 0)
+    _, usd = await principal_spend(fns, principal)
     return over_words(limit, usd) if usd >= limit else ""
