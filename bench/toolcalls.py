@@ -8,7 +8,9 @@ Per call = (turn time - N x tool time) / N, the headline figure; "marginal" take
 of the same shape off first, so the turn's fixed cost (transcript load, two model requests,
 turn end) is not spread over the calls. Turn time is server-side (turn.start -> turn.end ts).
 The event ts also split each call: tool.call -> policy.decision (guard), policy.decision ->
-tool.result (tool + its record), tool.result -> next tool.call (loop).
+tool.result (tool + its record), tool.result -> next tool.call (loop). A read that guard allows
+records its call, decision and result in one call (their ts are equal), so for ``list_dir`` the
+guard and tool parts read 0 and the whole call shows as the loop's part.
 """
 
 from __future__ import annotations

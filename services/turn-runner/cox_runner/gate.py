@@ -52,6 +52,7 @@ from .model import usage
 from .model.script_model import SCRIPT_RE
 from .recorder import Recorder
 from .turn import Turn
+from .workspace import tools
 
 APPROVAL_POLL_S = 1.0
 SCREENED_CHARS = 1_000_000
@@ -172,9 +173,15 @@ class Gate:
             tainted=self.taint.fragments() if command else [], trusted=self.person_words() if command else [],
         )
         g = await infra.call(self.deps, turn, self.budget, self.log, "guard", lambda _: self.deps.clients.guard(req))
-        await self.rec.emit(ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
-                                              verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
-                                              name=call.name, path=g.path, preview=g.preview))
+        decision = ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
+                                     verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
+                                     name=call.name, path=g.path, preview=g.preview)
+        # A read changes nothing: its call, decision and result go in one record (a turn that ends
+        # first records them on its way out; after a crash the takeover closes the open call).
+        if g.verdict == "allow" and call.name in tools.READ_ONLY:
+            self.rec.defer(decision)
+        else:
+            await self.rec.emit(decision)
         if g.verdict == "refuse":
             return GateOutcome(False, g.reason, g.actor, g.path, guard=g)
         if self.pre_tool is not None and (hooked := await self.pre_tool(self, call, g)) is not None:
