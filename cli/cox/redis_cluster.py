@@ -139,6 +139,7 @@ class RedisClusterServer:
                 (old.workdir / "nodes.conf").unlink(missing_ok=True)
                 port, bus = _free_pair()
                 self.nodes[i] = RedisClusterNode(old.workdir, port, bus, self.credentials, old.node_timeout_ms)
+                self.nodes[i].cgroup = old.cgroup  # the node a partition test cuts by its cgroup
 
     def wait_ok(self, timeout: float = 60.0) -> None:
         """Until every live node says ``cluster_state:ok`` and knows every live node, and every

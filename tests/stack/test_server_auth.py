@@ -30,6 +30,8 @@ import pytest
 import redis
 import redis.exceptions
 from nats.aio.client import Client
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cox.creds import Credentials
 from cox.servers import NatsServer, RedisServer, free_port
@@ -89,8 +91,10 @@ async def as_admin(stack: Stack) -> Conn:
 def redis_as(stack: Stack, user: str | None, password: str | None = None) -> redis.Redis:
     if user is not None and password is None:
         password = stack.credentials.redis[user]
+    # No retries: redis-py retries a refused AUTH (an AuthenticationError is a ConnectionError)
+    # with backoff, ~4 s a refusal, for an answer that cannot change.
     return redis.Redis(host="127.0.0.1", port=stack.redis.port, username=user, password=password,
-                       decode_responses=True, socket_timeout=5)
+                       decode_responses=True, socket_timeout=5, retry=Retry(NoBackoff(), 0))
 
 
 def log_sizes(stack: Stack) -> dict[Path, int]:
