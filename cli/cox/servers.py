@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -33,7 +34,41 @@ from coxswain.proc import die_with_parent
 from .creds import Credentials, nats_admin_url, private_append, private_dir, redis_admin_url, write_private
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives to outgoing connections and to binds of port 0."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+_handed_out: set[int] = set()
+_ports = random.Random()
+
+
 def free_port() -> int:
+    """A loopback port free to bind now, for a server started next.
+
+    Never one of the kernel's ephemeral range: between this answer and the server's bind, the
+    kernel may give an ephemeral port to any outgoing connection on the machine, and the server
+    then fails with "address already in use" (seen in CI). Outside that range only another
+    listener can take it, and this process never hands one out twice. Where the range leaves
+    too few ports outside it, the kernel's own choice (port 0)."""
+    lo, hi = ephemeral_range()
+    spans = [(a, b) for a, b in ((10_000, lo - 1), (hi + 1, 65_535)) if b - a >= 2_000]
+    for _ in range(200 if spans else 0):
+        a, b = _ports.choice(spans)
+        port = _ports.randint(a, b)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -1,0 +1,51 @@
+"""Ports for the servers a stack starts are chosen outside the kernel's ephemeral range.
+
+``free_port`` used to bind port 0, read the port and close it; the server bound it later. In
+between, the kernel could give that very port to an outgoing connection (it draws them from the
+same ephemeral range), and the gateway then died with "address already in use" (CI, the serial
+lane: a module's stack failed to start and four tests errored).
+"""
+
+from __future__ import annotations
+
+import socket
+
+from cox import servers
+from cox.redis_cluster import _free_pair
+
+
+def test_no_port_handed_out_is_one_the_kernel_gives_to_connections() -> None:
+    lo, hi = servers.ephemeral_range()
+    got = [servers.free_port() for _ in range(300)]
+    assert not [p for p in got if lo <= p <= hi], (lo, hi)
+    assert len(set(got)) == len(got), "this process never hands out one port twice"
+
+
+def test_a_port_handed_out_is_free_to_bind() -> None:
+    for _ in range(50):
+        p = servers.free_port()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+def test_a_port_in_use_is_not_handed_out() -> None:
+    held = []
+    try:
+        for _ in range(20):
+            p = servers.free_port()
+            s = socket.socket()
+            s.bind(("127.0.0.1", p))
+            s.listen()
+            held.append(s)
+        ports = {s.getsockname()[1] for s in held}
+        assert not ports & {servers.free_port() for _ in range(300)}
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_cluster_node_s_port_and_bus_port_are_outside_the_ephemeral_range() -> None:
+    lo, hi = servers.ephemeral_range()
+    for _ in range(50):
+        port, bus = _free_pair()
+        assert not lo <= port <= hi and not lo <= bus <= hi
