@@ -32,6 +32,7 @@ from coxswain import access
 from coxswain.proc import die_with_parent
 
 from .creds import Credentials, nats_admin_url, private_append, private_dir, redis_admin_url, write_private
+from .forkserver import Forked
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -276,15 +277,15 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
 
 
-def terminate_tree(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM a child (and its process group if it leads one), SIGKILL after ``timeout``."""
+def terminate_tree(proc: subprocess.Popen[bytes] | Forked, timeout: float = 10.0) -> None:
+    """SIGTERM a child (a process or a fork of cox up's fork server), SIGKILL after ``timeout``."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
+            proc.send_signal(signal.SIGKILL)
         proc.wait(5)

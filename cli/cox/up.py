@@ -8,8 +8,10 @@
   service gets only its own through ``COX_NATS_USER``/``_PASSWORD``, ``COX_REDIS_USER``/``_PASSWORD``.
   For servers in ``NATS_URL``/``REDIS_URL``: per-service users from ``--credentials FILE`` (the
   same format), else the one user in those variables or in the URL's ``user:pass@``.
-- The five services (``--runners`` turn-runners) as ``python -m <package>`` children, each logging
-  to ``.cox/logs/<instance>.log``. A child that dies is restarted with backoff (logged).
+- The five services (``--runners`` turn-runners), each logging to ``.cox/logs/<instance>.log``:
+  each a fork of one process that has imported them all (:mod:`cox.forkserver`: one import for
+  all, pages shared; ``ps`` shows ``python -m <package>``), or with ``COX_UP_FORK=0`` each a
+  fresh ``python -m <package>`` child. A service that dies is restarted with backoff (logged).
 - A NATS or Redis server it started that dies is restarted at once as it was: same port, data
   dir and credentials (``server.exited``, ``server.restarted`` in its log; backoff if the
   restart fails). The services reconnect by themselves.
@@ -49,7 +51,7 @@ from coxswain import access
 from coxswain import config as cfgmod
 from coxswain.proc import die_with_parent
 
-from . import demo
+from . import demo, forkserver
 from .creds import Credentials, private_append, private_dir, write_private
 from .nats_cluster import NatsCluster
 from .redis_cluster import RedisClusterServer
@@ -77,23 +79,41 @@ class Child:
     module: str
     env: dict[str, str]
     log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | forkserver.Forked | None = None
     restarts: int = 0
     started: float = 0.0
     backoff: float = 0.5
     next_start: float = 0.0
 
-    def start(self) -> None:
-        log = os.fdopen(private_append(self.log_path), "ab")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
-            )
-        finally:
-            log.close()
+    def start(self, forks: forkserver.ForkServer | None) -> None:
+        if forks is not None:
+            self.proc = forks.spawn(self.module, self.env, self.log_path)
+        else:
+            log = os.fdopen(private_append(self.log_path), "ab")
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", self.module], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+                )
+            finally:
+                log.close()
         self.started = time.monotonic()
-        say("child.started", instance=self.instance, pid=self.proc.pid)
+        say("child.started", instance=self.instance, pid=self.proc.pid, forked=forks is not None)
+
+
+async def _start(c: Child, forks: forkserver.ForkServer | None) -> None:
+    """Start a service: a fork when the fork server answers (started again if it died), else a
+    fresh interpreter (said in the log)."""
+    if forks is not None:
+        try:
+            if not forks.alive():
+                forks.start()  # on this thread, which outlives the services (PR_SET_PDEATHSIG)
+            await asyncio.to_thread(forks.ready)
+            c.start(forks)
+            return
+        except (OSError, RuntimeError) as exc:
+            say("forkserver.failed", instance=c.instance, error=str(exc)[-300:])
+    c.start(None)
 
 
 @dataclass
@@ -286,6 +306,10 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
     servers: list[Watched] = []
     children: list[Child] = []
     code = 0
+    # Its imports (~2 s of CPU) go on while the servers start.
+    forks = forkserver.ForkServer() if forkserver.enabled("COX_UP_FORK") else None
+    if forks is not None:
+        forks.start()
     try:
         nats_cluster = bool(getattr(args, "nats_cluster", False) or getattr(args, "cluster", False))
         cluster = bool(getattr(args, "redis_cluster", False) or getattr(args, "cluster", False))
@@ -313,10 +337,10 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
             children.append(Child(instance, module, {**env, **auth.env(service), "COX_INSTANCE": instance},
                                   state / "logs" / f"{instance}.log"))
         for c in children:
-            c.start()
+            await _start(c, forks)
 
         base = f"http://127.0.0.1:{port}"
-        ready = await _wait_ready(base, children, servers, stop)
+        ready = await _wait_ready(base, children, servers, stop, forks)
         if not ready:
             if not stop.is_set():
                 say("not_ready", logs=str(state / "logs"))
@@ -330,9 +354,11 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
         print(f"token: {token}", flush=True)
         if sid:
             print(demo.instructions(base, token, sid), flush=True)
-        await _supervise(children, servers, stop)
+        await _supervise(children, servers, stop, forks)
     finally:
         await asyncio.to_thread(_stop_all, children)
+        if forks is not None:
+            await asyncio.to_thread(forks.close)
         for w in reversed(servers):
             if w.task is not None:
                 with contextlib.suppress(BaseException):
@@ -380,7 +406,8 @@ async def _cluster(name: str, kind: type[RedisClusterServer] | type[NatsCluster]
     return cluster.url
 
 
-async def _wait_ready(base: str, children: list[Child], servers: list[Watched], stop: asyncio.Event) -> bool:
+async def _wait_ready(base: str, children: list[Child], servers: list[Watched], stop: asyncio.Event,
+                      forks: forkserver.ForkServer | None) -> bool:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline and not stop.is_set():
         for w in servers:
@@ -389,7 +416,7 @@ async def _wait_ready(base: str, children: list[Child], servers: list[Watched], 
             if c.proc is not None and c.proc.poll() is not None:
                 _restart_later(c)
             if c.proc is None and time.monotonic() >= c.next_start:
-                c.start()
+                await _start(c, forks)
         if await asyncio.to_thread(_healthy, base):
             return True
         with contextlib.suppress(TimeoutError):
@@ -419,7 +446,8 @@ def _restart_later(c: Child) -> None:
     c.proc = None
 
 
-async def _supervise(children: list[Child], servers: list[Watched], stop: asyncio.Event) -> None:
+async def _supervise(children: list[Child], servers: list[Watched], stop: asyncio.Event,
+                     forks: forkserver.ForkServer | None) -> None:
     while not stop.is_set():
         for w in servers:
             w.check()
@@ -428,7 +456,7 @@ async def _supervise(children: list[Child], servers: list[Watched], stop: asynci
             if c.proc is not None and c.proc.poll() is not None:
                 _restart_later(c)
             elif c.proc is None and now >= c.next_start:
-                c.start()
+                await _start(c, forks)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.25)
 

@@ -82,7 +82,7 @@ def test_cox_up_runs_the_printed_curl_restarts_a_dead_service_and_stops_cleanly(
 
         # A service that dies is restarted and the system answers again.
         me = psutil.Process(proc.pid)
-        guard = next(p for p in me.children() if "cox_guard" in " ".join(p.cmdline()))
+        guard = next(p for p in me.children(recursive=True) if "cox_guard" in " ".join(p.cmdline()))
         guard.kill()
         deadline = time.monotonic() + 30
         healthy_again = False
@@ -94,7 +94,7 @@ def test_cox_up_runs_the_printed_curl_restarts_a_dead_service_and_stops_cleanly(
                 break
             time.sleep(0.2)
         assert healthy_again
-        assert any("cox_guard" in " ".join(p.cmdline()) and p.pid != guard.pid for p in me.children())
+        assert any("cox_guard" in " ".join(p.cmdline()) and p.pid != guard.pid for p in me.children(recursive=True))
 
         family = [proc.pid] + [p.pid for p in me.children(recursive=True)]
         assert len(family) >= 1 + 2 + 6, "nats, redis and six services"

@@ -504,7 +504,10 @@ def _no_password(secrets: set[str], texts: list[str]) -> None:
 
 def test_cox_up_starts_servers_that_admit_only_its_services(tmp_path: Path,
                                                              stopped: list[subprocess.Popen[str]]) -> None:
-    proc, lines, port = _cox_up(tmp_path, {})
+    # Each service as a fresh interpreter (COX_UP_FORK=0), so /proc/<pid>/environ shows what it
+    # was given (a fork's shows the fork server's); the fork path passes the same environment
+    # (tests/fast/test_forkserver.py).
+    proc, lines, port = _cox_up(tmp_path, {"COX_UP_FORK": "0"})
     stopped.append(proc)
     state = tmp_path / ".cox"
     creds_file = state / "credentials.json"
@@ -549,7 +552,7 @@ def test_cox_up_on_servers_of_ones_own(tmp_path: Path, stopped: list[subprocess.
         creds.save(tmp_path / "creds.json")
         per_service = tmp_path / "per-service"
         per_service.mkdir()
-        proc, lines, port = _cox_up(per_service, {"NATS_URL": ns.url, "REDIS_URL": rs.url},
+        proc, lines, port = _cox_up(per_service, {"NATS_URL": ns.url, "REDIS_URL": rs.url, "COX_UP_FORK": "0"},
                                     "--credentials", str(tmp_path / "creds.json"))
         stopped.append(proc)
         users = {c.environ().get("COX_NATS_USER") for c in psutil.Process(proc.pid).children()}

@@ -100,7 +100,7 @@ class CoxUp:
 
     def child(self, module: str) -> psutil.Process:
         assert self.proc is not None
-        for p in psutil.Process(self.proc.pid).children():
+        for p in psutil.Process(self.proc.pid).children(recursive=True):  # forks of its fork server
             with contextlib.suppress(psutil.Error):
                 if module in " ".join(p.cmdline()):
                     return p
