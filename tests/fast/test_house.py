@@ -122,3 +122,11 @@ def test_design_md_says_where_every_module_lives() -> None:
         assert not files - listed, f"{base}: modules docs/design.md does not place: {sorted(files - listed)}"
         stale = {x for x in listed - files if not x.endswith("/")}
         assert not stale, f"{base}: docs/design.md names modules that are not there: {sorted(stale)}"
+
+
+def test_the_slowest_first_list_names_files_that_exist() -> None:
+    """tests/conftest.py's SLOWEST_FIRST orders the parallel lane: a renamed file would silently
+    fall back to its place in collection order."""
+    from tests.conftest import SLOWEST_FIRST, TESTS
+
+    assert [f for f in SLOWEST_FIRST if not (TESTS / f).is_file()] == []
