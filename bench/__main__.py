@@ -200,7 +200,9 @@ class Run:
             stack.start()
             pool = Pool(stack.port, stack.token, size=32)
             try:
-                return await memory.measure(stack, pool, self.c.memory_sessions, log)
+                out = await memory.measure(stack, pool, self.c.memory_sessions, log)
+                out["up_ready_s"] = stack.ready_s
+                return out
             finally:
                 pool.close()
         finally:

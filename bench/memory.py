@@ -39,6 +39,18 @@ def rss_mb(stack: Stack) -> dict[str, float]:
     return out
 
 
+def pss_mb(stack: Stack) -> dict[str, float]:
+    """What each process costs with what it shares divided among the sharers: cox up's services
+    are forks of one process (cox/forkserver.py), whose pages each RSS counts whole."""
+    out = {}
+    for name, p in stack.all_procs().items():
+        try:
+            out[name] = round(p.memory_full_info().pss / 2**20, 1)
+        except Exception:  # noqa: BLE001 - a process that went away reads as absent
+            continue
+    return out
+
+
 async def _redis_state(r: aioredis.Redis, sids: list[str]) -> dict[str, Any]:
     info = await r.info("memory")
     usage, raw = [], []
@@ -78,6 +90,7 @@ async def measure(stack: Stack, pool: Pool, n: int, log: Any) -> dict[str, Any]:
         await _wait_published(r)
         await asyncio.sleep(1.0)  # let allocators settle after the burst
         rss1 = rss_mb(stack)
+        pss1 = pss_mb(stack)
         sample = sids[:SAMPLE]
         red1 = await _redis_state(r, sample)
         js1 = await _js_bytes(stack.servers.nats.admin_url)
@@ -93,7 +106,7 @@ async def measure(stack: Stack, pool: Pool, n: int, log: Any) -> dict[str, Any]:
         await r.aclose()
     return {
         "sessions": n, "create_per_s": round(n / create_s, 1),
-        "rss_mb_before": rss0, "rss_mb_after": rss1,
+        "rss_mb_before": rss0, "rss_mb_after": rss1, "pss_mb_after": pss1,
         "rss_kb_per_session": {k: round((rss1[k] - rss0.get(k, 0)) * 1024 / n, 3) for k in rss1},
         "redis_bytes_per_session": round((red1["used_memory"] - mem0) / n, 1),
         "redis_session_keys_bytes": red1["session_keys_bytes_mean"],

@@ -122,6 +122,15 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 f["rss_mb"]["responder"] if name not in ("nats-server", "redis-server") else None)
             out.append(_row("memory", f"RSS {name} after {n} sessions", mb, fl, "MB",
                             f"{m['rss_kb_per_session'].get(name, 0)} KB/session; floor = bare floor process"))
+        if m.get("up_ready_s"):
+            out.append(_row("memory", "cox up start -> ready (2 runners, servers running)", m["up_ready_s"], None, "s",
+                            "the services are forks of cox up's fork server, which imports them once"))
+        for name, mb in m.get("pss_mb_after", {}).items():
+            if name.startswith(("turn-runner", "gateway")):
+                fl = f["rss_mb"]["asgi-app"] if name == "gateway" else f["rss_mb"]["responder"]
+                out.append(_row("memory", f"PSS {name} after {n} sessions", mb, fl, "MB",
+                                "shared pages divided among the processes that share them (the services are forks "
+                                "of cox up's fork server); floor = the bare floor process's RSS"))
         out.append(_row("memory", "Redis bytes per idle session (used_memory delta)", m["redis_bytes_per_session"],
                         m["redis_session_fields_bytes"], "B", "floor = bytes of the session's fields and values"))
         out.append(_row("memory", "Redis MEMORY USAGE of a session's keys", m["redis_session_keys_bytes"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -120,6 +121,8 @@ class Stack:
         self.token = secrets.token_urlsafe(16)
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_line = ""
+        self.ready_s = 0.0
+        """``cox up`` started to its ``ready:`` line (servers already running), seconds."""
 
     def start(self) -> Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))}
@@ -127,6 +130,7 @@ class Stack:
         creds = self.tmp / "credentials.json"
         self.servers.credentials.save(creds)
         cox = Path(sys.executable).parent / "cox"
+        t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [str(cox), "up", "--runners", str(self.runners), "--port", str(self.port), "--root", str(self.root),
              "--state", str(self.state), "--config", str(self.config), f"--token={self.token}", "--no-demo",
@@ -152,16 +156,25 @@ class Stack:
                 self.stop()
                 tail = (self.tmp / "cox-up.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"cox up did not become ready (runners={self.runners}):\n{tail}")
+        self.ready_s = round(time.monotonic() - t0, 2)
         return self
 
     def procs(self) -> dict[str, psutil.Process]:
-        """Every service process by instance name (gateway, guard, judge, versions, turn-runner-N)."""
+        """Every service process by instance name (gateway, guard, judge, versions, turn-runner-N),
+        and ``forkserver``: cox up's services are forks of it (cox/forkserver.py), each titled
+        ``python -m <module> [<instance>]``; with ``COX_UP_FORK=0`` its children, named by their
+        environment."""
         assert self.proc is not None
         out: dict[str, psutil.Process] = {}
-        for child in psutil.Process(self.proc.pid).children():
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                name = child.environ().get("COX_INSTANCE") or " ".join(child.cmdline()[-2:])
-                out[name] = child
+                title = " ".join(a for a in child.cmdline() if a)  # a set title is padded with empties
+                if "cox.forkserver" in title:
+                    out["forkserver"] = child
+                elif m := re.search(r"-m cox_\w+ \[([\w.-]+)\]$", title):
+                    out[m.group(1)] = child
+                elif inst := child.environ().get("COX_INSTANCE"):
+                    out[inst] = child
         return dict(sorted(out.items()))
 
     def all_procs(self) -> dict[str, psutil.Process]:

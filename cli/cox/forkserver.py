@@ -191,12 +191,13 @@ class ForkServer:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 self.folder = None
 
-    def spawn(self, module: str, env: dict[str, str], log: Path, cwd: str | None = None) -> Forked:
-        """``python -m module`` as a fork of the server, its output appended to ``log`` (0600)."""
+    def spawn(self, module: str, env: dict[str, str], log: Path, cwd: str | None = None, name: str = "") -> Forked:
+        """``python -m module`` as a fork of the server, its output appended to ``log`` (0600);
+        ``ps`` shows it as ``python -m module [name]``."""
         if not self.alive():
             self.start()
         path = self.ready()
-        request = {"module": module, "env": env, "log": str(log), "cwd": cwd or os.getcwd()}
+        request = {"module": module, "env": env, "log": str(log), "cwd": cwd or os.getcwd(), "name": name}
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(str(path))
@@ -242,7 +243,7 @@ def _child(req: dict[str, Any]) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        _set_title(f"{sys.executable} -m {req['module']}")
+        _set_title(f"{sys.executable} -m {req['module']}" + (f" [{req['name']}]" if req.get("name") else ""))
         import runpy
 
         sys.argv = [req["module"]]

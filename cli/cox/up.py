@@ -87,7 +87,7 @@ class Child:
 
     def start(self, forks: forkserver.ForkServer | None) -> None:
         if forks is not None:
-            self.proc = forks.spawn(self.module, self.env, self.log_path)
+            self.proc = forks.spawn(self.module, self.env, self.log_path, name=self.instance)
         else:
             log = os.fdopen(private_append(self.log_path), "ab")
             try:
