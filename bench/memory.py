@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import nats
+import psutil
 import redis.asyncio as aioredis
 
 from coxswain import keys, subjects
@@ -29,26 +31,24 @@ SUFFIXES = (keys.LEASE, keys.QUEUE, keys.STEER, keys.LEADS, keys.LEAD_ORDER, key
 """Every key a session may own beside its hash (coxswain/keys.py; ``:standing`` from the runner)."""
 
 
-def rss_mb(stack: Stack) -> dict[str, float]:
+def _mb(stack: Stack, read: Callable[[psutil.Process], int]) -> dict[str, float]:
     out = {}
     for name, p in stack.all_procs().items():
         try:
-            out[name] = round(p.memory_info().rss / 2**20, 1)
+            out[name] = round(read(p) / 2**20, 1)
         except Exception:  # noqa: BLE001 - a process that went away reads as absent
             continue
     return out
+
+
+def rss_mb(stack: Stack) -> dict[str, float]:
+    return _mb(stack, lambda p: int(p.memory_info().rss))
 
 
 def pss_mb(stack: Stack) -> dict[str, float]:
     """What each process costs with what it shares divided among the sharers: cox up's services
     are forks of one process (cox/forkserver.py), whose pages each RSS counts whole."""
-    out = {}
-    for name, p in stack.all_procs().items():
-        try:
-            out[name] = round(p.memory_full_info().pss / 2**20, 1)
-        except Exception:  # noqa: BLE001 - a process that went away reads as absent
-            continue
-    return out
+    return _mb(stack, lambda p: int(p.memory_full_info().pss))
 
 
 async def _redis_state(r: aioredis.Redis, sids: list[str]) -> dict[str, Any]:
