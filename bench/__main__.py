@@ -26,7 +26,7 @@ from typing import Any
 
 import uvloop
 
-from . import compare, floors, latency, memory, report, runs, sandbox, sweep, toolcalls, traces
+from . import compare, floors, latency, memory, report, runs, sandbox, startup, sweep, toolcalls, traces
 from .client import Pool
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
@@ -202,6 +202,9 @@ class Run:
             try:
                 out = await memory.measure(stack, pool, self.c.memory_sessions, log)
                 out["up_ready_s"] = stack.ready_s
+                out["runner_start"] = await startup.runner_start(stack, self.c.runner_starts)
+                log(f"  runner start -> serving: fresh {out['runner_start']['fresh_s'].get('p50')} s, "
+                    f"fork {out['runner_start']['fork_s'].get('p50')} s")
                 return out
             finally:
                 pool.close()

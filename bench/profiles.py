@@ -23,6 +23,8 @@ class Counts:
     sweep_delay_ms: int = 50
     sweep_timeout_s: float = 240.0
     memory_sessions: int = 10_000
+    runner_starts: int = 5
+    """Runners started into the memory phase's stack, each way (bench/startup.py)."""
     sandbox_n: int = 500
     """Commands (``true``) each way, bwrap and bare."""
     runs_tasks: int = 1000
@@ -38,7 +40,7 @@ class Counts:
 FULL = Counts(name="full")
 QUICK = Counts(
     name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10,
-    sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000, sandbox_n=100,
+    sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000, runner_starts=3, sandbox_n=100,
     peer_threads=(10,), peer_steer_n=5, runs_tasks=100, runs_runners=(1, 2), runs_interactive_n=10,
     runs_timeout_s=120.0,
 )

@@ -125,6 +125,12 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         if m.get("up_ready_s"):
             out.append(_row("memory", "cox up start -> ready (2 runners, servers running)", m["up_ready_s"], None, "s",
                             "the services are forks of cox up's fork server, which imports them once"))
+        if rs := m.get("runner_start"):
+            for kind, how in (("fresh", "a fresh interpreter (python -m cox_runner: the images, COX_UP_FORK=0)"),
+                              ("fork", "a fork of a fork server with the runner imported (cox up)")):
+                out.append(_row("memory", f"runner start -> serving, {kind}, p50", rs[f"{kind}_s"].get("p50"), None,
+                                "s", f"{how}; into the running stack; {rs['tries']} tries, max "
+                                     f"{rs[f'{kind}_s'].get('max')} s"))
         for name, mb in m.get("pss_mb_after", {}).items():
             if name.startswith(("turn-runner", "gateway")):
                 fl = f["rss_mb"]["asgi-app"] if name == "gateway" else f["rss_mb"]["responder"]
