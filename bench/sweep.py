@@ -107,11 +107,23 @@ def handoff_gaps(evs: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
     return to_start, to_output
 
 
+MIN_TURNS = 500
+"""Turns a point's CPU figure is measured over, at least: a process's CPU time is counted in
+10 ms ticks, and over a 50-turn point (S=10, 5 messages) eight processes' rounding alone moved
+CPU per turn by up to 1.6 ms (the 2- and 4-runner S=10 points read 3.1x and 2.5x their floor
+where 600 turns read 1.8x and 2.0x). A smaller point runs in rounds of fresh sessions."""
+
+
+def rounds_for(n_sessions: int, messages: int) -> int:
+    return max(1, math.ceil(MIN_TURNS / max(1, n_sessions * messages)))
+
+
 async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: Callable[[int], str],
                timeout: float, workspace: str = "sweep",
-               answer: Callable[[int], str] | None = None) -> dict[str, Any]:
-    """One load: ``n_sessions`` fresh sessions, ``messages`` queued messages each."""
-    sessions = await session.create(pool, n_sessions, workspace, concurrency=16)
+               answer: Callable[[int], str] | None = None, rounds: int = 1) -> dict[str, Any]:
+    """One load: ``n_sessions`` fresh sessions, ``messages`` queued messages each; ``rounds``
+    times one after the other (each on fresh sessions), its figures over all of them."""
+    sessions = await session.create(pool, n_sessions * rounds, workspace, concurrency=16)
     sids = [s["id"] for s in sessions]
     accepted: dict[str, list[str]] = {sid: [] for sid in sids}
     dispositions: dict[str, int] = {}
@@ -132,20 +144,34 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
                 answers[res["message_id"]] = answer(j)
             dispositions[res["disposition"]] = dispositions.get(res["disposition"], 0) + 1
 
-    meter = CpuMeter(stack.all_procs()).start()
-    t0w, t0 = time.time(), time.perf_counter()
-    await session.gather_all([feed(s) for s in sids], timeout)
-    sent_s = time.perf_counter() - t0
     clustered = stack.servers.redis_clustered
-    finished = await wait_all_idle(stack.servers.redis.admin_url, sids, timeout, cluster=clustered)
-    meter.stop()
+    cpu_s = client_s = sent_s = 0.0
+    spent: dict[str, float] = {}
+    finished = True
+    starts: list[tuple[list[str], float]] = []
+    for r in range(rounds):
+        group = sids[r * n_sessions:(r + 1) * n_sessions]
+        meter = CpuMeter(stack.all_procs()).start()
+        t0w, t0 = time.time(), time.perf_counter()
+        await session.gather_all([feed(s) for s in group], timeout)
+        sent_s += time.perf_counter() - t0
+        finished = await wait_all_idle(stack.servers.redis.admin_url, group, timeout, cluster=clustered) and finished
+        meter.stop()
+        cpu_s += meter.total
+        client_s += meter.client_s
+        for name, secs in meter.spent.items():
+            spent[name] = round(spent.get(name, 0.0) + secs, 3)
+        starts.append((group, t0w))
     logs, short = await read_logs(pool, stack.servers.redis.admin_url, sids, cluster=clustered)
     v = verdict.check(logs, accepted, answers)
     v["short_reads"] = short
     v["finished_in_time"] = finished
     ends = [e for evs in logs.values() for e in evs if e["type"] == "turn.end"]
     turns = len(ends)
-    span_s = (max(e["ts"] for e in ends) - t0w * 1000) / 1000 if ends else float("nan")
+    span_s = 0.0  # each round's, from its first send to its last turn's end
+    for group, t0w in starts:
+        last = [e["ts"] for sid in group for e in logs.get(sid, []) if e["type"] == "turn.end"]
+        span_s += (max(last) - t0w * 1000) / 1000 if last else float("nan")
     waits = []
     for evs in logs.values():
         added = {e["message_id"]: e["ts"] for e in evs if e["type"] == "queue.added"}
@@ -158,13 +184,13 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     events = sum(len(evs) for evs in logs.values())
     tps = turns / span_s if span_s > 0 else 0.0
     return {
-        "sessions": n_sessions, "messages_per_session": messages, "turns": turns, "dispositions": dispositions,
-        "send_phase_s": round(sent_s, 3), "span_s": round(span_s, 3),
+        "sessions": n_sessions, "messages_per_session": messages, "rounds": rounds, "turns": turns,
+        "dispositions": dispositions, "send_phase_s": round(sent_s, 3), "span_s": round(span_s, 3),
         "turns_per_s": round(tps, 1), "turns_per_s_counted": round(tps, 1) if v["ok"] and finished else 0.0,
         "queue_wait_ms": summary(waits, 1), "handoff_end_to_start_ms": summary(to_start, 1),
         "handoff_end_to_first_output_ms": summary(to_output, 1),
-        "cpu_ms_per_turn": round(meter.total / max(1, turns) * 1000, 2),
-        "cpu_s_by_process": meter.spent, "client_cpu_ms_per_turn": round(meter.client_s / max(1, turns) * 1000, 2),
+        "cpu_ms_per_turn": round(cpu_s / max(1, turns) * 1000, 2),
+        "cpu_s_by_process": spent, "client_cpu_ms_per_turn": round(client_s / max(1, turns) * 1000, 2),
         "events_per_turn": round(events / max(1, turns), 2), "verdict": v,
     }
 
@@ -207,7 +233,8 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
                 for s in sessions:
                     t0 = time.perf_counter()
                     try:
-                        r = await load(stack, pool, s, messages, text, timeout, workspace=f"sweep{s}", answer=answer)
+                        r = await load(stack, pool, s, messages, text, timeout, workspace=f"sweep{s}", answer=answer,
+                                       rounds=rounds_for(s, messages))
                     except Exception as exc:  # noqa: BLE001 - a failed point is reported, the sweep goes on
                         r = {"sessions": s, "error": repr(exc), "turns_per_s_counted": 0.0}
                     r["runners"] = n_runners
