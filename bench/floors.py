@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from cox.servers import free_port, wait_port
-from coxswain.proc import die_with_parent
+from coxswain.proc import dies_with_me
 
 from .stack import CpuMeter, Servers
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=dies_with_me())
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:

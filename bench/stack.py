@@ -27,7 +27,7 @@ from cox.creds import Credentials
 from cox.nats_cluster import NatsCluster
 from cox.redis_cluster import RedisClusterServer
 from cox.servers import NatsServer, RedisServer, free_port
-from coxswain.proc import die_with_parent
+from coxswain.proc import dies_with_me
 
 CONFIG = """\
 # The bench stack: commands need no judge (tool calls here are list_dir), limits far above the
@@ -136,7 +136,7 @@ class Stack:
              "--state", str(self.state), "--config", str(self.config), f"--token={self.token}", "--no-demo",
              "--credentials", str(creds)],
             env=env, stdout=subprocess.PIPE, stderr=open(self.tmp / "cox-up.log", "ab"), stdin=subprocess.DEVNULL,
-            cwd=self.tmp, start_new_session=True, preexec_fn=die_with_parent,
+            cwd=self.tmp, start_new_session=True, preexec_fn=dies_with_me(),
         )
         ready = threading.Event()
         proc = self.proc

@@ -146,7 +146,7 @@ class ForkServer:
         with self.lock:
             if self.alive():
                 return
-            from coxswain.proc import die_with_parent
+            from coxswain.proc import dies_with_me
 
             if self.folder is None:
                 self.folder = Path(tempfile.mkdtemp(prefix="cox-forkserver-"))  # 0700
@@ -157,7 +157,7 @@ class ForkServer:
             env["PYTHONUNBUFFERED"] = "1"
             self.proc = subprocess.Popen([sys.executable, "-m", "cox.forkserver", str(self.path), *self.preload],
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         preexec_fn=die_with_parent)
+                                         preexec_fn=dies_with_me())
             self._ready = False
 
     def ready(self) -> Path:
@@ -229,9 +229,7 @@ def _child(req: dict[str, Any]) -> None:
     try:
         from coxswain.proc import die_with_parent
 
-        die_with_parent()  # the fork server's death ends it, as it ended a Popen child
-        if os.getppid() != req["server_pid"]:  # it died before the line above: nobody will signal
-            os._exit(128 + signal.SIGTERM)
+        die_with_parent(req["server_pid"])  # the fork server's death ends it, as it ended a Popen child
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

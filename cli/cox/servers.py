@@ -14,6 +14,7 @@ it is killed with SIGKILL: no orphans.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import shutil
@@ -127,7 +128,7 @@ class _Server:
         log = os.fdopen(private_append(self.log_path), "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.workdir, preexec_fn=self._preexec,
+            cwd=self.workdir, preexec_fn=functools.partial(self._preexec, os.getpid()),
         )
         proc = self.proc
 
@@ -154,8 +155,8 @@ class _Server:
                 raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{''.join(lines[-20:])}")
         return self
 
-    def _preexec(self) -> None:
-        die_with_parent()
+    def _preexec(self, parent: int) -> None:
+        die_with_parent(parent)
         # Everything the server writes (Redis's AOF holds every transcript and the versions HMAC
         # key; NATS's store every event) is its owner's only: 0600 files, 0700 folders.
         os.umask(0o077)

@@ -49,7 +49,7 @@ from pydantic import SecretStr
 
 from coxswain import access
 from coxswain import config as cfgmod
-from coxswain.proc import die_with_parent
+from coxswain.proc import dies_with_me
 
 from . import demo, forkserver
 from .creds import Credentials, private_append, private_dir, write_private
@@ -93,7 +93,7 @@ class Child:
             try:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", self.module], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+                    stdin=subprocess.DEVNULL, preexec_fn=dies_with_me(),
                 )
             finally:
                 log.close()

@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import os
 import signal
+from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """``preexec_fn``: ask the kernel to SIGTERM this child when its parent dies (Linux).
 
     Used for the servers and services ``cox up`` starts and for the commands a runner runs, so
-    even a SIGKILL of the parent leaves no orphan behind.
+    even a SIGKILL of the parent leaves no orphan behind. ``parent`` (the pid that forked, as
+    :func:`dies_with_me` passes it): a parent that died between the fork and the ``prctl`` sends
+    no signal, so the child sees another parent and ends itself at once.
     """
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if parent is not None and os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
+
+
+def dies_with_me() -> Callable[[], None]:
+    """The ``preexec_fn`` for a child of this process: :func:`die_with_parent` with this pid."""
+    return functools.partial(die_with_parent, os.getpid())

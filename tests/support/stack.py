@@ -28,7 +28,7 @@ from cox.nats_cluster import NatsCluster
 from cox.redis_cluster import RedisClusterServer
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
-from coxswain.proc import die_with_parent
+from coxswain.proc import dies_with_me
 
 from . import zygote
 from .containers import NatsContainer, RedisContainer, docker_available
@@ -129,7 +129,7 @@ class Stack:
             with open(path, "ab") as log:
                 proc = subprocess.Popen([sys.executable, "-m", module], env=env,
                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        preexec_fn=die_with_parent)
+                                        preexec_fn=dies_with_me())
         self.procs[instance] = proc
         return proc
 

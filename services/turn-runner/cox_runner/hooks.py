@@ -42,7 +42,7 @@ from coxswain import hookspec, safefs
 from coxswain.errors import CoxError
 from coxswain.hookspec import HookCommand, HooksSpec
 from coxswain.models import CallSpec, GuardResult
-from coxswain.proc import die_with_parent
+from coxswain.proc import dies_with_me
 
 from .deps import Deps
 from .errors import SandboxUnavailable
@@ -199,7 +199,7 @@ async def _run_boxed(box: limits.Box, argv: list[str], workspace: Path, env: dic
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=str(workspace), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env,
-            preexec_fn=die_with_parent if preexec else None,
+            preexec_fn=dies_with_me() if preexec else None,
         )
     except OSError as exc:
         return Raw(None, b"", b"", error=f"the hook could not start: {exc}")

@@ -40,7 +40,7 @@ from coxswain import keys
 from coxswain.errors import Conflict, CoxError
 from coxswain.ids import new_id
 from coxswain.models import PROGRAM_TAIL_CHARS
-from coxswain.proc import die_with_parent
+from coxswain.proc import dies_with_me
 
 from . import cmdversions
 from .deps import Deps
@@ -243,7 +243,7 @@ class Programs:
     async def _spawn(self, p: Program, argv: list[str], netns: int | None) -> None:
         env = tools.command_env(p.workspace)
         pass_fds = (netns,) if netns is not None else ()
-        preexec = die_with_parent if self.deps.sandbox.needs_preexec else None
+        preexec = dies_with_me() if self.deps.sandbox.needs_preexec else None
         if p.pty:
             master, slave = os.openpty()
             try:

@@ -20,7 +20,7 @@ from pydantic_ai.tools import ToolDefinition
 
 from coxswain import safefs, textedit
 from coxswain.errors import Invalid
-from coxswain.proc import die_with_parent
+from coxswain.proc import dies_with_me
 
 from . import limits, walk
 from .egress import Request
@@ -528,7 +528,7 @@ async def _run_boxed(workspace: Path, argv: list[str], timeout_s: float, limit: 
         # setpriv (or else this hook) gives the command PR_SET_PDEATHSIG, and bwrap's
         # --die-with-parent takes its sandbox down with it; without a preexec hook Python can
         # spawn with vfork, which is several ms cheaper from a large process.
-        preexec_fn=die_with_parent if sandbox.needs_preexec else None,
+        preexec_fn=dies_with_me() if sandbox.needs_preexec else None,
     )
     chunks: list[bytes] = []
     size = 0
