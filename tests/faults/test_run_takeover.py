@@ -5,8 +5,11 @@ the dead runner's run slot lapses by itself."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -100,3 +103,44 @@ def test_a_run_whose_runner_is_killed_twice_goes_on_with_one_continue_each_time(
         assert client.zcard("cox:{runs}:slots") == 0
     finally:
         client.close()
+
+
+def test_a_check_whose_runner_is_killed_answers_503_at_once_and_runs_again_elsewhere(
+        stack: Stack, api: Api) -> None:
+    """A check runs under the session's lease on whichever runner took the request. Killed there,
+    the request had no one left to answer it and waited for its 600 s bound (CI: a sweep's
+    check hung past the test's 240 s after its runner was killed). The gateway watches the lease
+    the check holds: gone, it answers 503 and the check can be sent again."""
+    sid = api.create("check-kill")["id"]
+    marker = f"sleep 29.{int(time.monotonic() * 1000) % 1000:03d}"
+    answer: dict[str, Any] = {}
+
+    def post() -> None:
+        t0 = time.monotonic()
+        with stack.client() as own:  # a client of its own: httpx's is not for two threads
+            r = own.http.post(f"/v1/sessions/{sid}/check", json={"command": marker, "timeout_s": 60}, timeout=120)
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
+        answer.update(status=r.status_code, body=body, at=time.monotonic(), took=time.monotonic() - t0)
+
+    poster = threading.Thread(target=post, daemon=True)
+    poster.start()
+    deadline = time.monotonic() + 30
+    victim = ""
+    while not victim:
+        assert time.monotonic() < deadline, "no runner ran the check's command"
+        for name in stack.runner_names():
+            with contextlib.suppress(AssertionError, psutil.Error):
+                _command_of(stack.procs[name].pid, marker, timeout=0.2)
+                victim = name
+                break
+    killed_at = time.monotonic()
+    stack.kill(victim)
+    try:
+        poster.join(60)
+        assert answer, "the check was not answered within 60 s of its runner's death"
+        assert answer["status"] == 503 and answer["body"]["error"] == "unavailable", answer
+        assert answer["at"] - killed_at < LEASE_MS / 1000 * 3 + 5, answer
+        r = api.http.post(f"/v1/sessions/{sid}/check", json={"command": "echo again"}, timeout=60)
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+    finally:
+        respawn(stack, victim)

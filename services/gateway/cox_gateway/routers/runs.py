@@ -4,15 +4,21 @@ benchmark runs in a session's workspace after its run (docs/api.md, "Runs")."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+import contextlib
+from collections.abc import Awaitable
+from typing import Annotated, Any, Literal, TypeVar
 
+import redis.exceptions as redis_errors
 from fastapi import APIRouter, Header, Query, Response
 
 from coxswain import keys, rpc, traces
+from coxswain.errors import Unavailable
 from coxswain.models import CheckBody, CheckCmd, CheckResult, CreateRun, RunCmd, RunCreated, RunsResult
 
 from .. import errors
 from ..deps import Principal, ReadsDep, ServicesDep, Sid
+
+T = TypeVar("T")
 
 router = APIRouter(responses=errors.responses(401, 503))
 
@@ -47,5 +53,54 @@ async def list_runs(reads: ReadsDep, who: Principal, state: Literal["running", "
 async def check(sid: Sid, body: CheckBody, services: ServicesDep, reads: ReadsDep, who: Principal) -> CheckResult:
     """Run the owner's command in the sandbox in the session's workspace (no approval; 409
     ``busy`` while a turn runs); recorded as a ``check`` event. Exit code 0 is a pass."""
-    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_CHECK,
-                                                               CheckCmd(principal=p, sid=sid, **body.model_dump())))
+    lease_ms = reads.settings.runner.lease_ms
+    return await reads.write(sid, who, lambda p: while_held(
+        services.call(rpc.RUNNER_CHECK, CheckCmd(principal=p, sid=sid, **body.model_dump())),
+        holder_gone(reads.redis, sid, lease_ms)))
+
+
+REPLY_GRACE_S = 1.0
+"""A reply that was on its way as the lease went (the check just ended and let it go) still wins."""
+
+
+async def holder_gone(redis: Any, sid: str, lease_ms: int) -> None:
+    """Return once the lease the operation took is gone or another's: its runner died (or lost it).
+
+    A check runs under the session's lease (its runner renews it); the request itself has no one
+    left to answer it when that runner dies, and would wait for its bound (600 s). Read every
+    half lease: the first token seen is the operation's; none within two leases of the request
+    means no runner took it. Redis unreachable reads as no news (the call fails by itself then)."""
+    key = keys.session(sid) + keys.LEASE
+    step = max(0.1, lease_ms / 2000)
+    loop = asyncio.get_running_loop()
+    since = loop.time()
+    seen: str | None = None
+    while True:
+        await asyncio.sleep(step)
+        try:
+            cur = await redis.get(key)
+        except redis_errors.RedisError:
+            continue
+        if seen is None:
+            if cur is not None:
+                seen = cur
+            elif loop.time() - since > 2 * lease_ms / 1000:
+                return
+        elif cur != seen:
+            return
+
+
+async def while_held(call: Awaitable[T], gone: Awaitable[None]) -> T:
+    """``call``'s answer, or 503 ``unavailable`` once ``gone`` says its runner went away."""
+    answer = asyncio.ensure_future(call)
+    watch = asyncio.ensure_future(gone)
+    try:
+        await asyncio.wait({answer, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(answer), REPLY_GRACE_S)
+            raise Unavailable("the runner running the check went away (its lease lapsed); send it again")
+        return answer.result()
+    finally:
+        for t in (answer, watch):
+            t.cancel()
