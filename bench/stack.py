@@ -27,7 +27,7 @@ from cox.creds import Credentials
 from cox.nats_cluster import NatsCluster
 from cox.redis_cluster import RedisClusterServer
 from cox.servers import NatsServer, RedisServer, free_port
-from coxswain.proc import dies_with_me
+from coxswain.proc import dies_with_me, foreign_env
 
 CONFIG = """\
 # The bench stack: commands need no judge (tool calls here are list_dir), limits far above the
@@ -125,7 +125,7 @@ class Stack:
         """``cox up`` started to its ``ready:`` line (servers already running), seconds."""
 
     def start(self) -> Stack:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))}
+        env = foreign_env()
         env.update(NATS_URL=self.servers.nats.url, REDIS_URL=self.servers.redis.url, PYTHONUNBUFFERED="1")
         creds = self.tmp / "credentials.json"
         self.servers.credentials.save(creds)

@@ -11,7 +11,6 @@ it is stopped (SIGTERM) once serving.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 from cox.forkserver import Forked, ForkServer
 from coxswain import config as cfgmod
+from coxswain.proc import foreign_env
 
 from .stack import Stack
 from .stats import summary
@@ -29,7 +29,7 @@ TIMEOUT_S = 60.0
 
 def _env(stack: Stack, instance: str) -> dict[str, str]:
     creds = stack.servers.credentials
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))}
+    base = foreign_env()
     return {
         **base, "PYTHONUNBUFFERED": "1",
         "COX_NATS_URL": stack.servers.nats.url, "COX_REDIS_URL": stack.servers.redis.url,

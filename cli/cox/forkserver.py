@@ -55,17 +55,14 @@ class Forked:
     ``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``
     (``-N`` for a signal). Signals go through the pidfd, so never to a recycled pid."""
 
-    def __init__(self, pid: int, pidfd: int, conn: socket.socket, args: list[str]) -> None:
+    def __init__(self, pid: int, pidfd: int, conn: socket.socket, args: list[str], buf: bytes = b"") -> None:
         self.pid = pid
         self.pidfd = pidfd
         self.conn = conn
         self.args = args
         self.returncode: int | None = None
-        self._buf = b""
-
-    def _take(self, line: bytes) -> None:
-        self.returncode = int(json.loads(line)["exit"])
-        self._close()
+        self._buf = buf
+        """What the server said after the pid so far: its exit status, once a whole line."""
 
     def _close(self) -> None:
         with contextlib.suppress(OSError):
@@ -76,30 +73,26 @@ class Forked:
             self.pidfd = -1
 
     def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        if b"\n" in self._buf:
-            self._take(self._buf.split(b"\n", 1)[0])
-            return self.returncode
-        while True:
+        while self.returncode is None:
+            if b"\n" in self._buf:
+                self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["exit"])
+                self._close()
+                break
             try:
                 chunk = self.conn.recv(4096, socket.MSG_DONTWAIT)
             except BlockingIOError:
-                return None
+                break
             except OSError:
                 chunk = b""
-            if chunk:
-                self._buf += chunk
-                if b"\n" in self._buf:
-                    self._take(self._buf.split(b"\n", 1)[0])
-                    return self.returncode
-                continue
-            # The server is gone without a word: the child had its SIGTERM (its parent died) and
-            # is gone or going; nobody can read its status now.
-            if select.select([self.pidfd], [], [], 0)[0]:
-                self.returncode = -signal.SIGTERM
-                self._close()
-            return self.returncode
+            if not chunk:
+                # The server is gone without a word: the child had its SIGTERM (its parent died)
+                # and is gone or going; nobody can read its status now.
+                if select.select([self.pidfd], [], [], 0)[0]:
+                    self.returncode = -signal.SIGTERM
+                    self._close()
+                break
+            self._buf += chunk
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -126,9 +119,8 @@ class ForkServer:
     """A fork server of this process (``python -m cox.forkserver``), started on first use or by
     :meth:`start`; restarted if it died. Thread-safe."""
 
-    def __init__(self, preload: tuple[str, ...] = PRELOAD, env: dict[str, str] | None = None) -> None:
+    def __init__(self, preload: tuple[str, ...] = PRELOAD) -> None:
         self.preload = preload
-        self.env = env
         self.lock = threading.Lock()
         self.proc: subprocess.Popen[bytes] | None = None
         self.path = Path()
@@ -146,15 +138,13 @@ class ForkServer:
         with self.lock:
             if self.alive():
                 return
-            from coxswain.proc import dies_with_me
+            from coxswain.proc import dies_with_me, foreign_env
 
             if self.folder is None:
                 self.folder = Path(tempfile.mkdtemp(prefix="cox-forkserver-"))  # 0700
             self.path = self.folder / f"sock-{time.monotonic_ns()}"
-            base = os.environ if self.env is None else self.env
             # No password or server address of ours reaches it: each fork gets its own environment.
-            env = {k: v for k, v in base.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))}
-            env["PYTHONUNBUFFERED"] = "1"
+            env = {**foreign_env(), "PYTHONUNBUFFERED": "1"}
             self.proc = subprocess.Popen([sys.executable, "-m", "cox.forkserver", str(self.path), *self.preload],
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          preexec_fn=dies_with_me())
@@ -208,11 +198,8 @@ class ForkServer:
         except BaseException:
             conn.close()
             raise
-        first, _, rest = data.partition(b"\n")
-        forked = Forked(int(json.loads(first)["pid"]), fds[0], conn, [sys.executable, "-m", module])
-        if rest:  # its exit, in the same read (a child that ended at once)
-            forked._buf = rest
-        return forked
+        first, _, rest = data.partition(b"\n")  # rest: its exit, in the same read (a child that ended at once)
+        return Forked(int(json.loads(first)["pid"]), fds[0], conn, [sys.executable, "-m", module], rest)
 
 
 # ---------------------------------------------------------------------------------- server side

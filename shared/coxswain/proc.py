@@ -30,3 +30,13 @@ def die_with_parent(parent: int | None = None) -> None:
 def dies_with_me() -> Callable[[], None]:
     """The ``preexec_fn`` for a child of this process: :func:`die_with_parent` with this pid."""
     return functools.partial(die_with_parent, os.getpid())
+
+
+OURS = ("COX_", "NATS_", "REDIS_")
+"""The prefixes of coxswain's settings and server addresses and users in an environment."""
+
+
+def foreign_env() -> dict[str, str]:
+    """This process's environment without coxswain's own variables (:data:`OURS`): what a child
+    that is given its own settings, servers and credentials starts from."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(OURS)}

@@ -36,10 +36,12 @@ def test_a_fork_runs_the_module_with_its_environment_folder_and_log_and_exits_wi
 
 
 def test_a_fork_shows_as_its_module_and_its_environment_is_not_in_proc(server: ForkServer, tmp_path: Path) -> None:
-    p = server.spawn(MODULE, {"FORKEE_WAIT": "1", "FORKEE_SAY": "secret-value"}, tmp_path / "log", name="svc-1")
+    log = tmp_path / "log"
+    log.touch()
+    p = server.spawn(MODULE, {"FORKEE_WAIT": "1", "FORKEE_SAY": "secret-value"}, log, name="svc-1")
     try:
         deadline = time.monotonic() + 20
-        while "said" not in (tmp_path / "log").read_text() if (tmp_path / "log").exists() else True:
+        while "said" not in log.read_text():
             assert time.monotonic() < deadline
             time.sleep(0.02)
         proc = psutil.Process(p.pid)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import stat
@@ -38,6 +37,7 @@ from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import access, keys, service, subjects
 from coxswain.errors import Unavailable
 from coxswain.logs import redact_url
+from coxswain.proc import foreign_env
 from tests.support.flow import answer, next_approval
 from tests.support.library import Library
 from tests.support.stack import Api, Stack, script, stack_fixture
@@ -451,7 +451,7 @@ def test_failing_to_connect_with_a_password_in_the_url_never_logs_it(tmp_path: P
 
 def _cox_up(tmp: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen[str], list[str], int]:
     port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))}
+    base = foreign_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "cox", "up", "--port", str(port), "--runners", "1", "--token=auth-test-token",
          "--no-demo", *args], cwd=tmp, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -28,7 +28,7 @@ from cox.nats_cluster import NatsCluster
 from cox.redis_cluster import RedisClusterServer
 from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
-from coxswain.proc import dies_with_me
+from coxswain.proc import dies_with_me, foreign_env
 
 from . import zygote
 from .containers import NatsContainer, RedisContainer, docker_available
@@ -91,7 +91,7 @@ class Stack:
         listed = ", ".join(f'"{t}" = "{p}"' for t, p in self.tokens.items())
         cfg.write_text(self.config_text + f"\n[auth]\ntokens = {{ {listed} }}\n{self.auth_text}\n")
         self.env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_", "REDIS_"))},
+            **foreign_env(),
             "COX_NATS_URL": self.nats.url, "COX_REDIS_URL": self.redis.url, "COX_TOKEN": TOKEN,
             "COX_ROOT": str(self.root), "COX_PORT": str(self.port), "COX_CONFIG": str(cfg),
             "COX_RUNNER__LEASE_MS": str(self.lease_ms), "PYTHONUNBUFFERED": "1",
