@@ -165,7 +165,7 @@ def test_a_long_nats_outage_ends_turns_unavailable_and_the_queue_waits(bus: Stac
         # turn's last event before the kill: the bound is measured from there.
         waited = [e["ts"] / 1000 - max(x["ts"] / 1000 for x in logs[sid] if x["ts"] <= t_kill * 1000
                                        and x.get("turn_id") == e["turn_id"])
-                  for (sid, _), e in zip(sessions, first_ends)]
+                  for (sid, _), e in zip(sessions, first_ends, strict=True)]
         print(f"[faults] long outage: running turns ended {[e['outcome'] for e in first_ends]} "
               f"{[round(t, 2) for t in took]} s after the kill; infra errors as tool results {len(errors)}; "
               f"turns started during the outage {len(early)}")
