@@ -101,7 +101,7 @@ def test_the_sandbox_fails_closed_without_bwrap(tmp_path: Path) -> None:
     with pytest.raises(SandboxUnavailable, match="not found"):
         sb.argv(tmp_path, "true", network=False)
     bare = sandbox.Sandbox(SandboxConfig(mode="none"), ".coxswain")
-    assert bare.argv(tmp_path, "true", network=False) == ["/bin/bash", "-c", "true"]
+    assert bare.argv(tmp_path, "true", network=False)[-3:] == ["/bin/bash", "-c", "true"]
     assert bare.status().available and not bare.confined
 
 
