@@ -1,8 +1,9 @@
 """``./dev bench [--quick] [--peer langgraph] [--only PHASES] [--no-profile] [--cluster]``
 
 Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff, trace (wire
-timelines; one stack, two runners, the floors' servers), sweep (a fresh stack per runner count), memory (a fresh stack),
-peer (only with ``--peer``). A phase that fails is recorded and the rest go on.
+timelines; one stack, two runners, the floors' servers), sweep (a fresh stack per runner count), runs, memory (a fresh
+stack), sandbox, compose (runners added with ``docker compose up --scale``, where Docker answers), peer (only with
+``--peer``). A phase that fails is recorded and the rest go on.
 """
 
 from __future__ import annotations
@@ -26,14 +27,28 @@ from typing import Any
 
 import uvloop
 
-from . import compare, floors, latency, memory, report, runs, sandbox, startup, sweep, toolcalls, traces
+from . import (
+    compare,
+    compose,
+    floors,
+    latency,
+    memory,
+    report,
+    runs,
+    sandbox,
+    startup,
+    sweep,
+    toolcalls,
+    traces,
+)
 from .client import Pool
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
 from .stack import Servers, Stack
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "runs", "memory", "sandbox", "peer")
+PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "runs", "memory", "sandbox", "compose",
+          "peer")
 T0 = time.perf_counter()
 
 
@@ -147,6 +162,8 @@ class Run:
             self.res["phases"]["memory"] = await self.phase("memory", self.memory())
         if self.want("sandbox"):
             self.res["phases"]["sandbox"] = await self.phase("sandbox", sandbox.per_command(c.sandbox_n))
+        if self.want("compose"):
+            self.res["phases"]["compose"] = await self.phase("compose", compose.measure(self.tmp, c.compose_adds, log))
         if self.peer and self.want("peer"):
             from .peer import langgraph
 

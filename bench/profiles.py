@@ -33,6 +33,8 @@ class Counts:
     runs_delay_ms: int = 50
     runs_interactive_n: int = 30
     runs_timeout_s: float = 600.0
+    compose_adds: int = 3
+    """Runners added one at a time with ``docker compose up --scale`` (bench/compose.py)."""
     peer_threads: tuple[int, ...] = (10, 100)
     peer_steer_n: int = 30
 
@@ -42,5 +44,5 @@ QUICK = Counts(
     name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10,
     sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000, runner_starts=3, sandbox_n=100,
     peer_threads=(10,), peer_steer_n=5, runs_tasks=100, runs_runners=(1, 2), runs_interactive_n=10,
-    runs_timeout_s=120.0,
+    runs_timeout_s=120.0, compose_adds=1,
 )

@@ -146,6 +146,14 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                         a["redis_session_keys_bytes"], a["redis_session_fields_bytes"], "B", ""))
         out.append(_row("memory", "JetStream bytes per session (created)", m["jetstream_bytes_per_session"], None,
                         "B", f"{a['jetstream_bytes_per_turn']} B per echo turn"))
+    if (cp := ph.get("compose")) and "serving_s" in cp:
+        out.append(_row("memory", "docker compose up -d (1 runner) -> serving", cp["up_s"], None, "s",
+                        f"{cp['compose']} on the local images (cached); every service a fresh interpreter in "
+                        f"its container"))
+        out.append(_row("memory", "compose up --scale turn-runner=N+1 -> the new runner serving, p50",
+                        cp["serving_s"].get("p50"), None, "s",
+                        f"N = 1..{cp['adds']}, max {cp['serving_s'].get('max')} s; of which the command itself "
+                        f"(container created and started) p50 {cp['command_s'].get('p50')} s"))
     out.extend(res.get("peer_rows") or [])
     return out
 
