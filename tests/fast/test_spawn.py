@@ -1,0 +1,94 @@
+"""The runner's command spawn (``tools.spawn``): the standard library's vfork-based spawn watched
+from the event loop, on uvloop (the services' loop) and on asyncio's own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+from cox_runner.workspace.tools import spawn
+
+LOOPS = {"uvloop": uvloop.run, "asyncio": asyncio.run}
+
+
+def run(loop: str, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    return LOOPS[loop](main())
+
+
+def fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_output_and_exit_status_arrive_and_nothing_is_left_open(loop: str, tmp_path: Path) -> None:
+    async def once() -> tuple[bytes, int]:
+        child = await spawn(["/bin/sh", "-c", "echo out; echo err >&2; pwd; exit 7"], cwd=str(tmp_path),
+                            env={"PATH": "/usr/bin:/bin"})
+        out = await child.stdout.read()
+        code = await child.wait()
+        child.close()
+        await asyncio.sleep(0.01)  # the transport closes on a later loop turn
+        return out, code
+
+    async def main() -> tuple[bytes, int]:
+        first = await once()  # the loop's own descriptors, made on first use (uvloop: /dev/null)
+        before = fds()
+        for _ in range(20):
+            assert await once() == first
+        assert fds() <= before, "a pipe or pidfd left open"
+        return first
+
+    out, code = run(loop, main)
+    assert out == f"out\nerr\n{tmp_path}\n".encode()
+    assert code == 7
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_killed_command_is_reaped_with_its_signal(loop: str, tmp_path: Path) -> None:
+    async def main() -> tuple[int | None, int, float]:
+        child = await spawn(["/bin/sleep", "30"], cwd=str(tmp_path), env={})
+        assert child.returncode is None
+        t0 = time.monotonic()
+        os.killpg(child.pid, signal.SIGKILL)  # its own session: its own process group
+        code = await asyncio.wait_for(child.wait(), 10)
+        child.close()
+        return child.returncode, code, time.monotonic() - t0
+
+    returncode, code, took = run(loop, main)
+    assert returncode == code == -signal.SIGKILL
+    assert took < 10
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_many_commands_at_once_each_get_their_own_output(loop: str, tmp_path: Path) -> None:
+    async def one(i: int) -> tuple[bytes, int]:
+        child = await spawn(["/bin/sh", "-c", f"echo {i}; exit {i % 5}"], cwd=str(tmp_path), env={})
+        try:
+            return await child.stdout.read(), await child.wait()
+        finally:
+            child.close()
+
+    async def main() -> list[tuple[bytes, int]]:
+        return list(await asyncio.gather(*(one(i) for i in range(40))))
+
+    assert run(loop, main) == [(f"{i}\n".encode(), i % 5) for i in range(40)]
+
+
+def test_a_program_that_cannot_start_is_an_error_and_leaks_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        with pytest.raises(FileNotFoundError):
+            await spawn(["/no/such/program"], cwd=str(tmp_path), env={})
+        before = fds()
+        with pytest.raises(FileNotFoundError):
+            await spawn(["/no/such/program"], cwd=str(tmp_path), env={})
+        assert fds() <= before
+
+    uvloop.run(main())
