@@ -167,14 +167,11 @@ class ForkServer:
 
     def close(self) -> None:
         """The server ends, and the kernel sends each service still running a SIGTERM."""
+        from coxswain.proc import terminate_tree
+
         with self.lock:
-            if self.proc is not None and self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(5)
+            if self.proc is not None:
+                terminate_tree(self.proc)
             if self.folder is not None:
                 import shutil
 

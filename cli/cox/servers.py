@@ -18,7 +18,6 @@ import functools
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -33,7 +32,6 @@ from coxswain import access
 from coxswain.proc import die_with_parent
 
 from .creds import Credentials, nats_admin_url, private_append, private_dir, redis_admin_url, write_private
-from .forkserver import Forked
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -276,17 +274,3 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
-
-
-def terminate_tree(proc: subprocess.Popen[bytes] | Forked, timeout: float = 10.0) -> None:
-    """SIGTERM a child (a process or a fork of cox up's fork server), SIGKILL after ``timeout``."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(5)

@@ -49,13 +49,13 @@ from pydantic import SecretStr
 
 from coxswain import access
 from coxswain import config as cfgmod
-from coxswain.proc import dies_with_me
+from coxswain.proc import dies_with_me, terminate_tree
 
 from . import demo, forkserver
 from .creds import Credentials, private_append, private_dir, write_private
 from .nats_cluster import NatsCluster
 from .redis_cluster import RedisClusterServer
-from .servers import NatsServer, RedisServer, free_port, terminate_tree
+from .servers import NatsServer, RedisServer, free_port
 from .servers import _Server as Server
 
 SERVICES = (("gateway", "cox_gateway"), ("guard", "cox_guard"), ("judge", "cox_judge"), ("versions", "cox_versions"))

@@ -7,7 +7,9 @@ import ctypes
 import functools
 import os
 import signal
+import subprocess
 from collections.abc import Callable
+from typing import Protocol
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,3 +42,28 @@ def foreign_env() -> dict[str, str]:
     """This process's environment without coxswain's own variables (:data:`OURS`): what a child
     that is given its own settings, servers and credentials starts from."""
     return {k: v for k, v in os.environ.items() if not k.startswith(OURS)}
+
+
+class Child(Protocol):
+    """What :func:`terminate_tree` needs of a child: a :class:`subprocess.Popen`, or a fork of
+    ``cox up``'s fork server (``cox.forkserver.Forked``)."""
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int, /) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def terminate_tree(proc: Child, timeout: float = 10.0) -> None:
+    """SIGTERM a child, SIGKILL after ``timeout``."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(5)

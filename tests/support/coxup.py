@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import httpx
 import psutil
 
 from cox.servers import free_port
+from coxswain.proc import terminate_tree
 
 from .stack import Api
 
@@ -76,13 +76,8 @@ class CoxUp:
                 self.lines.append(line.rstrip("\n"))
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            terminate_tree(self.proc, 60)
         if self._pumping is not None:
             self._pumping.join(10)
 
