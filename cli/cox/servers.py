@@ -166,12 +166,21 @@ class _Server:
         if proc is None or proc.poll() is not None:
             self._join_reader()
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        # Asked again every half second: a server may refuse a shutdown and forget it (a Redis
+        # replica that has just synced writes its first append-only file and answers a SIGTERM
+        # with "Writing initial AOF, can't exit"; the rewrite takes milliseconds). Killed only
+        # past the whole bound.
+        deadline = time.monotonic() + timeout
+        while True:
+            proc.terminate()
+            try:
+                proc.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    proc.kill()
+                    proc.wait(5)
+                    break
         self._join_reader()
 
     def _join_reader(self) -> None:

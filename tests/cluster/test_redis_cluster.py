@@ -131,3 +131,24 @@ def test_kill_9_a_redis_master_mid_run_loses_nothing_acknowledged(stack: Stack) 
           f"{promoted:.1f}s, a replica again after {healed:.1f}s; statuses {dict(statuses)}, during the failover {dict(during)}; outcomes {dict(outcomes)}, "
           f"sessions with a crashed turn on the other masters: {crashed_elsewhere}; killed at {killed_wall:.3f}")
     assert during, "sends went on during the failover"
+
+
+def test_every_node_stops_on_sigterm_even_a_replica_writing_its_first_aof(tmp_path: Any) -> None:
+    """A replica that has just synced rewrites its append-only file and refuses a SIGTERM
+    meanwhile ("Writing initial AOF, can't exit"), forgetting it: stop() then waited out its
+    whole bound and SIGKILLed the node (a 10 s teardown for every cluster stopped soon after it
+    formed, and a node killed where it was asked to shut down). Every node must exit by its own
+    shutdown (status 0): the replicas are stopped first, the moment the cluster is ok, in the
+    rewrite's window."""
+    from cox.redis_cluster import RedisClusterServer
+
+    for _ in range(3):  # the window is the few ms of the rewrite: three clusters, 9 replicas in all
+        cluster = RedisClusterServer(tmp_path / f"c{_}").start()
+        try:
+            procs = [n.proc for n in cluster.nodes]
+            for n in reversed(cluster.nodes):  # created as masters first: the replicas are the last
+                n.stop()
+            codes = [p.returncode for p in procs if p is not None]
+            assert codes == [0] * len(cluster.nodes), f"exit statuses {codes} (-9: killed after a refused SIGTERM)"
+        finally:
+            cluster.close()
