@@ -16,6 +16,7 @@ A test marked ``serial`` runs alone in CI's serial lane (it bounds a time or loa
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from collections.abc import Iterator
@@ -62,6 +63,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """CI's parallel lane (``COX_TEST_BULK=1``) gives its stacks a 60 s lease (see
+    ``default_lease_ms``): a test there that killed a runner would wait a minute for its takeover
+    or time out. Such a test is marked ``faults`` and deselected from that lane; one that was not
+    is refused here, by name, before anything runs."""
+    if not os.environ.get("COX_TEST_BULK"):
+        return
+    drills = [i.nodeid for i in session.items if i.get_closest_marker("faults") or i.get_closest_marker("cluster")]
+    if drills:
+        raise pytest.UsageError("COX_TEST_BULK (the parallel lane's 60 s lease) with fault or cluster drills "
+                                f"selected (deselect them: -m 'not faults and not cluster'): {drills[:5]}")
 
 
 def allowed_skips() -> list[tuple[re.Pattern[str], str]]:

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.checks import finished, holder, last_seq, of_type, one
 from tests.support.stack import OTHER_TOKEN, Api, Stack, script
 
@@ -180,6 +182,7 @@ def test_a_turn_scope_allow_covers_the_rest_of_the_turn(stack: Stack, api: Api) 
     finished(api, sid, after=after)
 
 
+@pytest.mark.faults  # a runner killed: waits for its lease to lapse (the faults lane, drill leases)
 def test_a_crash_dismisses_the_pending_approval_and_leaves_the_lead_unapplied(stack: Stack, api: Api) -> None:
     s = api.create("appr-crash")
     sid = s["id"]

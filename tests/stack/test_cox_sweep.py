@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cox.sweep_plan import Task, Unit, client_id, intent, new_nonce, sweep_line
 from tests.support.stack import TOKEN, Api, Stack, script, stack_fixture, tool
 
@@ -183,6 +185,7 @@ def turns_in_flight(log: str) -> int:
     return len(begun - ended)
 
 
+@pytest.mark.faults  # a runner killed: waits for its lease to lapse (the faults lane, drill leases)
 def test_a_runner_killed_under_a_sweep_loses_no_task(stack: Stack, api: Api, tmp_path: Path) -> None:
     template(api, stack, "sw-c")
     tasks = write_tasks(tmp_path / "tasks.jsonl", [task(i, "sw-c", delay_ms=600) for i in range(N)])

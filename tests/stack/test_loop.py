@@ -255,6 +255,7 @@ def test_an_error_carries_the_plan(stack: Stack, api: Api) -> None:
     assert one(evs, "plan.carried")["marks"] == []
 
 
+@pytest.mark.faults  # a runner killed: waits for its lease to lapse (the faults lane, drill leases)
 @pytest.mark.slow
 def test_a_crashed_turn_carries_its_plan(stack: Stack, api: Api) -> None:
     s = api.create("plan-crash")

@@ -492,6 +492,7 @@ def test_the_console_shows_the_servers_and_their_state(stack: Stack, api: Api) -
             browser.close()
 
 
+@pytest.mark.faults  # a runner killed: waits for its lease to lapse (the faults lane, drill leases)
 def test_a_runner_that_dies_mid_call_takes_its_server_along_and_the_call_is_closed(stack: Stack, api: Api) -> None:
     """Last in the module: it kills the stack's runner and starts another."""
     s = api.create("mcp-crash")

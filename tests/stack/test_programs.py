@@ -252,6 +252,7 @@ def test_a_flood_of_output_stays_bounded(stack: Stack, api: Api) -> None:
     assert [e["by"] for e in of_type(evs, "program.stopped")] == ["model"]
 
 
+@pytest.mark.faults  # a runner killed: waits for its lease to lapse (the faults lane, drill leases)
 def test_kill_9_of_the_runner_leaves_nothing_and_the_next_turn_is_told(tmp_path: Path) -> None:
     mark = marker()
     port = 20000 + int(mark) % 20000

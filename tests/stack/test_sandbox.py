@@ -253,6 +253,7 @@ def test_stop_kills_the_whole_sandboxed_tree(sandboxed: Stack, sapi: Api) -> Non
     assert _wait_gone(f"sleep {marker}") == [], "a sandboxed command outlived Stop"
 
 
+@pytest.mark.faults  # a runner killed: waits for its lease to lapse (the faults lane, drill leases)
 def test_kill_9_of_the_runner_kills_its_sandboxed_tree(tmp_path: Path) -> None:
     with running(tmp_path, runners=1, config=ALLOW) as st, st.client() as api:
         s = api.create("sbx-kill")

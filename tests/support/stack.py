@@ -310,21 +310,24 @@ def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
         stack.stop()
 
 
-CLUSTER_LEASE_MS = 4000
-
-
 def default_lease_ms() -> int:
-    """A stack's lease unless a test names one: 2 s, short so that takeovers are quick; 10 s in
-    CI's parallel lane, where its stacks share two cores with the drill lanes (load ~14) and a
-    renewal can wait seconds for CPU: a lapsed lease there ended turns ``crashed`` that nobody
-    killed, at 2 s and once at 5 s (test_mcp's first turn). The fault and cluster drills, which
-    time takeovers, run in their own lanes or name theirs."""
+    """A stack's lease unless a test names one: 2 s, short so that takeovers are quick.
+
+    CI's parallel lane (``COX_TEST_BULK=1``, set by ./dev test): 60 s. Its stacks share two cores
+    with the drill lanes, which get four times its CPU weight, and a renewal there waited seconds
+    for the CPU: a lapsed lease ended turns ``crashed`` that nobody killed (at 2 s, at 5 s, and
+    once at 10 s). No test there waits for a lease to lapse: a test that kills a runner is
+    marked ``faults`` and runs in the faults lane, which the parallel lane deselects. Any other
+    xdist run: 10 s. The drill lanes (``COX_TEST_DRILL=1``), two at a time beside the parallel
+    lane: 4 s (a runner there was seen held 1.8-3.3 s at once), unless a drill names its own."""
+    if os.environ.get("COX_TEST_BULK"):
+        return 60_000
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return 10_000
-    # The drill lanes (./dev test) run two at a time beside the parallel lane: a runner there was
-    # seen held 1.8-3.3 s at once with its neighbour (loop.stalled), so a stack that names no
-    # lease gets 4 s; the drills that time takeovers name theirs.
     return 4000 if os.environ.get("COX_TEST_DRILL") else 2000
+
+
+CLUSTER_LEASE_MS = 4000
 """The lease of a cluster-kind stack built by :func:`stack_fixture` when the module names none."""
 
 
