@@ -360,7 +360,9 @@ def test_notes_keys_rename_and_workspaces(page: Page, up: CoxUp, width: int) -> 
     expect(page.locator("#rename-form")).to_be_hidden()
 
     # The composer's keys work with one of its buttons focused (and Ctrl+O is not Open File).
-    page.fill("#draft", said("Slow", {"text": "step", "delay_ms": 1500}, {"text": "slow done"}))
+    # long enough that the next message is still queued behind it on a loaded machine (at 1.5 s a
+    # CI run's browser pressed Ctrl+O after the turn had ended: sent at once, never queued)
+    page.fill("#draft", said("Slow", {"text": "step", "delay_ms": 6000}, {"text": "slow done"}))
     page.press("#draft", "Enter")
     expect(page.locator("#state")).to_have_text("working")
     page.fill("#draft", "queued from a button")

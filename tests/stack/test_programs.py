@@ -142,7 +142,9 @@ def test_a_repl_answers_input_and_denied_input_never_reaches_it(stack: Stack, ap
     sid = s["id"]
     after = int(api.session(sid)["last_seq"])
     assert api.send(sid, script(
-        {"text": "A REPL.", "tools": [start(command="python3 -q -i", name="repl", pty=True)]},
+        # read first, as an agent would: its prompt is there before anything is written to it
+        {"text": "A REPL.", "tools": [start(command="python3 -q -i", name="repl", pty=True),
+                                      tool("read_program", program_id="repl", wait_s=10)]},
         {"text": "Asking.", "tools": [tool("write_program", program_id="repl", text="print(6 * 7)\n"),
                                       tool("read_program", program_id="repl", wait_s=5)]},
         {"text": "Again.", "tools": [tool("write_program", program_id="repl", text="print('DENIED' + 'MARK')\n"),
@@ -168,8 +170,9 @@ def test_a_repl_answers_input_and_denied_input_never_reaches_it(stack: Stack, ap
     assert ">>>" in writes[0]["args"]["recent_output"], writes[0]["args"]
     assert "42" in writes[1]["args"]["recent_output"], writes[1]["args"]
     reads = results(evs, "read_program")
-    assert "42" in reads[0], reads[0]
-    assert "MARK" not in reads[1] and "DENIED" not in reads[1], reads[1]
+    assert ">>>" in reads[0], reads[0]
+    assert "42" in reads[1], reads[1]
+    assert "MARK" not in reads[2] and "DENIED" not in reads[2], reads[2]
     assert results(evs, "write_program")[1] == "Denied by the person."
     assert [e["by"] for e in of_type(evs, "program.stopped")] == ["model"]
 
