@@ -139,6 +139,14 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 "of cox up's fork server); floor = the bare floor process's RSS"))
         out.append(_row("memory", "Redis bytes per idle session (used_memory delta)", m["redis_bytes_per_session"],
                         m["redis_session_fields_bytes"], "B", "floor = bytes of the session's fields and values"))
+        if "redis_idle_bytes_per_session" in m:
+            pt = m["redis_parts_bytes_per_session"]
+            out.append(_row("memory", "Redis bytes per idle session, replies expired (used_memory delta)",
+                            m["redis_idle_bytes_per_session"], m["redis_floor_bytes_per_session"], "B",
+                            "floor = measured on the same server: the same fields in one hash and one owner-index "
+                            f"entry per session; just created: +{pt['tx_replies']} B of transition replies "
+                            f"({pt['tx_keys_per_session']} a session, kept 60 s), principal index "
+                            f"{pt['principal_index']} B, activity indexes {pt['active_indexes']} B"))
         out.append(_row("memory", "Redis MEMORY USAGE of a session's keys", m["redis_session_keys_bytes"],
                         m["redis_session_fields_bytes"], "B", "sample of 200"))
         a = m["after_one_turn"]
