@@ -294,7 +294,8 @@ def main() -> int:
         run.res["elapsed_s"] = round(time.perf_counter() - T0, 1)
         run.res["meta"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         full = counts.name == "full" and only == set(PHASES)
-        path, md = report.write(run.res, HERE / "results", HERE / "RESULTS.md" if full else None)
+        path, md = report.write(run.res, HERE / "results", HERE / "RESULTS.md" if full else None,
+                                partial=not full)
         if against is not None:
             run.res["comparison"] = cmp = compare.compare(run.res["rows"], against[1], against[0])
             path.write_text(json.dumps(run.res, indent=1, default=str) + "\n")

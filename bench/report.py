@@ -259,7 +259,9 @@ def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write(res: dict[str, Any], out_dir: Path, results_md: Path | None) -> tuple[Path, str]:
+def write(res: dict[str, Any], out_dir: Path, results_md: Path | None, partial: bool = False) -> tuple[Path, str]:
+    """The run's JSON (``<date>.json`` for a full run, the one ``--compare`` takes; ``-quick`` for
+    quick counts, ``-only`` for full counts of some phases) and its table, also to ``results_md``."""
     rs = rows(res)
     res["rows"] = rs
     big = largest(rs)
@@ -267,6 +269,8 @@ def write(res: dict[str, Any], out_dir: Path, results_md: Path | None) -> tuple[
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = res["meta"]["date"].replace(":", "").replace("-", "")[:15]
     suffix = "" if res["counts"]["name"] == "full" else f"-{res['counts']['name']}"
+    if partial and not suffix:
+        suffix = "-only"  # full counts, not every phase: never taken for the last full run
     path = out_dir / f"{stamp}{suffix}.json"
     path.write_text(json.dumps(res, indent=1, default=str) + "\n")
     md = markdown(res, rs)

@@ -52,3 +52,20 @@ def test_the_default_is_the_newest_committed_full_run_and_a_bad_file_is_refused(
         compare.load(tmp_path / "x.json")
     with pytest.raises(ValueError, match="not a bench result"):
         compare.load(tmp_path / "missing.json")
+
+
+def test_a_run_of_some_phases_is_never_named_as_a_full_run(tmp_path: Path) -> None:
+    """``--only`` with full counts once wrote ``<date>.json``, the name ``--compare`` takes for the
+    last full run: a later comparison would have set a whole run beside two phases."""
+    from bench import report
+
+    last = compare.last_committed()
+    assert last is not None
+    res = compare.load(last)
+    res["meta"]["date"] = "2026-12-04T11:09:30"
+    partial, _ = report.write(json.loads(json.dumps(res)), tmp_path, None, partial=True)
+    whole, _ = report.write(json.loads(json.dumps(res)), tmp_path, None)
+    quick, _ = report.write({**json.loads(json.dumps(res)), "counts": {**res["counts"], "name": "quick"}}, tmp_path,
+                            None, partial=True)
+    assert (partial.name, whole.name, quick.name) == ("20261204T110930-only.json", "20261204T110930.json",
+                                                      "20261204T110930-quick.json")
