@@ -92,3 +92,37 @@ def test_a_program_that_cannot_start_is_an_error_and_leaks_nothing(tmp_path: Pat
         assert fds() <= before
 
     uvloop.run(main())
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_hooks_stdin_payload_reaches_it_and_its_stderr_comes_apart(loop: str, tmp_path: Path) -> None:
+    """A hook's spawn: its payload on stdin (larger than a pipe's buffer, so the write waits on
+    the reader), its stdout and stderr on pipes of their own; nothing left open."""
+    payload = b"x" * 200_000 + b"\n"
+
+    async def once() -> tuple[bytes, bytes, int]:
+        child = await spawn(["/bin/sh", "-c", "wc -c; echo oops >&2; exit 3"], cwd=str(tmp_path),
+                            env={"PATH": "/usr/bin:/bin"}, stdin=True, stderr_apart=True)
+        assert child.stdin is not None and child.stderr is not None
+
+        async def feed() -> None:
+            assert child.stdin is not None
+            child.stdin.write(payload)
+            await child.stdin.drain()
+            child.stdin.close()
+
+        _, out, err, code = await asyncio.gather(feed(), child.stdout.read(), child.stderr.read(), child.wait())
+        child.close()
+        await asyncio.sleep(0.01)
+        return out, err, code
+
+    async def main() -> tuple[bytes, bytes, int]:
+        first = await once()
+        before = fds()
+        for _ in range(10):
+            assert await once() == first
+        assert fds() <= before, "a pipe or pidfd left open"
+        return first
+
+    out, err, code = run(loop, main)
+    assert (out.strip(), err, code) == (str(len(payload)).encode(), b"oops\n", 3)

@@ -137,13 +137,18 @@ def test_a_dev_server_is_reached_by_a_later_command_and_read_by_the_next_turn(st
     assert wait_gone(f"http.server {port}") == [], "stop_program left the server running"
 
 
+REPL = "stty -echo; exec python3 -q -i"
+
+
 def test_a_repl_answers_input_and_denied_input_never_reaches_it(stack: Stack, api: Api) -> None:
     s = api.create("prog-repl")
     sid = s["id"]
     after = int(api.session(sid)["last_seq"])
     assert api.send(sid, script(
-        # read first, as an agent would: its prompt is there before anything is written to it
-        {"text": "A REPL.", "tools": [start(command="python3 -q -i", name="repl", pty=True),
+        # read first, as an agent would: its prompt is there before anything is written to it.
+        # The terminal does not echo: a read after a write then waits for the REPL's answer, not
+        # for the echo of the line (a CI run's read returned with the echo alone).
+        {"text": "A REPL.", "tools": [start(command=REPL, name="repl", pty=True),
                                       tool("read_program", program_id="repl", wait_s=10)]},
         {"text": "Asking.", "tools": [tool("write_program", program_id="repl", text="print(6 * 7)\n"),
                                       tool("read_program", program_id="repl", wait_s=5)]},
@@ -166,7 +171,7 @@ def test_a_repl_answers_input_and_denied_input_never_reaches_it(stack: Stack, ap
     writes = [a for a in asked if a["name"] == "write_program"]
     assert len(writes) == 2, [a["name"] for a in asked]
     # The person sees what the input goes to: the program's command and what it wrote lately.
-    assert writes[0]["args"]["program"]["command"] == "python3 -q -i"
+    assert writes[0]["args"]["program"]["command"] == REPL
     assert ">>>" in writes[0]["args"]["recent_output"], writes[0]["args"]
     assert "42" in writes[1]["args"]["recent_output"], writes[1]["args"]
     reads = results(evs, "read_program")

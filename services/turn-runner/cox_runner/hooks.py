@@ -196,13 +196,18 @@ async def _spawn(sandbox: Sandbox, workspace: Path, argv: list[str], payload: by
 async def _run_boxed(box: limits.Box, argv: list[str], workspace: Path, env: dict[str, str], payload: bytes,
                      timeout: float, preexec: bool) -> Raw:
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=str(workspace), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, env=env,
-            preexec_fn=dies_with_me() if preexec else None,
-        )
+        # the standard library's spawn (vfork), as for a command: uvloop's forks the whole runner
+        proc = await tools.spawn(argv, cwd=str(workspace), env=env, stdin=True, stderr_apart=True,
+                                 preexec_fn=dies_with_me() if preexec else None)
     except OSError as exc:
         return Raw(None, b"", b"", error=f"the hook could not start: {exc}")
+    try:
+        return await _watch(proc, box, payload, timeout)
+    finally:
+        proc.close()
+
+
+async def _watch(proc: tools.Child, box: limits.Box, payload: bytes, timeout: float) -> Raw:
 
     async def feed() -> None:
         assert proc.stdin is not None
@@ -240,7 +245,7 @@ async def _run_boxed(box: limits.Box, argv: list[str], workspace: Path, env: dic
     return Raw(proc.returncode, bytes(out), bytes(err))
 
 
-async def _kill(proc: asyncio.subprocess.Process) -> None:
+async def _kill(proc: tools.Child) -> None:
     if proc.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -528,11 +528,14 @@ class Child:
     command (a ``true``: 6 ms against 16-26 ms, more the larger the runner's heap)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], stdout: asyncio.StreamReader,
-                 transport: asyncio.BaseTransport, exited: asyncio.Future[int]) -> None:
+                 transports: list[asyncio.BaseTransport], exited: asyncio.Future[int],
+                 stdin: asyncio.StreamWriter | None = None, stderr: asyncio.StreamReader | None = None) -> None:
         self.popen = popen
         self.pid = popen.pid
         self.stdout = stdout
-        self._transport = transport
+        self.stdin = stdin
+        self.stderr = stderr
+        self._transports = transports
         self._exited = exited
 
     @property
@@ -543,28 +546,60 @@ class Child:
         return await asyncio.shield(self._exited)
 
     def close(self) -> None:
-        """The output pipe's end here (its reader has seen its end, or gave up)."""
-        self._transport.close()
+        """The pipes' ends here (their readers have seen their end, or gave up)."""
+        for t in self._transports:
+            t.close()
 
 
 async def spawn(argv: list[str], *, cwd: str, env: dict[str, str], pass_fds: tuple[int, ...] = (),
-                preexec_fn: Any = None) -> Child:
-    """``argv`` in a session of its own, stdin from /dev/null, stdout and stderr one pipe."""
+                preexec_fn: Any = None, stdin: bool = False, stderr_apart: bool = False) -> Child:
+    """``argv`` in a session of its own, stdout and stderr one pipe (or two: ``stderr_apart``),
+    stdin from /dev/null (or a pipe: ``stdin``, :attr:`Child.stdin`)."""
     loop = asyncio.get_running_loop()
-    r, w = os.pipe()
+    mine: list[int] = []  # this end of each pipe
+    theirs: list[int] = []  # the child's end, closed here once it is started
     try:
+        r, w = os.pipe()
+        mine.append(r)
+        theirs.append(w)
+        er = ew = ir = iw = -1
+        if stderr_apart:
+            er, ew = os.pipe()
+            mine.append(er)
+            theirs.append(ew)
+        if stdin:
+            ir, iw = os.pipe()
+            mine.append(iw)
+            theirs.append(ir)
         # A vfork and an exec, about a ms: as asyncio's own spawn does, on the loop.
-        popen = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=w,  # noqa: ASYNC220
-                                 stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds,
-                                 preexec_fn=preexec_fn)
+        popen = subprocess.Popen(argv, cwd=cwd, env=env, stdin=ir if stdin else subprocess.DEVNULL,  # noqa: ASYNC220
+                                 stdout=w, stderr=ew if stderr_apart else subprocess.STDOUT,
+                                 start_new_session=True, pass_fds=pass_fds, preexec_fn=preexec_fn)
     except BaseException:
-        os.close(r)
+        for fd in mine:
+            os.close(fd)
         raise
     finally:
-        os.close(w)
-    reader = asyncio.StreamReader(limit=2 ** 16, loop=loop)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
-                                                os.fdopen(r, "rb", buffering=0))
+        for fd in theirs:
+            os.close(fd)
+    transports: list[asyncio.BaseTransport] = []
+
+    async def reading(fd: int) -> asyncio.StreamReader:
+        reader = asyncio.StreamReader(limit=2 ** 16, loop=loop)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
+                                                    os.fdopen(fd, "rb", buffering=0))
+        transports.append(transport)
+        return reader
+
+    out = await reading(r)
+    err = await reading(er) if stderr_apart else None
+    writer = None
+    if stdin:
+        wt, wp = await loop.connect_write_pipe(
+            lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop),
+            os.fdopen(iw, "wb", buffering=0))
+        transports.append(wt)
+        writer = asyncio.StreamWriter(wt, wp, None, loop)
     exited: asyncio.Future[int] = loop.create_future()
 
     def reaped(code: int) -> None:
@@ -585,7 +620,7 @@ async def spawn(argv: list[str], *, cwd: str, env: dict[str, str], pass_fds: tup
             reaped(popen.wait())  # it has exited: no wait here
 
         loop.add_reader(pidfd, on_exit)
-    return Child(popen, reader, transport, exited)
+    return Child(popen, out, transports, exited, stdin=writer, stderr=err)
 
 
 async def _run_boxed(workspace: Path, argv: list[str], timeout_s: float, limit: int, sandbox: Sandbox,
