@@ -126,3 +126,54 @@ def test_a_hooks_stdin_payload_reaches_it_and_its_stderr_comes_apart(loop: str, 
 
     out, err, code = run(loop, main)
     assert (out.strip(), err, code) == (str(len(payload)).encode(), b"oops\n", 3)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_descriptors_opened_by_other_threads_meanwhile_are_never_closed_under_them(loop: str, tmp_path: Path) -> None:
+    """uvloop closes a read pipe's descriptor twice (libuv closes it, then the file object it was
+    given): another thread that opened a file in between had its descriptor closed under it, and
+    a command's pipe or pidfd could be closed the same way (a CI drill's ``sleep 0.2`` was watched
+    until its 120 s time-out). A thread opening and closing files beside 600 commands: every
+    command ends with its output, and no close in the thread fails."""
+    import threading
+
+    stop = threading.Event()
+    failures: list[OSError] = []
+
+    def churn() -> None:
+        while not stop.is_set():
+            fd = os.open("/dev/null", os.O_RDONLY)
+            try:
+                os.fstat(fd)
+                os.close(fd)
+            except OSError as exc:  # EBADF: closed under this thread by someone else
+                failures.append(exc)
+
+    async def one(i: int) -> bytes:
+        child = await spawn(["/bin/echo", str(i)], cwd=str(tmp_path), env={})
+        try:
+            out, _ = await asyncio.wait_for(asyncio.gather(child.stdout.read(), child.wait()), 20)
+            return out
+        finally:
+            child.close()
+
+    async def main() -> list[bytes]:
+        sem = asyncio.Semaphore(20)
+
+        async def limited(i: int) -> bytes:
+            async with sem:
+                return await one(i)
+
+        return list(await asyncio.gather(*(limited(i) for i in range(600))))
+
+    threads = [threading.Thread(target=churn, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        outs = run(loop, main)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert outs == [f"{i}\n".encode() for i in range(600)]
+    assert not failures, f"{len(failures)} descriptors closed under the thread: {failures[0]!r}"

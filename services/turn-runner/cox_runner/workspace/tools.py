@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import uvloop
 from pydantic_ai.tools import ToolDefinition
 
 from coxswain import safefs, textedit
@@ -551,6 +552,16 @@ class Child:
             t.close()
 
 
+def _pipe_file(loop: asyncio.AbstractEventLoop, fd: int, mode: str) -> Any:
+    """A file object of a pipe's end for the loop's pipe transport, which closes the descriptor
+    once. uvloop closes it twice: libuv closes it, then uvloop closes the file object it was
+    given, by then perhaps a descriptor another thread has just opened under the same number (a
+    file a tool reads, a cgroup file, another command's pipe or pidfd: a command then ran until
+    its time-out, its exit never seen). So uvloop gets a file object that does not own the
+    descriptor; asyncio's own loop closes only the file object, which must own it."""
+    return os.fdopen(fd, mode, buffering=0, closefd=not isinstance(loop, uvloop.Loop))
+
+
 async def spawn(argv: list[str], *, cwd: str, env: dict[str, str], pass_fds: tuple[int, ...] = (),
                 preexec_fn: Any = None, stdin: bool = False, stderr_apart: bool = False) -> Child:
     """``argv`` in a session of its own, stdout and stderr one pipe (or two: ``stderr_apart``),
@@ -587,7 +598,7 @@ async def spawn(argv: list[str], *, cwd: str, env: dict[str, str], pass_fds: tup
     async def reading(fd: int) -> asyncio.StreamReader:
         reader = asyncio.StreamReader(limit=2 ** 16, loop=loop)
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop),
-                                                    os.fdopen(fd, "rb", buffering=0))
+                                                    _pipe_file(loop, fd, "rb"))
         transports.append(transport)
         return reader
 
@@ -597,7 +608,7 @@ async def spawn(argv: list[str], *, cwd: str, env: dict[str, str], pass_fds: tup
     if stdin:
         wt, wp = await loop.connect_write_pipe(
             lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), loop=loop),
-            os.fdopen(iw, "wb", buffering=0))
+            _pipe_file(loop, iw, "wb"))
         transports.append(wt)
         writer = asyncio.StreamWriter(wt, wp, None, loop)
     exited: asyncio.Future[int] = loop.create_future()
@@ -668,8 +679,11 @@ async def _watch(proc: Child, timeout_s: float, limit: int, box: limits.Box) -> 
         await asyncio.shield(asyncio.to_thread(box.kill))
         await _kill(proc)
         reader.cancel()
+        work.cancel()  # retrieved below: never "exception was never retrieved" at a runner's stop
         with contextlib.suppress(BaseException):
             await reader
+        with contextlib.suppress(BaseException):
+            await work
         raise
     finally:
         watcher.cancel()
