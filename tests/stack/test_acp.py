@@ -145,22 +145,23 @@ async def test_busy_prompt_queues_steering_leads_and_cancel_answers_both(stack: 
         long = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block(script(
             {"text": "Sleeping.", "tools": [tool("run_command", command="sleep 4")]}, {"text": "not reached"},
             text="first"))]))
-        finished: list[str] = []
-        long.add_done_callback(lambda _: finished.append("first"))
         started = await asyncio.to_thread(api.wait_type, sid, "tool.call")
         queued = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block("second, queued")]))
-        queued.add_done_callback(lambda _: finished.append("queued"))
         await asyncio.to_thread(api.wait_type, sid, "queue.added", 20.0)
         led = await conn.ext_method("session/steering", {"sessionId": sid,
                                                          "prompt": [{"type": "text", "text": script({"text": "Led."})}]})
         assert led["turnId"] == started["turn_id"]
         assert (await long).stop_reason == "end_turn"
         assert (await queued).stop_reason == "end_turn"
-        # Its answer comes after the first's (both can arrive in one read: the queued turn is an
-        # echo that ends within ms of the first, so "not done yet" was a race, not the contract).
-        assert finished == ["first", "queued"], "the queued prompt waits for its own turn"
+        # The queued prompt waits for its own turn: it starts after the first's ended, by the log
+        # (both answers can arrive in one read, and done callbacks ran after the await once: the
+        # order the two calls returned in is no contract).
         evs = api.all_events(sid)
         assert [e["via"] for e in evs if e["type"] == "user.msg"] == ["send", "lead", "queue"]
+        queued_msg = next(e["message_id"] for e in evs if e["type"] == "user.msg" and e["via"] == "queue")
+        first_end = next(e["seq"] for e in evs if e["type"] == "turn.end" and e["turn_id"] == started["turn_id"])
+        queued_start = next(e["seq"] for e in evs if e["type"] == "turn.start" and e["message_id"] == queued_msg)
+        assert first_end < queued_start, "the queued prompt waits for its own turn"
         assert "Led." in editor.text(sid) and "echo: second, queued" in editor.text(sid)
         assert "not reached" not in editor.text(sid)
 
