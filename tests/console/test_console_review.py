@@ -249,7 +249,8 @@ def test_the_keyboard_reaches_every_next_action_without_a_mouse(page: Page, up: 
 
     # Queue, Lead and Stop by their keys while a slow turn runs.
     page.keyboard.press("/")
-    page.keyboard.insert_text(said("Slow", {"text": "step", "delay_ms": 4000}, {"text": "slow done"}))
+    # long (a Stop ends it at once), so the keys below land while it runs on a loaded machine
+    page.keyboard.insert_text(said("Slow", {"text": "step", "delay_ms": 30_000}, {"text": "slow done"}))
     page.keyboard.press("Enter")
     expect(page.locator("#state")).to_have_text("working")
     page.keyboard.insert_text("queued by keys")

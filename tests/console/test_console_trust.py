@@ -375,7 +375,9 @@ def test_notes_keys_rename_and_workspaces(page: Page, up: CoxUp, width: int) -> 
     expect(page.locator("#composer-note")).to_have_text("")
     expect(page.locator("#state")).to_have_text("idle")
 
-    page.fill("#draft", said("Slow again", {"text": "step", "delay_ms": 4000}))
+    # a Stop ends it at once: long, so Escape arrives while it runs on a loaded machine (at 4 s a
+    # CI run's turn had ended completed before it)
+    page.fill("#draft", said("Slow again", {"text": "step", "delay_ms": 30_000}))
     page.press("#draft", "Enter")
     expect(page.locator("#state")).to_have_text("working")
     page.focus("#btn-lead")
@@ -442,7 +444,7 @@ def test_markdown_is_rendered_and_hostile_text_stays_text(page: Page, up: CoxUp,
 # ---------------------------------------------------------------------------------- turn status
 def test_turn_status_says_what_the_turn_waits_for(page: Page, up: CoxUp) -> None:
     start_session(page, "status")
-    page.fill("#draft", said("Count", {"text": "thinking", "delay_ms": 1500, "tokens": 1234,
+    page.fill("#draft", said("Count", {"text": "thinking", "delay_ms": 5000, "tokens": 1234,
                                        "tools": [tool("run_command", command="touch status")]},
                              {"text": "finished", "tokens": 5}))
     page.press("#draft", "Enter")
