@@ -5,8 +5,8 @@ RSS per process before/after; Redis ``used_memory`` delta / N, just created (wit
 bytes are: the transition replies, the principal index, the activity indexes) and idle (once the
 transition replies expired), against a floor measured on the same server (:func:`_floor`: the
 same fields in one hash and one owner-index entry per session); ``MEMORY USAGE`` of a sample of
-session hashes against the bytes of their fields and values; JetStream bytes per session. A sample of sessions then runs one short turn each, and the same
-is read again ("after one turn").
+session hashes against the bytes of their fields and values; JetStream bytes per session. A
+sample of sessions then runs one short turn each, and the same is read again ("after one turn").
 """
 
 from __future__ import annotations
@@ -131,10 +131,15 @@ async def measure(stack: Stack, pool: Pool, n: int, log: Any) -> dict[str, Any]:
     }
 
 
+async def _tx_keys(r: aioredis.Redis) -> list[str]:
+    """Every transition reply kept (``<session key>:tx:<id>``, keys.TX)."""
+    return [k async for k in r.scan_iter(match=f"cox:s:*{keys.TX}*", count=1000)]
+
+
 async def _parts(r: aioredis.Redis, n: int) -> dict[str, float]:
     """Where a just-created session's bytes are, per session (``MEMORY USAGE``, exact): the
     transition replies, the principal index and the buckets' activity indexes."""
-    tx = [k async for k in r.scan_iter(match="cox:s:*:tx:*", count=1000)]
+    tx = await _tx_keys(r)
     principals = [k async for k in r.scan_iter(match="cox:p:*", count=1000) if not k.endswith(":spend")]
     active = [keys.active(b) for b in range(keys.buckets())]
 
@@ -156,7 +161,7 @@ async def _wait_tx_expired(r: aioredis.Redis, timeout: float) -> float:
     """Until no transition reply is left (they expire TX_KEEP_MS after their call); seconds waited."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if not [k async for k in r.scan_iter(match="cox:s:*:tx:*", count=1000)]:
+        if not await _tx_keys(r):
             break
         await asyncio.sleep(2.0)
     await asyncio.sleep(1.0)  # the allocator's frees settle

@@ -142,8 +142,8 @@ def test_every_node_stops_on_sigterm_even_a_replica_writing_its_first_aof(tmp_pa
     rewrite's window."""
     from cox.redis_cluster import RedisClusterServer
 
-    for _ in range(3):  # the window is the few ms of the rewrite: three clusters, 9 replicas in all
-        cluster = RedisClusterServer(tmp_path / f"c{_}").start()
+    for i in range(3):  # the window is the few ms of the rewrite: three clusters, 9 replicas in all
+        cluster = RedisClusterServer(tmp_path / f"c{i}").start()
         try:
             procs = [n.proc for n in cluster.nodes]
             for n in reversed(cluster.nodes):  # created as masters first: the replicas are the last

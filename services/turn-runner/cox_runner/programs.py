@@ -28,7 +28,6 @@ import codecs
 import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -301,7 +300,7 @@ class Programs:
             await asyncio.wait({waiting, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if not waiting.done():  # a sandbox limit killed the box
                 await asyncio.to_thread(p.box.kill)
-                await _kill(p.proc)
+                await tools.stop_group(p.proc)
             await waiting
             await asyncio.to_thread(p.box.kill)  # what it left behind in its box
             with contextlib.suppress(BaseException):
@@ -403,7 +402,7 @@ class Programs:
             p.stopped_by = by
             await asyncio.shield(asyncio.to_thread(p.box.kill))
             if p.proc is not None:
-                await _kill(p.proc)
+                await tools.stop_group(p.proc)
         if wait:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(p.ended.wait()), 15)
@@ -566,20 +565,6 @@ async def _write_fd(fd: int, data: bytes) -> None:
                 loop.remove_writer(fd)
             continue
         view = view[n:]
-
-
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        await asyncio.wait_for(proc.wait(), 2)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(proc.wait(), 2)
 
 
 __all__ = ["Program", "Programs", "Read", "SandboxUnavailable"]

@@ -16,7 +16,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import uvloop
 from pydantic_ai.tools import ToolDefinition
@@ -674,10 +674,10 @@ async def _watch(proc: Child, timeout_s: float, limit: int, box: limits.Box) -> 
             timed_out = True
         if work not in done:
             await asyncio.to_thread(box.kill)
-            await _kill(proc)
+            await stop_group(proc)
     except asyncio.CancelledError:
         await asyncio.shield(asyncio.to_thread(box.kill))
-        await _kill(proc)
+        await stop_group(proc)
         reader.cancel()
         work.cancel()  # retrieved below: never "exception was never retrieved" at a runner's stop
         with contextlib.suppress(BaseException):
@@ -700,7 +700,21 @@ async def _watch(proc: Child, timeout_s: float, limit: int, box: limits.Box) -> 
     return CommandResult(exit_code=code, output=text, timed_out=timed_out, limit=hit)
 
 
-async def _kill(proc: Child) -> None:
+class Running(Protocol):
+    """What :func:`stop_group` needs of a started process: a :class:`Child`, or an
+    :class:`asyncio.subprocess.Process` (a program)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+async def stop_group(proc: Running) -> None:
+    """SIGTERM to the process's group (its own session), SIGKILL after 2 s; waits for its end."""
     if proc.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
