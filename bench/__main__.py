@@ -1,9 +1,9 @@
-"""``./dev bench [--quick] [--peer langgraph] [--only PHASES] [--no-profile] [--cluster]``
+"""``./dev bench [--quick] [--peer langgraph,dbos] [--only PHASES] [--no-profile] [--cluster]``
 
 Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff, trace (wire
 timelines; one stack, two runners, the floors' servers), sweep (a fresh stack per runner count), runs, memory (a fresh
 stack), sandbox, compose (runners added with ``docker compose up --scale``, where Docker answers), peer (only with
-``--peer``). A phase that fails is recorded and the rest go on.
+``--peer``: each peer named, then our side once). A phase that fails is recorded and the rest go on.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from . import (
     traces,
 )
 from .client import Pool
+from .peer import PEERS, base, ours, peer_rows
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
 from .stack import Servers, Stack
@@ -108,13 +109,13 @@ def cpu_floor(f: dict[str, Any]) -> Any:
 
 
 class Run:
-    def __init__(self, counts: Counts, only: set[str], profile: bool, peer: str | None, tmp: Path,
+    def __init__(self, counts: Counts, only: set[str], profile: bool, peers: list[str], tmp: Path,
                  cluster: bool = False) -> None:
         self.c = counts
         self.cluster = cluster
         self.only = only
         self.profile = profile
-        self.peer = peer
+        self.peers = peers
         self.tmp = tmp
         self.res: dict[str, Any] = {"phases": {}, "errors": {}, "notes": []}
 
@@ -164,12 +165,18 @@ class Run:
             self.res["phases"]["sandbox"] = await self.phase("sandbox", sandbox.per_command(c.sandbox_n))
         if self.want("compose"):
             self.res["phases"]["compose"] = await self.phase("compose", compose.measure(self.tmp, c.compose_adds, log))
-        if self.peer and self.want("peer"):
-            from .peer import langgraph
+        if self.peers and self.want("peer"):
+            await self.peer_phase()
 
-            self.res["phases"]["peer"] = await self.phase("peer", langgraph.run(self.tmp, c, log))
-            if self.res["phases"]["peer"]:
-                self.res["peer_rows"] = langgraph.rows(self.res["phases"]["peer"])
+    async def peer_phase(self) -> None:
+        """Each peer on a server of its own (a phase each, so one that fails leaves the others),
+        then our side once; every peer's rows set beside it."""
+        res: dict[str, Any] = {}
+        self.res["phases"]["peer"] = res
+        for name in self.peers:
+            res[name] = await self.phase(f"peer {name}", base.measure(PEERS[name], self.tmp, self.c, log))
+        res["ours"] = await self.phase("peer ours", ours.measure(self.tmp, self.c, log))
+        self.res["peer_rows"] = peer_rows(res)
 
     async def latencies(self, servers: Servers) -> None:
         c, ph = self.c, self.res["phases"]
@@ -250,7 +257,9 @@ def override(counts: Counts, pairs: list[str]) -> Counts:
 def main() -> int:
     p = argparse.ArgumentParser(prog="./dev bench", description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--quick", action="store_true", help="small counts, under 3 minutes (for development)")
-    p.add_argument("--peer", choices=["langgraph"], help="also run the peer side by side (installs it apart)")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME[,NAME]",
+                   help=f"also run peers side by side, each installed apart: {', '.join(PEERS)} "
+                        "(a comma list, or the flag repeated)")
     p.add_argument("--only", default=",".join(PHASES), help=f"comma-separated phases among {','.join(PHASES)}")
     p.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of the tool-call turn")
     p.add_argument("--cluster", action="store_true",
@@ -273,6 +282,9 @@ def main() -> int:
             against = (target.name, compare.load(target))
         except ValueError as exc:
             p.error(str(exc))
+    peers = list(dict.fromkeys(x.strip() for v in a.peer for x in v.split(",") if x.strip()))
+    if unknown_peers := [x for x in peers if x not in PEERS]:
+        p.error(f"unknown peers: {', '.join(unknown_peers)} (known: {', '.join(PEERS)})")
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     unknown = only - set(PHASES)
     if unknown:
@@ -283,7 +295,7 @@ def main() -> int:
     except ValueError as exc:
         p.error(str(exc))
     tmp = Path(tempfile.mkdtemp(prefix="cox-bench-"))
-    run = Run(counts, only, not a.no_profile, a.peer, tmp, a.cluster)
+    run = Run(counts, only, not a.no_profile, peers, tmp, a.cluster)
     run.res["meta"] = meta(sys.argv[1:])
     run.res["counts"] = asdict(counts)
     run.res["notes"] += a.note

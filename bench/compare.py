@@ -21,6 +21,11 @@ GREW = 0.20
 RATES = ("/s",)
 
 
+def is_peer(section: str) -> bool:
+    """A peer's rows: ``peer`` (LangGraph's, the name committed runs know it by) or ``peer <name>``."""
+    return section == "peer" or section.startswith("peer ")
+
+
 def last_committed(results: Path = HERE / "results") -> Path | None:
     """The newest full run committed to git (``<date>.json``, no suffix)."""
     try:
@@ -37,7 +42,7 @@ def _worse(row: dict[str, Any], before: float, now: float) -> float:
     if before == 0:
         return 0.0
     change = now / before - 1
-    if row["section"] == "peer" and any(row.get("unit", "").endswith(r) for r in RATES):
+    if is_peer(row["section"]) and any(row.get("unit", "").endswith(r) for r in RATES):
         return -change  # ours / theirs of a rate: larger is better
     return change
 

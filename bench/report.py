@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from . import floors
+from .compare import is_peer
+from .peer import PEERS
 from .stats import ratio
 
 HERE = Path(__file__).resolve().parent
@@ -174,7 +176,8 @@ def stat_or_none(f: dict[str, Any], kind: str, q: str) -> float | None:
 
 
 def largest(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    scored = [r for r in rs if isinstance(r.get("ratio"), (int, float)) and r["section"] not in ("memory", "peer", "cluster")]
+    scored = [r for r in rs if isinstance(r.get("ratio"), (int, float)) and r["section"] not in ("memory", "cluster")
+              and not is_peer(r["section"])]
     return max(scored, key=lambda r: r["ratio"]) if scored else None
 
 
@@ -209,20 +212,12 @@ def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
         lines.append("")
     lines += ["## Figures", "", "| section | figure | value | floor | ratio | unit | note |", "|---|---|---|---|---|---|---|"]
     for r in rs:
-        if r["section"] == "peer":
+        if is_peer(r["section"]):
             continue
         lines.append(f"| {r['section']} | {r['figure']} | {_fmt(r['value'])} | {_fmt(r['floor'])} | "
                      f"{_fmt(r['ratio'])} | {r['unit']} | {r['note']} |")
     lines.append("")
-    peer = [r for r in rs if r["section"] == "peer"]
-    if peer:
-        pv = (res.get("phases", {}).get("peer") or {}).get("versions", {})
-        lines += ["## Peer, side by side: LangGraph in-memory dev server (" +
-                  ", ".join(f"{k} {v}" for k, v in pv.items()) + ")", "",
-                  "| figure | coxswain | LangGraph | coxswain / LangGraph | unit | note |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['figure']} | {_fmt(r['value'])} | {_fmt(r['floor'])} | {_fmt(r['ratio'])} | {r['unit']} | "
-                  f"{r['note']} |" for r in peer]
-        lines.append("")
+    lines += peer_tables(res, rs)
     big = largest(rs)
     if big:
         lines += [f"**Largest ratio to the floor:** {big['section']} / {big['figure']}: {_fmt(big['value'])} "
@@ -257,6 +252,26 @@ def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
     if res.get("notes"):
         lines += ["## Notes", ""] + [f"- {n}" for n in res["notes"]] + [""]
     return "\n".join(lines)
+
+
+def peer_tables(res: dict[str, Any], rs: list[dict[str, Any]]) -> list[str]:
+    """One table per peer measured: its rows, what ran (versions, settings) in the title."""
+    lines: list[str] = []
+    measured = res.get("phases", {}).get("peer") or {}
+    for name, peer in PEERS.items():
+        mine = [r for r in rs if r["section"] == peer.section]
+        if not mine:
+            continue
+        got = measured.get(name) or {}
+        what = [f"{k} {v}" for k, v in (got.get("versions") or {}).items()]
+        what += [f"{k} = {v}" for k, v in (got.get("settings") or {}).items()]
+        them = peer.column
+        lines += [f"## Peer, side by side: {peer.label} ({', '.join(what)})", "",
+                  f"| figure | coxswain | {them} | coxswain / {them} | unit | note |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['figure']} | {_fmt(r['value'])} | {_fmt(r['floor'])} | {_fmt(r['ratio'])} | {r['unit']} | "
+                  f"{r['note']} |" for r in mine]
+        lines.append("")
+    return lines
 
 
 def write(res: dict[str, Any], out_dir: Path, results_md: Path | None, partial: bool = False) -> tuple[Path, str]:
