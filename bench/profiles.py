@@ -37,6 +37,9 @@ class Counts:
     """Runners added one at a time with ``docker compose up --scale`` (bench/compose.py)."""
     peer_threads: tuple[int, ...] = (10, 100)
     peer_steer_n: int = 30
+    peer_dbos_poll_s: float = 0.01
+    """DBOS's queue polling interval (its default is 1.0 s; lower is DBOS's own answer to latency,
+    paid in polling CPU): bench/peer/dbos.py."""
 
 
 FULL = Counts(name="full")
