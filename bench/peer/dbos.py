@@ -31,8 +31,6 @@ from ..profiles import Counts
 from .base import TIMEOUT_S, Driver, Peer, PeerServer, get_ok, post_ok
 
 HERE = Path(__file__).resolve().parent
-POLL_S = 0.01
-"""How often the bench asks whether the runs it waits for have ended (one query on the server)."""
 
 
 class Server(PeerServer):
@@ -79,9 +77,7 @@ class DbosDriver(Driver):
         raise TimeoutError("the long run never started")
 
     async def join(self, last: dict[str, dict[str, Any]]) -> None:
-        # One query for every session (anything still enqueued or running?), not one per session.
-        while (await get_ok(self.pool, "/busy"))["busy"]:
-            await asyncio.sleep(POLL_S)
+        await asyncio.gather(*(get_ok(self.pool, f"/runs/{r['workflow_id']}/join") for r in last.values()))
 
     async def log(self, sid: str) -> list[dict[str, Any]]:
         return run_log(await self._runs(sid))

@@ -23,7 +23,10 @@ Routes (127.0.0.1 only):
   and enqueues the new run ahead of any queued one (priority 1 against 2).
 - ``GET /sessions/{sid}/runs[?steps=1]``: the session's runs with their times, in enqueue order;
   with ``steps=1`` also when each step's checkpoint was written.
-- ``GET /busy``: whether any run is enqueued or running (one query, for the bench to wait on).
+- ``GET /runs/{wid}/join``: until the run has ended, then its status: the bench's wait, as
+  LangGraph's ``join``. The workflow's last act wakes it in memory (instrumentation, outside DBOS),
+  then DBOS's ``get_result`` reads the recorded outcome: waiting costs the server nothing, where
+  ``get_result`` alone polls the database.
 - ``GET /ok``: 200 once the queue's worker thread polls.
 
 Configuration from the environment: ``DBOS_BENCH_DB`` (the SQLite file), ``DBOS_BENCH_PORT``,
@@ -51,6 +54,17 @@ QUEUED_PRIORITY, AHEAD_PRIORITY = 2, 1
 """DBOS's unset priority (0) runs before every set one, and 1 is the smallest one can set: so
 queued runs take 2 and an interrupting run 1."""
 SEQ = itertools.count()
+ENDED: dict[str, asyncio.Event] = {}
+"""Runs that ended (or are waited for) by workflow id, on the app's loop: the bench's join only."""
+app_loop: asyncio.AbstractEventLoop | None = None
+
+
+def _ended(wid: str) -> asyncio.Event:
+    return ENDED.setdefault(wid, asyncio.Event())
+
+
+def _end(wid: str) -> None:
+    _ended(wid).set()
 
 
 @DBOS.step()
@@ -69,11 +83,15 @@ async def agent_run(marker: str, target: int) -> dict[str, Any]:
     for _ in range(target):
         await tool()
     end = await mark()
+    if app_loop is not None:
+        app_loop.call_soon_threadsafe(_end, str(DBOS.workflow_id))
     return {"marker": marker, "start": start, "end": end}
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    global app_loop
+    app_loop = asyncio.get_running_loop()
     DBOS.launch()
     await DBOS.register_queue_async(QUEUE, partition_concurrency=1,
                                     polling_interval_sec=float(os.environ.get("DBOS_BENCH_POLL_S", "1.0")),
@@ -124,11 +142,15 @@ async def post_run(sid: str, run: Run) -> dict[str, Any]:
     return {"workflow_id": wid, "enqueued_at": enqueued_at}
 
 
-@app.get("/busy")
-async def busy() -> dict[str, bool]:
-    running = await DBOS.list_workflows_async(status=["ENQUEUED", "PENDING"], limit=1, load_input=False,
-                                              load_output=False)
-    return {"busy": bool(running)}
+@app.get("/runs/{wid}/join")
+async def join(wid: str, timeout: float = 120.0) -> dict[str, Any]:
+    try:
+        await asyncio.wait_for(_ended(wid).wait(), timeout)
+    finally:
+        ENDED.pop(wid, None)
+    handle = await DBOS.retrieve_workflow_async(wid)
+    await handle.get_result(polling_interval_sec=0.005)
+    return {"workflow_id": wid, "status": (await handle.get_status()).status}
 
 
 @app.get("/sessions/{sid}/runs")
