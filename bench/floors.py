@@ -58,7 +58,7 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
     """Every floor, in turn, with nothing else running on the servers."""
     nats_url, redis_url = servers.nats.admin_url, servers.redis.admin_url
     sp = servers.procs()
-    responder = _spawn(["bench.floor.responder", "--nats", nats_url])
+    responder = _spawn(["bench.floor.responder", "--nats", nats_url, "--redis", redis_url])
     port = free_port()
     app = _spawn(["bench.floor.asgi_app", "--nats", nats_url, "--port", str(port)])
     out: dict[str, Any] = {}
@@ -77,6 +77,7 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
             ("redis_cas_raw", {"redis-server": sp["redis-server"]}, {"redis": redis_url}),
             ("http_post", ap, {"port": port}),
             ("http_post_httpx", ap, {"port": port}),
+            ("send_chain", {**ap, **rp, "redis-server": sp["redis-server"]}, {"port": port}),
         ]
         for kind, procs, kw in plan:
             t0 = time.perf_counter()

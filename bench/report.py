@@ -44,6 +44,11 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         for q in ("p50", "p99"):
             out.append(_row("send", f"POST -> 202 (turn started) {q}", s["post_to_202_ms"][q], _r(c[q]["send"]), "ms",
                             "client clock; floor = HTTP POST + NATS req-reply + Redis script"))
+            if (chained := stat_or_none(f, "send_chain", q)) is not None:
+                out.append(_row("send", f"POST -> 202 (turn started) {q}, against the chained floor",
+                                s["post_to_202_ms"][q], chained, "ms",
+                                "floor = one request through the same hops and processes (HTTP -> bare ASGI app -> "
+                                "NATS request -> responder -> Redis script -> back), nothing of ours in between"))
             out.append(_row("send", f"POST -> turn.start seen on SSE {q}", s["post_to_turn_start_seen_ms"][q],
                             _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish"))
             out.append(_row("send", f"POST -> turn.start ts {q}", s["post_to_turn_start_ts_ms"][q], _r(c[q]["send"]),

@@ -1,6 +1,8 @@
 """A bare ASGI app under uvicorn: POST publishes its body to NATS and answers 202 (the HTTP floor).
 
 No framework, no validation, no auth: the least an HTTP front that hands work to NATS can do.
+``POST /chain`` is the chained floor: the body goes as a NATS request to the responder (which runs
+one Redis script) and the reply is the answer, the path of a send with nothing of ours in it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import nats
 import uvicorn
 
 SUBJECT = "bench.floor.http"
+CHAIN = "bench.floor.chain"
 REPLY = b'{"ok":true}'
 _nc: Any = None
 
@@ -35,10 +38,14 @@ def make_app(url: str) -> Any:
             m = await receive()
             body += m.get("body", b"")
             more = m.get("more_body", False)
-        await _nc.publish(SUBJECT, body)
+        if scope["path"] == "/chain":
+            reply = (await _nc.request(CHAIN, body, timeout=5)).data
+        else:
+            await _nc.publish(SUBJECT, body)
+            reply = REPLY
         await send({"type": "http.response.start", "status": 202,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(REPLY)).encode())]})
-        await send({"type": "http.response.body", "body": REPLY})
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(reply)).encode())]})
+        await send({"type": "http.response.body", "body": reply})
 
     return app
 

@@ -131,6 +131,23 @@ async def http_post(a: argparse.Namespace) -> dict[str, Any]:
         pool.close()
 
 
+async def send_chain(a: argparse.Namespace) -> dict[str, Any]:
+    """HTTP POST -> the ASGI app -> NATS request -> the responder's Redis script -> back: a send's
+    path with the same hops and processes and nothing of ours in between."""
+    pool = Pool(a.port, size=1)
+    body = {"text": "ping", "pad": "x" * 100}
+
+    async def op(i: int) -> None:
+        status, _ = await pool.post("/chain", body)
+        if status != 202:
+            raise RuntimeError(f"floor app answered {status}")
+
+    try:
+        return await timed(a.n, a.warmup, op)
+    finally:
+        pool.close()
+
+
 async def http_post_httpx(a: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
@@ -144,7 +161,7 @@ async def http_post_httpx(a: argparse.Namespace) -> dict[str, Any]:
 
 
 KINDS = {"nats_rr": nats_rr, "js_publish": js_publish, "redis_cas": redis_cas, "redis_cas_raw": redis_cas_raw,
-         "http_post": http_post, "http_post_httpx": http_post_httpx}
+         "http_post": http_post, "http_post_httpx": http_post_httpx, "send_chain": send_chain}
 
 
 def main() -> None:

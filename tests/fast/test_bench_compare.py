@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import compare
+from bench import compare, report
 
 
 def row(section: str, figure: str, ratio: float, unit: str = "ms") -> dict[str, object]:
@@ -57,7 +57,6 @@ def test_the_default_is_the_newest_committed_full_run_and_a_bad_file_is_refused(
 def test_a_run_of_some_phases_is_never_named_as_a_full_run(tmp_path: Path) -> None:
     """``--only`` with full counts once wrote ``<date>.json``, the name ``--compare`` takes for the
     last full run: a later comparison would have set a whole run beside two phases."""
-    from bench import report
 
     last = compare.last_committed()
     assert last is not None
@@ -69,3 +68,23 @@ def test_a_run_of_some_phases_is_never_named_as_a_full_run(tmp_path: Path) -> No
                             None, partial=True)
     assert (partial.name, whole.name, quick.name) == ("20261204T110930-only.json", "20261204T110930.json",
                                                       "20261204T110930-quick.json")
+
+
+def _floor(p50: float, p99: float) -> dict[str, object]:
+    return {"ms": {"p50": p50, "p99": p99}, "client_cpu_us": 1.0, "server_cpu_us_per_op": {}}
+
+
+def test_the_send_row_against_the_chained_floor_is_there_only_when_that_floor_was_measured() -> None:
+    parts = {k: _floor(0.25, 0.5) for k in ("http_post", "nats_rr", "redis_cas", "js_publish")}
+    send = {"post_to_202_ms": {"p50": 3.0, "p99": 6.0}, "post_to_turn_start_seen_ms": {"p50": 4.0, "p99": 7.0},
+            "post_to_turn_start_ts_ms": {"p50": 1.0, "p99": 2.0}}
+    without = report.rows({"floors": parts, "phases": {"send": send}})
+    assert not [r for r in without if "chained" in r["figure"]]
+    with_chain = report.rows({"floors": {**parts, "send_chain": _floor(1.5, 2.0)}, "phases": {"send": send}})
+    chained = {r["figure"]: r for r in with_chain if "chained" in r["figure"]}
+    assert set(chained) == {"POST -> 202 (turn started) p50, against the chained floor",
+                            "POST -> 202 (turn started) p99, against the chained floor"}
+    p50 = chained["POST -> 202 (turn started) p50, against the chained floor"]
+    assert (p50["value"], p50["floor"], p50["ratio"]) == (3.0, 1.5, 2.0)
+    summed = next(r for r in with_chain if r["figure"] == "POST -> 202 (turn started) p50")
+    assert summed["floor"] == 0.75  # the sum of the parts stays as it was: runs compare across commits
