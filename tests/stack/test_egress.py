@@ -436,6 +436,12 @@ async def test_allow_and_deny_hosts_hold_for_a_sandboxed_command(tmp_path: Path)
     assert names.calls == ["pkg.mirror.test"]
 
 
+START_S = 120.0
+"""What a test of the proxy gives its MCP server to start (the default is 30 s): a cold CI run's
+parallel lane, starved beside the drills and a first image build, once took longer than 30 s to
+start a Python MCP server in bwrap."""
+
+
 @needs_bwrap
 async def test_a_stdio_mcp_server_granted_the_network_goes_through_the_proxy(tmp_path: Path) -> None:
     import structlog
@@ -446,11 +452,12 @@ async def test_a_stdio_mcp_server_granted_the_network_goes_through_the_proxy(tmp
     tiny = MCP_SERVERS / "tiny.py"
     settings = Settings(root=tmp_path, sandbox={"extra_ro": sorted({sys.prefix, sys.base_prefix, str(tiny.parent)})},
                         mcp={"servers": [{"name": "tiny", "command": [sys.executable, str(tiny)], "network": True,
-                                          "env": {"TINY_FETCH": "1"}}]})
+                                          "env": {"TINY_FETCH": "1"}, "start_timeout_s": START_S}]})
     m = McpServers(settings, Sandbox(settings.sandbox, settings.store_dir), structlog.get_logger())
     await m.start(tmp_path, tools.command_env(tmp_path))
     try:
-        assert [(c.name, c.state) for c in m.take_changes()] == [("tiny", "ready")]
+        changes = m.take_changes()
+        assert [(c.name, c.state) for c in changes] == [("tiny", "ready")], changes
         _, meta = await m.call("tiny__fetch", {"url": "http://169.254.169.254/latest/meta-data/"}, 30)
         _, private = await m.call("tiny__fetch", {"url": "http://10.0.0.1/"}, 30)
     finally:
