@@ -44,9 +44,12 @@ output_limit = {LIMIT}
 
 [sandbox]
 max_programs = 2
-program_idle_s = {IDLE_S}
 """
 stack = stack_fixture("programs", runners=1, config=CONFIG)
+# A stack of its own for the idle stop: with a 6 s idle limit on the module's stack, a program
+# whose next read came in a turn more than 6 s later (a loaded CI machine: a turn took 7 s) was
+# stopped as idle under the tests that read it.
+idle_stack = stack_fixture("programs-idle", runners=1, config=CONFIG + f"program_idle_s = {IDLE_S}\n")
 
 
 @pytest.fixture
@@ -203,16 +206,17 @@ def test_stop_kills_programs_only_when_asked(stack: Stack, api: Api) -> None:
     assert api.session(sid)["programs"] == []
 
 
-def test_an_idle_program_is_stopped(stack: Stack, api: Api) -> None:
+def test_an_idle_program_is_stopped(idle_stack: Stack) -> None:
     mark = marker()
-    s = api.create("prog-idle")
-    sid = s["id"]
-    t0 = time.monotonic()
-    run_allowing(api, sid, script(
-        {"text": "Sleeping.", "tools": [start(command=f"sleep {mark}")]},
-        {"text": "Done."},
-    ))
-    stopped = wait_event(api, sid, "program.stopped", timeout=IDLE_S + 20)
+    with idle_stack.client() as api:
+        s = api.create("prog-idle")
+        sid = s["id"]
+        t0 = time.monotonic()
+        run_allowing(api, sid, script(
+            {"text": "Sleeping.", "tools": [start(command=f"sleep {mark}")]},
+            {"text": "Done."},
+        ))
+        stopped = wait_event(api, sid, "program.stopped", timeout=IDLE_S + 20)
     assert stopped["by"] == "idle" and time.monotonic() - t0 >= IDLE_S - 1
     assert wait_gone(f"sleep {mark}") == []
 
