@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.checks import finished, holder, last_seq, of_type, one
+from tests.support.flow import answer, next_approval
 from tests.support.stack import OTHER_TOKEN, Api, Stack, script, tool
 
 # ---------------------------------------------------------------- respond and observe
@@ -27,14 +28,19 @@ def test_respond_tells_the_person_and_the_turn_goes_on(stack: Stack, api: Api) -
 def test_observe_folds_the_output_into_the_next_tool_result(stack: Stack, api: Api) -> None:
     s = api.create("observe")
     sid = s["id"]
+    # The first command runs until the observation is recorded (the POST answers once it is):
+    # a fixed 1.5 s one ended first on a loaded CI machine, and the output went to the next result.
     api.send(sid, script(
-        {"tools": [tool("run_command", command="sleep 1.5")]},
+        {"tools": [tool("run_command", command="for i in $(seq 600); do [ -e go ] && exit 0; sleep 0.05; done; exit 1")]},
         {"tools": [tool("run_command", command="echo second")]},
         {"text": "Done."},
     ))
     call = api.wait_type(sid, "tool.call")
+    pending = next_approval(api, sid)  # a loop is not among the commands allowed without asking
+    answer(api, sid, pending["approval_id"], "allow")
     r = api.http.post(f"/v1/sessions/{sid}/observe", json={"command": "echo observed-fact"})
     assert r.status_code == 202, r.text
+    (Path(s["workspace"]) / "go").write_text("")
     _, evs = finished(api, sid)
     observed = one(evs, "observed")
     assert observed["command"] == "echo observed-fact" and "observed-fact" in observed["output"]
