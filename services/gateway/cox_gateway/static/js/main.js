@@ -249,6 +249,9 @@ function route() {
 }
 window.addEventListener("hashchange", route);
 
+const OPEN_TRIES = 10;
+/** How many times opening a session reads its backlog before it says the stream is down. */
+
 async function openSession(sid) {
   if (app.model?.sid === sid && !$("#session").hidden) return;
   app.stream?.stop();
@@ -261,21 +264,33 @@ async function openSession(sid) {
   $("#empty").hidden = true; $("#session").hidden = false; $("#inspector").hidden = false;
   setStream("loading");
   note("");
-  try {
-    // The backlog first, as JSON pages: what settled before this page opened goes to the
-    // transcript only. Then the session object (what is pending now), then the live stream.
-    for (;;) {
-      const batch = await app.api.events(sid, model.lastSeq);
+  for (let attempt = 1; ; attempt++) {
+    try {
+      // The backlog first, as JSON pages: what settled before this page opened goes to the
+      // transcript only. Then the session object (what is pending now), then the live stream.
+      for (;;) {
+        const batch = await app.api.events(sid, model.lastSeq);
+        if (app.model !== model) return;
+        if (!batch.length) break;
+        for (const ev of batch) model.apply(ev);
+      }
+      model.applySession(await app.api.session(sid));
+      break;
+    } catch (err) {
       if (app.model !== model) return;
-      if (!batch.length) break;
-      for (const ev of batch) model.apply(ev);
+      // A 4xx is an answer (no such session, a token refused). The gateway busy or restarting
+      // (a 5xx, or no answer at all: status 0) is asked again, for about 20 s, from where the
+      // backlog got to: a session opened once stayed "down" for good after one 503.
+      const transient = err.status === 0 || err.status >= 500;
+      if (!transient || attempt >= OPEN_TRIES) {
+        clear($("#transcript"), h("p", { class: "error" }, err.status === 404 ? "No such session." : (err.detail || err.message)));
+        setStream("down");
+        return;
+      }
+      setStream("reconnecting");
+      await new Promise((resolve) => setTimeout(resolve, Math.min(500 * attempt, 3000)));
+      if (app.model !== model) return;
     }
-    model.applySession(await app.api.session(sid));
-  } catch (err) {
-    if (app.model !== model) return;
-    clear($("#transcript"), h("p", { class: "error" }, err.status === 404 ? "No such session." : (err.detail || err.message)));
-    setStream("down");
-    return;
   }
   if (app.model !== model) return;
   model.replaying = false;
