@@ -116,12 +116,12 @@ async def redis_cas_raw(a: argparse.Namespace) -> dict[str, Any]:
         writer.close()
 
 
-async def http_post(a: argparse.Namespace) -> dict[str, Any]:
+async def _posts(a: argparse.Namespace, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POSTs of ``body`` to the floor app's ``path`` with the lean client, each answered 202."""
     pool = Pool(a.port, size=1)
-    body = {"pad": "x" * 200}
 
     async def op(i: int) -> None:
-        status, _ = await pool.post("/publish", body)
+        status, _ = await pool.post(path, body)
         if status != 202:
             raise RuntimeError(f"floor app answered {status}")
 
@@ -129,23 +129,16 @@ async def http_post(a: argparse.Namespace) -> dict[str, Any]:
         return await timed(a.n, a.warmup, op)
     finally:
         pool.close()
+
+
+async def http_post(a: argparse.Namespace) -> dict[str, Any]:
+    return await _posts(a, "/publish", {"pad": "x" * 200})
 
 
 async def send_chain(a: argparse.Namespace) -> dict[str, Any]:
     """HTTP POST -> the ASGI app -> NATS request -> the responder's Redis script -> back: a send's
     path with the same hops and processes and nothing of ours in between."""
-    pool = Pool(a.port, size=1)
-    body = {"text": "ping", "pad": "x" * 100}
-
-    async def op(i: int) -> None:
-        status, _ = await pool.post("/chain", body)
-        if status != 202:
-            raise RuntimeError(f"floor app answered {status}")
-
-    try:
-        return await timed(a.n, a.warmup, op)
-    finally:
-        pool.close()
+    return await _posts(a, "/chain", {"text": "ping", "pad": "x" * 100})
 
 
 async def http_post_httpx(a: argparse.Namespace) -> dict[str, Any]:
