@@ -249,8 +249,8 @@ function route() {
 }
 window.addEventListener("hashchange", route);
 
-const OPEN_TRIES = 10;
 /** How many times opening a session reads its backlog before it says the stream is down. */
+const OPEN_TRIES = 10;
 
 async function openSession(sid) {
   if (app.model?.sid === sid && !$("#session").hidden) return;
