@@ -25,6 +25,19 @@ const app = {
 window.cox = app; // for a person's console and the browser tests
 
 // ---------------------------------------------------------------- token
+/** How many times logging in, or opening a session, asks before it shows the error. */
+const OPEN_TRIES = 10;
+
+/** The gateway busy or restarting: a 5xx, or no answer at all (status 0). A 4xx is an answer. */
+function isTransient(err) {
+  return err.status === 0 || err.status >= 500;
+}
+
+/** The wait before asking again: 0.5 s more each time, at most 3 s (about 20 s over OPEN_TRIES). */
+function pause(attempt) {
+  return new Promise((resolve) => setTimeout(resolve, Math.min(500 * attempt, 3000)));
+}
+
 function showLogin(message = "") {
   app.stream?.stop();
   $("#app").hidden = true;
@@ -43,12 +56,21 @@ $("#login-form").addEventListener("submit", async (e) => {
   const token = $("#login-token").value.trim();
   if (!token) return;
   const api = new Api(token);
-  try {
-    await api.sessions();
-  } catch (err) {
-    $("#login-error").textContent = err.status === 401 ? "That token is not known to this server." : (err.detail || err.message);
-    return;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await api.sessions();
+      break;
+    } catch (err) {
+      // A 401 is an answer; the gateway busy or restarting is asked again, as opening a session is.
+      if (!isTransient(err) || attempt >= OPEN_TRIES) {
+        $("#login-error").textContent = err.status === 401 ? "That token is not known to this server." : (err.detail || err.message);
+        return;
+      }
+      $("#login-error").textContent = "The server is not answering; trying again.";
+      await pause(attempt);
+    }
   }
+  $("#login-error").textContent = "";
   localStorage.setItem(TOKEN_KEY, token);
   $("#login-token").value = "";
   start(token);
@@ -249,8 +271,6 @@ function route() {
 }
 window.addEventListener("hashchange", route);
 
-/** How many times opening a session reads its backlog before it says the stream is down. */
-const OPEN_TRIES = 10;
 
 async function openSession(sid) {
   if (app.model?.sid === sid && !$("#session").hidden) return;
@@ -281,14 +301,13 @@ async function openSession(sid) {
       // A 4xx is an answer (no such session, a token refused). The gateway busy or restarting
       // (a 5xx, or no answer at all: status 0) is asked again, for about 20 s, from where the
       // backlog got to: a session opened once stayed "down" for good after one 503.
-      const transient = err.status === 0 || err.status >= 500;
-      if (!transient || attempt >= OPEN_TRIES) {
+      if (!isTransient(err) || attempt >= OPEN_TRIES) {
         clear($("#transcript"), h("p", { class: "error" }, err.status === 404 ? "No such session." : (err.detail || err.message)));
         setStream("down");
         return;
       }
       setStream("reconnecting");
-      await new Promise((resolve) => setTimeout(resolve, Math.min(500 * attempt, 3000)));
+      await pause(attempt);
       if (app.model !== model) return;
     }
   }
