@@ -195,6 +195,26 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     }
 
 
+WARMUP_MESSAGES = 3
+"""Messages per session of :func:`warm_up`'s load."""
+
+
+async def warm_up(stack: Stack, pool: Pool, text: Callable[[int], str], answer: Callable[[int], str] | None,
+                  log: Any) -> None:
+    """A load that is not measured, on a fresh stack before its first measured point: twice as
+    many sessions as runners (at least 4), :data:`WARMUP_MESSAGES` queued messages each, the
+    point's own script. A fresh process pays for its first turns once (the model layer imported
+    when first used, first connections, the interpreter's caches), and the floors are measured
+    after their own warm-up round trips: without this the first point of every stack, and each
+    runner of a 4-runner stack, carried those costs (4 runners at S=10: 14.8 ms a turn cold,
+    12.3 warm, on one machine). A failure here is logged; the points then report their own."""
+    n = max(4, 2 * stack.runners)
+    try:
+        await load(stack, pool, n, WARMUP_MESSAGES, text, 120.0, workspace="warmup", answer=answer)
+    except Exception as exc:  # noqa: BLE001 - the measured points say what is wrong
+        log(f"  warm-up load failed: {exc!r}")
+
+
 def ideal(n_sessions: int, messages: int, delay_ms: int, cpu_floor_ms: float) -> dict[str, float]:
     """The most the floor allows: every session's turns back to back with only the model's time
     between them, all sessions at once, capped by the machine's cores at the floor's CPU per turn.
@@ -230,6 +250,7 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
             stack.start()
             pool = Pool(stack.port, stack.token, size=32)
             try:
+                await warm_up(stack, pool, text, answer, log)
                 for s in sessions:
                     t0 = time.perf_counter()
                     try:

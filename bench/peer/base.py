@@ -5,6 +5,7 @@ project folder) and a :class:`Driver` (how to create a session, post a run in ``
 ``interrupt`` mode, wait for runs and read a session's run log) over the bench's lean HTTP
 client. :func:`measure` drives the same two loads against any peer:
 
+- warm-up: :data:`WARMUP_SESSIONS` sessions x :data:`MESSAGES` runs, not measured (ours too).
 - queue: S sessions x :data:`MESSAGES` runs, each session's posted one after another (at most 64
   in flight over all): runs/s (counted only when ordering holds), hand-off (previous run's end ->
   next run's start), queue wait (enqueue -> start), CPU per run of the peer's server process.
@@ -44,6 +45,8 @@ TIMEOUT_S = 120.0
 QUEUE_TARGET = 3
 """Tool rounds of a run: three 5 ms tool calls, as our script (``ours.script_3x5``)."""
 IN_FLIGHT = 64
+WARMUP_SESSIONS = 4
+"""Sessions of the load run before the measured ones, not measured: each side is measured warm."""
 
 
 def ensure_venv(venv: Path, requirements: list[str], probe: str, log: Any) -> Path:
@@ -210,6 +213,12 @@ async def measure(peer: Peer, tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"versions": versions(bin_dir, peer.dists), "queue": []}
     srv = await peer.server(tmp, bin_dir, c).start()
     try:
+        # Not measured: the server's first runs pay one-time costs, as ours do (``sweep.warm_up``).
+        drv = peer.driver(Pool(srv.port, size=32, timeout=TIMEOUT_S))
+        try:
+            await queue_load(drv, WARMUP_SESSIONS, srv.procs())
+        finally:
+            drv.pool.close()
         for n in c.peer_threads:
             drv = peer.driver(Pool(srv.port, size=32, timeout=TIMEOUT_S))
             try:

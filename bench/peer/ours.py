@@ -3,6 +3,7 @@
 A fresh two-runner stack and the script ``[list_dir] + 2 x [5 ms, list_dir] + [5 ms, "done"]``:
 three tool rounds and 15 ms of sleeping, as the peers' three 5 ms tool steps.
 
+- warm-up: a load that is not measured (``sweep.warm_up``), as every peer gets one.
 - queue: S sessions x 5 messages in ``mode=queue`` (the sweep's load): turns/s, hand-off, queue
   wait, CPU per turn of every stack process, the verdict from the event log.
 - steer: a long turn going, then a message with ``mode=steer``: latency from the POST to the new
@@ -20,7 +21,7 @@ from ..client import Pool, Watch
 from ..profiles import Counts
 from ..stack import Servers, Stack
 from ..stats import summary
-from ..sweep import load
+from ..sweep import load, warm_up
 from .base import LONG_ROUNDS, MESSAGES, TIMEOUT_S
 
 
@@ -71,6 +72,7 @@ async def measure(tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
         stack.start()
         pool = Pool(stack.port, stack.token, size=32)
         try:
+            await warm_up(stack, pool, lambda j: script_3x5(), lambda j: "done", log)
             for n in c.peer_threads:
                 r = await load(stack, pool, n, MESSAGES, lambda j: script_3x5(), TIMEOUT_S * 3, workspace=f"peer{n}",
                                answer=lambda j: "done")
