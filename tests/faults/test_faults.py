@@ -329,6 +329,8 @@ class Sampler(threading.Thread):
         self.stack = stack
         self.stop = threading.Event()
         self.health: list[int] = []
+        self.unhealthy: list[str] = []
+        """What each answer other than 200 said (which service failed, and how)."""
         self.rss: list[int] = []
 
     def run(self) -> None:
@@ -337,9 +339,15 @@ class Sampler(threading.Thread):
             with contextlib.suppress(psutil.Error):
                 self.rss.append(gw.memory_info().rss)
             try:
-                self.health.append(httpx.get(self.stack.url + "/healthz", timeout=5).status_code)
-            except httpx.HTTPError:
+                r = httpx.get(self.stack.url + "/healthz", timeout=5)
+                self.health.append(r.status_code)
+                if r.status_code != 200:
+                    body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+                    failed = {k: v for k, v in body.get("services", {}).items() if not v.get("ok")}
+                    self.unhealthy.append(f"{r.status_code} {failed or r.text[:300]}")
+            except httpx.HTTPError as exc:
                 self.health.append(0)
+                self.unhealthy.append(repr(exc))
             self.stop.wait(0.2)
 
 
@@ -419,7 +427,7 @@ def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack
         assert reader_s < 20, f"the normal reader had every event {reader_s:.1f}s after the send"
         assert other_s < 3, f"another session's turn took {other_s:.1f}s"
         bad = [h for h in sampler.health if h != 200]
-        assert not bad, f"/healthz answered {bad} ({len(bad)} of {len(sampler.health)})"
+        assert not bad, f"/healthz answered {bad} ({len(bad)} of {len(sampler.health)}): {sampler.unhealthy}"
         peak = max(sampler.rss) / 2**20
         measured("streams.gateway_rss_peak_mb", peak)
         assert peak < base_rss + 200, f"the gateway's RSS reached {peak:.0f} MB (from {base_rss:.0f} MB)"
