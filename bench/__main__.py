@@ -309,7 +309,7 @@ def main() -> int:
         path, md = report.write(run.res, HERE / "results", HERE / "RESULTS.md" if full else None,
                                 partial=not full)
         if against is not None:
-            run.res["comparison"] = cmp = compare.compare(run.res["rows"], against[1], against[0])
+            run.res["comparison"] = cmp = compare.compare(run.res["rows"], against[1], against[0], run.res)
             path.write_text(json.dumps(run.res, indent=1, default=str) + "\n")
             md += "\n" + "\n".join(compare.markdown(cmp))
         print(md)

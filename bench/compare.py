@@ -4,8 +4,13 @@ Every figure is matched by section and name. A ratio is value / floor (for a thr
 value), so larger is worse on every row but the peer's, where the ratio is ours / theirs and
 whether larger is worse depends on the unit (a rate: better; a time, CPU or memory: worse). A row
 whose ratio grew by more than :data:`GREW` is a regression and listed first; so is a row of a
-figure the other run had that this one lost (a phase that failed). Ratios compare across
-machines and load, values do not: the floors are measured in the same run.
+figure the other run had that this one lost (a phase that failed). Values do not compare across
+machines, ratios do better (the floors are measured in the same run) but not fully: the floors
+are mostly the servers' and the kernel's work, ours mostly Python's, and a machine slower at
+running Python moves our ratios with no change of ours (from an Intel Xeon to an AMD EPYC host:
+1.12x -> 1.71x CPU per turn at S=100 for the same code). So the comparison first says whether
+the machine differs, and how the interpreter's floor (``python``: the same pure-Python work per
+op) moved: with it, a regression can be told from a slower interpreter.
 """
 
 from __future__ import annotations
@@ -47,7 +52,27 @@ def _worse(row: dict[str, Any], before: float, now: float) -> float:
     return change
 
 
-def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str) -> dict[str, Any]:
+def machine(now: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """The two runs' machines (CPU model, cores) and the interpreter's floor (CPU µs per op of
+    the ``python`` floor) in each; ``python_change`` is now / then - 1 (positive: slower here)."""
+    def cpu(res: dict[str, Any]) -> str:
+        m = res.get("meta") or {}
+        return f"{m.get('cpu', '?')} x {m.get('cores', '?')}"
+
+    def py(res: dict[str, Any]) -> float | None:
+        v = ((res.get("floors") or {}).get("python") or {}).get("client_cpu_us")
+        return float(v) if isinstance(v, (int, float)) else None
+
+    p_now, p_then = py(now), py(then)
+    return {"now": cpu(now), "then": cpu(then), "same": cpu(now) == cpu(then),
+            "python_us_now": p_now, "python_us_then": p_then,
+            "python_change": round(p_now / p_then - 1, 3) if p_now and p_then else None}
+
+
+def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str,
+            res: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This run's ``rows`` against ``other`` (a result loaded by :func:`load`); ``res``, this
+    run's whole result, for the machine note."""
     before = {(r["section"], r["figure"]): r for r in other.get("rows") or []}
     lines: list[dict[str, Any]] = []
     for r in rows:
@@ -66,8 +91,8 @@ def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str) -> dic
     lost = [{"section": s, "figure": f, "ratio": None, "before": b.get("ratio"), "change": None, "regressed": True}
             for (s, f), b in before.items() if s in measured and isinstance(b.get("ratio"), (int, float))]
     skipped = sorted({s for s, _ in before} - measured)
-    return {"against": name, "threshold": GREW, "rows": lines, "lost": lost, "not_measured": skipped,
-            "regressions": [x for x in lines if x["regressed"]] + lost}
+    return {"against": name, "threshold": GREW, "machine": machine(res or {}, other), "rows": lines, "lost": lost,
+            "not_measured": skipped, "regressions": [x for x in lines if x["regressed"]] + lost}
 
 
 def markdown(cmp: dict[str, Any]) -> list[str]:
@@ -75,9 +100,17 @@ def markdown(cmp: dict[str, Any]) -> list[str]:
         return "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
 
     regs = cmp["regressions"]
-    out = [f"## Against {cmp['against']}", "",
-           (f"**{len(regs)} ratio(s) grew by more than {int(cmp['threshold'] * 100)}%** (worse):" if regs else
-            f"No ratio grew by more than {int(cmp['threshold'] * 100)}%."), ""]
+    out = [f"## Against {cmp['against']}", ""]
+    m = cmp.get("machine")
+    if m:
+        py = ("the interpreter's floor (`python`) was not measured in both runs" if m["python_change"] is None else
+              f"the interpreter's floor (`python`) {fmt(m['python_us_then'])} -> {fmt(m['python_us_now'])} µs/op "
+              f"({m['python_change'] * 100:+.0f}%)")
+        out += [(f"Same machine ({m['now']}); " if m["same"] else
+                 f"**A different machine**: {m['then']} then, {m['now']} now; ratios of our Python-heavy work move "
+                 f"with the interpreter's speed, the servers' floors less; ") + py + ".", ""]
+    out += [(f"**{len(regs)} ratio(s) grew by more than {int(cmp['threshold'] * 100)}%** (worse):" if regs else
+             f"No ratio grew by more than {int(cmp['threshold'] * 100)}%."), ""]
     for x in regs:
         what = "gone from this run" if x["ratio"] is None else f"{fmt(x['before'])} -> {fmt(x['ratio'])} " \
                                                                f"({x['change'] * 100:+.0f}% worse)"

@@ -78,6 +78,7 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
             ("http_post", ap, {"port": port}),
             ("http_post_httpx", ap, {"port": port}),
             ("send_chain", {**ap, **rp, "redis-server": sp["redis-server"]}, {"port": port}),
+            ("python", {}, {}),
         ]
         for kind, procs, kw in plan:
             t0 = time.perf_counter()

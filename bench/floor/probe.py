@@ -153,7 +153,28 @@ async def http_post_httpx(a: argparse.Namespace) -> dict[str, Any]:
         return await timed(a.n, a.warmup, op)
 
 
-KINDS = {"nats_rr": nats_rr, "js_publish": js_publish, "redis_cas": redis_cas, "redis_cas_raw": redis_cas_raw,
+SAMPLE_EVENT = {"seq": 41, "ts": 1764800000000, "sid": "s_1m90cgmatk3fgjygx1jr5", "turn_id": "t_1m90cgmtpz0gf047rxpwz",
+                "type": "tool.call", "call_id": "call_038689a7cc9a", "name": "list_dir", "args": {"path": "d1"}}
+"""A typical event of a turn (a tool call), as the services record and read it."""
+
+
+async def python(a: argparse.Namespace) -> dict[str, Any]:
+    """The interpreter's floor, no server: what the services' Python does for one event, in one
+    process (the event validated against the events union, dumped to JSON, parsed back, and one
+    pass through the event loop). Its CPU per op moves with the machine's speed at running
+    Python, which the servers' floors do not measure: compared across machines, it tells how much
+    of a change in our ratios is the interpreter's (bench/compare.py)."""
+    from coxswain import events
+
+    async def op(i: int) -> None:
+        ev = events.EVENT.validate_python(SAMPLE_EVENT)
+        json.loads(events.EVENT.dump_json(ev))
+        await asyncio.sleep(0)
+
+    return await timed(a.n, a.warmup, op)
+
+
+KINDS = {"python": python, "nats_rr": nats_rr, "js_publish": js_publish, "redis_cas": redis_cas, "redis_cas_raw": redis_cas_raw,
          "http_post": http_post, "http_post_httpx": http_post_httpx, "send_chain": send_chain}
 
 

@@ -88,3 +88,22 @@ def test_the_send_row_against_the_chained_floor_is_there_only_when_that_floor_wa
     assert (p50["value"], p50["floor"], p50["ratio"]) == (3.0, 1.5, 2.0)
     summed = next(r for r in with_chain if r["figure"] == "POST -> 202 (turn started) p50")
     assert summed["floor"] == 0.75  # the sum of the parts stays as it was: runs compare across commits
+
+
+def test_a_different_machine_is_named_with_how_the_interpreters_floor_moved() -> None:
+    def result(cpu: str, py_us: float | None) -> dict[str, object]:
+        floors = {"python": {"ms": {"p50": 0.02}, "client_cpu_us": py_us}} if py_us is not None else {}
+        return {"meta": {"cpu": cpu, "cores": 2}, "floors": floors, "rows": [row("send", "p50", 2.0)]}
+
+    then = result("Intel(R) Xeon(R) Processor", 20.0)
+    moved = compare.compare([row("send", "p50", 3.0)], then, "then.json", result("AMD EPYC", 30.0))
+    assert moved["machine"] == {"now": "AMD EPYC x 2", "then": "Intel(R) Xeon(R) Processor x 2", "same": False,
+                                "python_us_now": 30.0, "python_us_then": 20.0, "python_change": 0.5}
+    text = "\n".join(compare.markdown(moved))
+    assert "**A different machine**" in text and "20 -> 30 µs/op (+50%)" in text
+    assert moved["rows"][0]["regressed"]  # still listed: the note explains, it does not excuse
+
+    same = compare.compare([row("send", "p50", 2.0)], then, "then.json", result("Intel(R) Xeon(R) Processor", None))
+    assert same["machine"]["same"] and same["machine"]["python_change"] is None
+    text = "\n".join(compare.markdown(same))
+    assert text.count("Same machine (Intel(R) Xeon(R) Processor x 2)") == 1 and "was not measured in both runs" in text
