@@ -30,14 +30,16 @@ from tests.support.stack import Api, Stack, stack_fixture
 TESTS = Path(__file__).resolve().parent
 TIERS = ("fast", "redis", "stack", "console", "faults", "cluster", "containers")
 SKIPS = TESTS / "skips.toml"
-SLOWEST_FIRST = ("stack/test_cox_sweep.py", "stack/test_mcp.py", "stack/test_state_machine.py",
-                 "console/test_console_trust.py", "stack/test_webhooks.py", "stack/test_acp.py",
-                 "console/test_console.py", "console/test_console_review.py", "stack/test_openapi.py",
-                 "stack/test_archive.py", "stack/test_sandbox_root.py", "stack/test_programs.py")
-"""The parallel lane's longest files (CI's ``.venv/parallel-lane.xml``, 50-90 s of worker time
-each), collected first: ``--dist loadfile`` hands files out in collection order, and a long
-file handed out last keeps one worker busy while the others wait (the lane's workers were
-~11% idle). The rest keep their order."""
+SLOWEST_FIRST = ("console/test_console_trust.py", "stack/test_state_machine.py", "stack/test_mcp.py",
+                 "stack/test_attachments.py", "stack/test_server_auth.py", "stack/test_sandbox_root.py",
+                 "console/test_console_review.py", "stack/test_egress.py", "stack/test_loop.py",
+                 "stack/test_compaction.py", "stack/test_acp.py", "stack/test_webhooks.py",
+                 "stack/test_cox_sweep.py", "stack/test_openapi.py", "stack/test_chat.py")
+"""The parallel lane's longest files (CI's ``.venv/parallel-lane.xml``: 46-294 s of worker time
+each on a 2-core host), collected first: ``--dist loadfile --no-loadscope-reorder`` hands files
+out in collection order, and a long file handed out last keeps one worker busy while the others
+wait. (Without ``--no-loadscope-reorder`` xdist hands them out by their count of tests instead,
+and this order is not used.) The rest keep their order."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
