@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,26 @@ import psutil
 from cox.servers import free_port
 from coxswain.proc import terminate_tree
 
-from .stack import Api
+from .stack import Api, default_lease_ms
 
 TOKEN = "client-test-token"
+
+
+def bulk_lease(config: str) -> str:
+    """``config`` with, in CI's parallel lane (``COX_TEST_BULK``), the 60 s lease its other stacks
+    hold (:func:`.stack.default_lease_ms`) unless it names one. cox up gives its services their
+    settings from the config file only (no ``COX_`` variable reaches them); at its own 5 s a
+    runner starved for CPU there missed its renewals, and a console test's pending approval ended
+    with its turn, taken over as crashed."""
+    if not os.environ.get("COX_TEST_BULK"):
+        return config
+    runner = tomllib.loads(config).get("runner", {})
+    if "lease_ms" in runner:
+        return config
+    line = f"lease_ms = {default_lease_ms()}"
+    if "runner" in tomllib.loads(config):
+        return re.sub(r"^\[runner\][ \t]*$", lambda m: m.group(0) + "\n" + line, config, count=1, flags=re.M)
+    return config + f"\n[runner]\n{line}\n"
 
 
 class CoxUp:
@@ -38,7 +57,7 @@ class CoxUp:
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = TOKEN
         self.config = tmp / "coxswain.toml"
-        self.config.write_text(config)
+        self.config.write_text(bulk_lease(config))
         self.runners = runners
         self.lines: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
