@@ -170,3 +170,22 @@ def test_context_windows_by_model() -> None:
     assert (m.window("script"), m.window("a"), m.window("b"), m.window("c"), m.window("zz")) == \
         (4000, 1234, None, 4000, None)
     assert ModelConfig().script.context_window == 200_000
+
+
+def test_the_kept_estimates_equal_the_whole_estimate_as_the_history_grows_is_extended_and_is_replaced() -> None:
+    est = compaction.Estimates()
+    msgs: list[Any] = [ModelRequest(parts=[UserPromptPart("do it")])]
+    for i in range(60):
+        msgs.append(ModelResponse(parts=[ToolCallPart("write_file", {"path": f"f{i}", "content": "x" * (40 * i)},
+                                                      tool_call_id=f"c{i}")]))
+        msgs.append(ModelRequest(parts=[ToolReturnPart("write_file", f"wrote {i}", tool_call_id=f"c{i}")]))
+        assert est(msgs, "be brief") == compaction.estimate(msgs, "be brief")
+    # A message extended in place (one more part) is counted again, not taken from what was kept.
+    msgs[-1].parts.append(UserPromptPart("LEAD: use tabs " * 50))
+    assert est(msgs) == compaction.estimate(msgs)
+    # A compaction replaces most of the history (121 messages -> 5): what was kept of the old
+    # ones is let go, the rest stays.
+    fresh: list[Any] = [ModelRequest(parts=[UserPromptPart("summary " * 100)]), *msgs[-4:]]
+    assert est(fresh) == compaction.estimate(fresh)
+    assert set(est._kept) == {id(m) for m in fresh}
+    assert est(fresh) == compaction.estimate(fresh)

@@ -117,6 +117,31 @@ def estimate(messages: list[ModelMessage], instructions: str = "") -> int:
     return sum(message_tokens(m) for m in messages) + text_tokens(instructions) + TOOLS_TOKENS
 
 
+class Estimates:
+    """:func:`estimate` for a history estimated again before every request: each message's
+    count is kept while that message object is in it (with its number of parts, in case one is
+    extended), so a request costs the messages added since the last one, not the whole history.
+    Estimating all of it each time serialized every tool call's arguments again: 3.4 ms a request
+    at 400 messages of file writes, on the event loop, growing with the session."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[ModelMessage, int, int]] = {}
+
+    def message(self, m: ModelMessage) -> int:
+        hit = self._kept.get(id(m))
+        if hit is not None and hit[0] is m and hit[1] == len(m.parts):
+            return hit[2]
+        n = message_tokens(m)
+        self._kept[id(m)] = (m, len(m.parts), n)
+        return n
+
+    def __call__(self, messages: list[ModelMessage], instructions: str = "") -> int:
+        if len(self._kept) > 2 * len(messages) + 64:  # a compaction replaced most of them
+            now = {id(m) for m in messages}
+            self._kept = {k: v for k, v in self._kept.items() if k in now}
+        return sum(self.message(m) for m in messages) + text_tokens(instructions) + TOOLS_TOKENS
+
+
 # ---------------------------------------------------------------- the rewrite (pure)
 
 
@@ -385,6 +410,7 @@ class Compactor:
     """(budget tokens, transcript length) when the last request went out."""
     pre_compact: Callable[[str], Any] | None = None
     """The turn's PreCompact hooks (``cox_runner.hooks``), told before a compaction."""
+    _estimates: Estimates = field(default_factory=Estimates, init=False)
 
     def window(self) -> int | None:
         window: int | None = self.deps.models.window(self.turn.model)
@@ -395,12 +421,12 @@ class Compactor:
         and its response plus an estimate of what was added since, never below the estimate of
         the whole request."""
         b = self.rec.history
-        whole = estimate(b.messages, self.instructions())
+        whole = self._estimates(b.messages, self.instructions())
         if self._mark is None or self._mark[1] > len(b.messages):
             return whole
         tokens, length = self._mark
         reported = self.budget.tokens - tokens
-        added = sum(message_tokens(m) for m in b.messages[length:])
+        added = sum(self._estimates.message(m) for m in b.messages[length:])
         return max(whole, reported + added)
 
     async def before_request(self) -> None:
