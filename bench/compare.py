@@ -32,14 +32,24 @@ def is_peer(section: str) -> bool:
 
 
 def last_committed(results: Path = HERE / "results") -> Path | None:
-    """The newest full run committed to git (``<date>.json``, no suffix)."""
+    """The full run (``<date>.json``, no suffix) most recently committed to git: by the commit
+    that added it, not by its name, since a VM's clock can jump back between runs (a run committed
+    last was once named hours before the one it followed). Outside git: the newest by name."""
+    def full(paths: list[str]) -> list[str]:
+        return [p for p in paths if p.endswith(".json") and "-" not in Path(p).stem]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=results, capture_output=True, text=True, check=True).stdout
+
     try:
-        out = subprocess.run(["git", "ls-files", str(results)], cwd=HERE.parent, capture_output=True, text=True,
-                             check=True).stdout.split()
+        top = Path(git("rev-parse", "--show-toplevel").strip())
+        added = git("log", "--diff-filter=A", "--format=", "--name-only", "--", ".").split()  # paths from top
+        tracked = set(git("ls-files", "--full-name", ".").split())
     except (OSError, subprocess.CalledProcessError):
-        out = [str(p.relative_to(HERE.parent)) for p in results.glob("*.json")]
-    full = sorted(p for p in out if p.endswith(".json") and "-" not in Path(p).stem)
-    return HERE.parent / full[-1] if full else None
+        names = sorted(full([p.name for p in results.glob("*.json")]))
+        return results / names[-1] if names else None
+    newest = next((p for p in full(added) if p in tracked), None)  # newest commit first; still in the tree
+    return top / newest if newest else None
 
 
 def _worse(row: dict[str, Any], before: float, now: float) -> float:

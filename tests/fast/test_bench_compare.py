@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,26 @@ def test_a_different_machine_is_named_with_how_the_interpreters_floor_moved() ->
     assert same["machine"]["same"] and same["machine"]["python_change"] is None
     text = "\n".join(compare.markdown(same))
     assert text.count("Same machine (Intel(R) Xeon(R) Processor x 2)") == 1 and "was not measured in both runs" in text
+
+
+def test_the_last_committed_run_is_the_one_committed_last_whatever_its_name(tmp_path: Path) -> None:
+    """A VM's clock jumped back between two runs: the run committed last was named hours before
+    the one it followed, and ``--compare`` set this run beside the older one."""
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    git("init", "-q")
+    for name in ("20261204T114807.json", "20261204T110930-only.json", "20261204T114034.json"):
+        (results / name).write_text("{}")
+        git("add", ".")
+        git("commit", "-qm", name)
+    assert compare.last_committed(results) == tmp_path / "bench" / "results" / "20261204T114034.json"
+    (results / "20261205T000000.json").write_text("{}")  # not committed: not a committed run
+    assert compare.last_committed(results) == tmp_path / "bench" / "results" / "20261204T114034.json"
+    git("rm", "-q", "bench/results/20261204T114034.json")
+    git("commit", "-qm", "gone")
+    assert compare.last_committed(results) == tmp_path / "bench" / "results" / "20261204T114807.json"
