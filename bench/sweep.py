@@ -16,10 +16,11 @@ throughput that breaks FIFO or no-overlap counts as zero.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,26 @@ async def warm_up(stack: Stack, pool: Pool, text: Callable[[int], str], answer: 
         log(f"  warm-up load failed: {exc!r}")
 
 
+@contextlib.asynccontextmanager
+async def warmed(where: Path, runners: int, text: Callable[[int], str], answer: Callable[[int], str] | None,
+                 log: Any, kind: str = "single") -> AsyncIterator[tuple[Stack, Pool]]:
+    """A fresh stack (its own servers of ``kind``, ``runners`` runners) and a pool of 32
+    connections to it, warmed by :func:`warm_up` with ``text``'s script; everything stopped after."""
+    servers = Servers(where, kind).start()
+    stack = Stack(where, servers, runners)
+    try:
+        stack.start()
+        pool = Pool(stack.port, stack.token, size=32)
+        try:
+            await warm_up(stack, pool, text, answer, log)
+            yield stack, pool
+        finally:
+            pool.close()
+    finally:
+        stack.stop()
+        servers.stop()
+
+
 def ideal(n_sessions: int, messages: int, delay_ms: int, cpu_floor_ms: float) -> dict[str, float]:
     """The most the floor allows: every session's turns back to back with only the model's time
     between them, all sessions at once, capped by the machine's cores at the floor's CPU per turn.
@@ -243,43 +264,31 @@ async def sweep(tmp: Path, sessions: tuple[int, ...], runners: tuple[int, ...], 
         return f"turn {j} done"
 
     for kind, n_runners in [(k, n) for k in kinds for n in runners]:
-        where = tmp / f"sweep-{kind}-r{n_runners}"
-        servers = Servers(where, kind).start()
-        stack = Stack(where, servers, n_runners)
-        try:
-            stack.start()
-            pool = Pool(stack.port, stack.token, size=32)
-            try:
-                await warm_up(stack, pool, text, answer, log)
-                for s in sessions:
-                    t0 = time.perf_counter()
-                    try:
-                        r = await load(stack, pool, s, messages, text, timeout, workspace=f"sweep{s}", answer=answer,
-                                       rounds=rounds_for(s, messages))
-                    except Exception as exc:  # noqa: BLE001 - a failed point is reported, the sweep goes on
-                        r = {"sessions": s, "error": repr(exc), "turns_per_s_counted": 0.0}
-                    r["runners"] = n_runners
-                    r["servers"] = kind
-                    if kind == "cluster":
-                        r["clustered"] = {"nats": servers.nats_clustered, "redis": servers.redis_clustered}
-                    if "error" not in r:
-                        ide = ideal(s, messages, delay_ms, cpu_floor_per_turn_ms(r["events_per_turn"]))
-                        r["ideal"] = ide
-                        r["ratio"] = {
-                            "turns_per_s": ratio(ide["turns_per_s"], r["turns_per_s_counted"] or None),
-                            "queue_wait_p99": ratio(r["queue_wait_ms"].get("p99"), ide["queue_wait_p99_ms"]),
-                            "cpu_per_turn": ratio(r["cpu_ms_per_turn"], cpu_floor_per_turn_ms(r["events_per_turn"])),
-                        }
-                        r["cpu_floor_ms_per_turn"] = round(cpu_floor_per_turn_ms(r["events_per_turn"]), 3)
-                    out.append(r)
-                    log(f"  sweep {kind} runners={n_runners} S={s}: {r.get('turns_per_s', '-')} turns/s "
-                        f"(counted {r.get('turns_per_s_counted')}), p99 wait {r.get('queue_wait_ms', {}).get('p99')} ms, "
-                        f"verdict {r.get('verdict', {}).get('ok')} ({time.perf_counter() - t0:.0f}s)")
-            finally:
-                pool.close()
-        finally:
-            stack.stop()
-            servers.stop()
+        async with warmed(tmp / f"sweep-{kind}-r{n_runners}", n_runners, text, answer, log, kind) as (stack, pool):
+            for s in sessions:
+                t0 = time.perf_counter()
+                try:
+                    r = await load(stack, pool, s, messages, text, timeout, workspace=f"sweep{s}", answer=answer,
+                                   rounds=rounds_for(s, messages))
+                except Exception as exc:  # noqa: BLE001 - a failed point is reported, the sweep goes on
+                    r = {"sessions": s, "error": repr(exc), "turns_per_s_counted": 0.0}
+                r["runners"] = n_runners
+                r["servers"] = kind
+                if kind == "cluster":
+                    r["clustered"] = {"nats": stack.servers.nats_clustered, "redis": stack.servers.redis_clustered}
+                if "error" not in r:
+                    ide = ideal(s, messages, delay_ms, cpu_floor_per_turn_ms(r["events_per_turn"]))
+                    r["ideal"] = ide
+                    r["ratio"] = {
+                        "turns_per_s": ratio(ide["turns_per_s"], r["turns_per_s_counted"] or None),
+                        "queue_wait_p99": ratio(r["queue_wait_ms"].get("p99"), ide["queue_wait_p99_ms"]),
+                        "cpu_per_turn": ratio(r["cpu_ms_per_turn"], cpu_floor_per_turn_ms(r["events_per_turn"])),
+                    }
+                    r["cpu_floor_ms_per_turn"] = round(cpu_floor_per_turn_ms(r["events_per_turn"]), 3)
+                out.append(r)
+                log(f"  sweep {kind} runners={n_runners} S={s}: {r.get('turns_per_s', '-')} turns/s "
+                    f"(counted {r.get('turns_per_s_counted')}), p99 wait {r.get('queue_wait_ms', {}).get('p99')} ms, "
+                    f"verdict {r.get('verdict', {}).get('ok')} ({time.perf_counter() - t0:.0f}s)")
     return out
 
 

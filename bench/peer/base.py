@@ -213,19 +213,17 @@ async def measure(peer: Peer, tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"versions": versions(bin_dir, peer.dists), "queue": []}
     srv = await peer.server(tmp, bin_dir, c).start()
     try:
-        # Not measured: the server's first runs pay one-time costs, as ours do (``sweep.warm_up``).
-        drv = peer.driver(Pool(srv.port, size=32, timeout=TIMEOUT_S))
-        try:
-            await queue_load(drv, WARMUP_SESSIONS, srv.procs())
-        finally:
-            drv.pool.close()
-        for n in c.peer_threads:
+        # The first load is not measured: the server's first runs pay one-time costs, as ours do
+        # (``sweep.warm_up``).
+        for n, measured in [(WARMUP_SESSIONS, False), *((n, True) for n in c.peer_threads)]:
             drv = peer.driver(Pool(srv.port, size=32, timeout=TIMEOUT_S))
             try:
-                out["queue"].append(await queue_load(drv, n, srv.procs()))
+                r = await queue_load(drv, n, srv.procs())
             finally:
                 drv.pool.close()
-            log(f"  peer {peer.name} S={n}: {out['queue'][-1]['runs_per_s']} runs/s")
+            if measured:
+                out["queue"].append(r)
+                log(f"  peer {peer.name} S={n}: {r['runs_per_s']} runs/s")
         drv = peer.driver(Pool(srv.port, size=4, timeout=TIMEOUT_S))
         try:
             out["interrupt"] = await interrupt_load(drv, c.peer_steer_n)

@@ -19,9 +19,9 @@ from typing import Any
 from .. import session, verdict
 from ..client import Pool, Watch
 from ..profiles import Counts
-from ..stack import Servers, Stack
+from ..stack import Stack
 from ..stats import summary
-from ..sweep import load, warm_up
+from ..sweep import load, warmed
 from .base import LONG_ROUNDS, MESSAGES, TIMEOUT_S
 
 
@@ -66,22 +66,11 @@ async def steer(stack: Stack, pool: Pool, n: int) -> dict[str, Any]:
 
 async def measure(tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"queue": []}
-    servers = Servers(tmp / "peer-ours").start()
-    stack = Stack(tmp / "peer-ours", servers, runners=2)
-    try:
-        stack.start()
-        pool = Pool(stack.port, stack.token, size=32)
-        try:
-            await warm_up(stack, pool, lambda j: script_3x5(), lambda j: "done", log)
-            for n in c.peer_threads:
-                r = await load(stack, pool, n, MESSAGES, lambda j: script_3x5(), TIMEOUT_S * 3, workspace=f"peer{n}",
-                               answer=lambda j: "done")
-                out["queue"].append(r)
-                log(f"  peer ours S={n}: {r['turns_per_s']} turns/s")
-            out["steer"] = await steer(stack, pool, c.peer_steer_n)
-        finally:
-            pool.close()
-    finally:
-        stack.stop()
-        servers.stop()
+    async with warmed(tmp / "peer-ours", 2, lambda j: script_3x5(), lambda j: "done", log) as (stack, pool):
+        for n in c.peer_threads:
+            r = await load(stack, pool, n, MESSAGES, lambda j: script_3x5(), TIMEOUT_S * 3, workspace=f"peer{n}",
+                           answer=lambda j: "done")
+            out["queue"].append(r)
+            log(f"  peer ours S={n}: {r['turns_per_s']} turns/s")
+        out["steer"] = await steer(stack, pool, c.peer_steer_n)
     return out
