@@ -39,11 +39,11 @@ def bulk_lease(config: str) -> str:
     with its turn, taken over as crashed."""
     if not os.environ.get("COX_TEST_BULK"):
         return config
-    runner = tomllib.loads(config).get("runner", {})
-    if "lease_ms" in runner:
+    parsed = tomllib.loads(config)
+    if "lease_ms" in parsed.get("runner", {}):
         return config
     line = f"lease_ms = {default_lease_ms()}"
-    if "runner" in tomllib.loads(config):
+    if "runner" in parsed:
         return re.sub(r"^\[runner\][ \t]*$", lambda m: m.group(0) + "\n" + line, config, count=1, flags=re.M)
     return config + f"\n[runner]\n{line}\n"
 
