@@ -17,7 +17,8 @@
   restart fails). The services reconnect by themselves.
 - ``--cluster``: a Redis Cluster (3 masters + 3 replicas) and a 3-node NATS cluster instead
   (``--redis-cluster``, ``--nats-cluster`` for one of them); each node watched the same way.
-- ``ready: http://127.0.0.1:PORT`` once ``/healthz`` says every service answers over NATS.
+- ``ready: http://127.0.0.1:PORT`` once ``/healthz`` says every service answers over NATS; if it
+  does not within ``--ready-timeout`` (60 s), exit 1 with what ``/healthz`` said last.
 - SIGTERM/SIGINT stops every child it started, then the servers; children also carry
   ``PR_SET_PDEATHSIG`` so even a SIGKILL of ``cox up`` leaves no orphans.
 - The state folder is its owner's only: 0700 folders and 0600 files (the servers run with umask
@@ -40,6 +41,7 @@ import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +173,9 @@ def build_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--credentials", default=None, metavar="FILE",
                    help="per-service users for the servers in NATS_URL/REDIS_URL (JSON, as .cox/credentials.json)")
     p.add_argument("--no-demo", action="store_true", help="do not create the demo workspace and session")
+    p.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S, metavar="SECONDS",
+                   help=f"give up when /healthz is not ok this long after the services start "
+                        f"(default {READY_TIMEOUT_S:g}; more on a slow or busy machine)")
     p.add_argument("--redis-cluster", action="store_true",
                    help="run Redis as a local cluster of 3 masters + 3 replicas (fresh at each start) and "
                         "acknowledge only what a replica holds ([redis] cluster, wait_replicas = 1)")
@@ -184,6 +189,9 @@ def build_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.runners < 1 or args.runners > 64:
         print("cox up: --runners must be between 1 and 64", file=sys.stderr)
+        return 2
+    if not 0 < args.ready_timeout <= 3600:
+        print("cox up: --ready-timeout must be more than 0 and at most 3600 seconds", file=sys.stderr)
         return 2
     state = Path(args.state).resolve()
     try:
@@ -340,11 +348,12 @@ async def _up(args: argparse.Namespace, state: Path, config: str | None, token: 
             await _start(c, forks)
 
         base = f"http://127.0.0.1:{port}"
-        ready = await _wait_ready(base, children, servers, stop, forks)
+        ready, last = await _wait_ready(base, children, servers, stop, forks, args.ready_timeout)
         if not ready:
             if not stop.is_set():
-                say("not_ready", logs=str(state / "logs"))
-                print(f"cox up: the services did not become ready; see {state / 'logs'}", file=sys.stderr)
+                say("not_ready", logs=str(state / "logs"), waited_s=args.ready_timeout, healthz=last)
+                print(f"cox up: the services did not become ready within {args.ready_timeout:g} s "
+                      f"(/healthz: {last}); see {state / 'logs'}", file=sys.stderr)
                 code = 1
             return code
         sid = None
@@ -407,8 +416,10 @@ async def _cluster(name: str, kind: type[RedisClusterServer] | type[NatsCluster]
 
 
 async def _wait_ready(base: str, children: list[Child], servers: list[Watched], stop: asyncio.Event,
-                      forks: forkserver.ForkServer | None) -> bool:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+                      forks: forkserver.ForkServer | None, timeout: float) -> tuple[bool, str]:
+    """Whether ``/healthz`` said ok within ``timeout``, and what it said last (for the reason why not)."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
     while time.monotonic() < deadline and not stop.is_set():
         for w in servers:
             w.check()
@@ -417,19 +428,28 @@ async def _wait_ready(base: str, children: list[Child], servers: list[Watched], 
                 _restart_later(c)
             if c.proc is None and time.monotonic() >= c.next_start:
                 await _start(c, forks)
-        if await asyncio.to_thread(_healthy, base):
-            return True
+        ok, last = await asyncio.to_thread(_healthy, base)
+        if ok:
+            return True, last
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.2)
-    return False
+    return False, last
 
 
-def _healthy(base: str) -> bool:
+def _healthy(base: str) -> tuple[bool, str]:
+    """Whether ``/healthz`` answers 200, and a short account of its answer: the services not ok, or the error."""
     try:
         with urllib.request.urlopen(base + "/healthz", timeout=3) as r:
-            return bool(r.status == 200)
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
+            return bool(r.status == 200), "ok"
+    except urllib.error.HTTPError as exc:  # 503: which services did not answer, and why
+        try:
+            services = json.loads(exc.read()).get("services", {})
+            down = {k: v.get("detail", "") for k, v in services.items() if not v.get("ok")}
+            return False, f"{exc.code} {json.dumps(down)[:300]}"
+        except Exception:  # noqa: BLE001 - a body that is not ours
+            return False, f"{exc.code}"
+    except Exception as exc:  # noqa: BLE001 - not up yet
+        return False, type(exc).__name__
 
 
 def _restart_later(c: Child) -> None:

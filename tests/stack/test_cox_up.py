@@ -114,6 +114,40 @@ def test_cox_up_refuses_a_missing_config(tmp_path: Path) -> None:
     assert "config file not found" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "3601"])
+def test_cox_up_refuses_a_ready_timeout_out_of_range(tmp_path: Path, value: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "cox", "up", f"--ready-timeout={value}", "--no-demo"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "--ready-timeout must be more than 0 and at most 3600 seconds" in r.stderr
+    assert not (tmp_path / ".cox").exists(), "nothing started, nothing written"
+
+
+def test_cox_up_not_ready_in_time_exits_1_says_what_healthz_said_and_leaves_nothing(tmp_path: Path) -> None:
+    # 10 ms after the forks: the gateway cannot be listening yet, let alone have every service answer.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_URL", "REDIS_URL"))}
+    proc = subprocess.Popen([sys.executable, "-m", "cox", "up", "--port", str(free_port()), "--no-demo",
+                             "--ready-timeout=0.01"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    family = [proc.pid]
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert "ready:" not in out
+    assert "did not become ready within 0.01 s (/healthz: " in err
+    said = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    nr = [r for r in said if r["event"] == "not_ready"]
+    assert len(nr) == 1 and nr[0]["waited_s"] == 0.01 and nr[0]["healthz"], nr
+    assert nr[0]["logs"] == str(tmp_path / ".cox" / "logs")
+    alive = [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(tmp_path) in " ".join(p.info["cmdline"] or [])], "a child of it left running"
+
+
 @pytest.mark.cluster
 def test_cox_up_cluster_runs_a_turn_on_clustered_redis_and_nats_and_stops_cleanly(tmp_path: Path) -> None:
     """``cox up --cluster``: the whole system on a Redis Cluster (3 + 3) and a 3-node NATS cluster."""

@@ -34,6 +34,9 @@ from tests.support.stack import Api, Stack, script, tool
 TINY = MCP_SERVERS / "tiny.py"
 TINY_TOOLS = ["tiny__die", "tiny__echo", "tiny__slow", "tiny__write"]
 WEB_TOOLS = ["web__die", "web__echo", "web__slow", "web__write"]
+FIRST_CALL_S = 150.0
+"""A session's first call waits for its servers' start (start_timeout_s = 120 here: the stdio server
+imports the mcp package in the sandbox, seconds of CPU on a starved CI host)."""
 
 
 class CannedJudge:
@@ -129,7 +132,7 @@ actions = 2
 kind = "model"
 model = "judge-canned"
 approve_threshold = 0.8
-timeout_s = 5
+timeout_s = 30
 
 [[model.providers]]
 name = "judge-canned"
@@ -152,10 +155,13 @@ name = "tiny"
 command = {json.dumps([sys.executable, str(TINY)])}
 read_only_tools = ["echo"]
 timeout_s = 60
+# its imports (the mcp package) in the sandbox, per session: seconds on a starved CI host
+start_timeout_s = 120
 
 [[mcp.servers]]
 name = "web"
 url = "{web}"
+start_timeout_s = 120
 
 [[mcp.servers]]
 name = "broken"
@@ -174,7 +180,7 @@ enabled = false
         s.stop()
 
 
-def turn_events(api: Api, sid: str, text: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+def turn_events(api: Api, sid: str, text: str, timeout: float = FIRST_CALL_S + 30) -> list[dict[str, Any]]:
     after = int(api.session(sid)["last_seq"])
     r = api.send(sid, text)
     assert r.status_code == 202, r.text
@@ -210,7 +216,7 @@ def test_the_session_object_shows_the_servers_ready_while_a_turn_runs(stack: Sta
     sid = s["id"]
     after = int(api.session(sid)["last_seq"])
     api.send(sid, script({"tools": [tool("tiny__slow", seconds=60)]}, {"text": "not reached"}))
-    api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=FIRST_CALL_S)
     shown = servers_of(api, sid)
     assert shown["tiny"]["state"] == "ready" and shown["tiny"]["tools"] == TINY_TOOLS
     assert shown["broken"]["state"] == "failed"
@@ -345,7 +351,7 @@ def test_stop_during_a_slow_call_ends_the_turn_promptly(stack: Stack, api: Api) 
     sid = s["id"]
     after = int(api.session(sid)["last_seq"])
     api.send(sid, script({"tools": [tool("tiny__slow", seconds=60)]}, {"text": "not reached"}))
-    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=FIRST_CALL_S)
     api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -366,7 +372,7 @@ def test_a_lead_saved_during_a_slow_call_applies_after_it(stack: Stack, api: Api
     after = int(api.session(sid)["last_seq"])
     api.send(sid, script({"tools": [tool("tiny__slow", seconds=2), tool("tiny__echo", text="skipped")]},
                          {"text": "not reached"}))
-    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow")
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=FIRST_CALL_S)
     api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
     r = api.http.post(f"/v1/sessions/{sid}/lead", json={"text": script({"text": "Lead after the call."})})
     assert r.status_code == 202, r.text
@@ -402,9 +408,9 @@ def test_a_server_killed_mid_turn_is_an_event_and_its_tools_are_withdrawn(stack:
         {"tools": [tool("tiny__echo", text="after the kill")]},
         {"text": "carried on"},
     ))
-    # The session's first turn starts its servers first (each bounded by start_timeout_s, 30 s):
-    # on a loaded machine the call comes later than the default 20 s wait.
-    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=60)
+    # The session's first turn starts its servers first (each bounded by start_timeout_s, 120 s here):
+    # on a loaded machine the call comes later than the default wait.
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=FIRST_CALL_S)
     api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
     procs = _servers_in(ws)
     assert procs, "the stdio server runs with the workspace as its folder"
@@ -499,9 +505,9 @@ def test_a_runner_that_dies_mid_call_takes_its_server_along_and_the_call_is_clos
     sid, ws = s["id"], Path(s["workspace"]).resolve()
     after = int(api.session(sid)["last_seq"])
     api.send(sid, script({"tools": [tool("tiny__slow", seconds=60)]}, {"text": "not reached"}))
-    # The session's first turn starts its servers first (each bounded by start_timeout_s, 30 s):
-    # on a loaded machine the call comes later than the default 20 s wait.
-    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=60)
+    # The session's first turn starts its servers first (each bounded by start_timeout_s, 120 s here):
+    # on a loaded machine the call comes later than the default wait.
+    call = api.wait_type(sid, "tool.call", after=after, name="tiny__slow", timeout=FIRST_CALL_S)
     api.wait_type(sid, "policy.decision", after=after, call_id=call["call_id"], verdict="allow")
     procs = _servers_in(ws)
     assert procs

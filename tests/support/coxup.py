@@ -29,6 +29,8 @@ from coxswain.proc import terminate_tree
 from .stack import Api, default_lease_ms
 
 TOKEN = "client-test-token"
+READY_BULK_S = 180.0
+"""cox up --ready-timeout in CI's parallel lane (COX_TEST_BULK), whose first stacks start beside the drills."""
 
 
 def bulk_lease(config: str) -> str:
@@ -65,13 +67,17 @@ class CoxUp:
         self.err_path = tmp / "cox-up.stderr"
         """cox up's own structured log lines (child.exited, server.restarted, ...)."""
 
-    def start(self, timeout: float = 90.0) -> CoxUp:
+    def start(self, timeout: float | None = None) -> CoxUp:
+        # CI's parallel lane starts its first stacks beside the drills and the image build on two cores:
+        # cox up's own 60 s for /healthz is not enough there (stop 39's CI), so it gets 180 s.
+        ready_s = READY_BULK_S if os.environ.get("COX_TEST_BULK") else 60.0
+        timeout = timeout if timeout is not None else ready_s + 30
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_URL", "REDIS_URL"))}
         with open(self.err_path, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cox", "up", "--port", str(self.port), f"--token={self.token}",
                  "--root", str(self.root), "--config", str(self.config), "--runners", str(self.runners),
-                 "--no-demo"],
+                 "--no-demo", f"--ready-timeout={ready_s:g}"],
                 cwd=self.tmp, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
             )
         self._pumping = threading.Thread(target=self._pump, daemon=True)
@@ -84,7 +90,7 @@ class CoxUp:
                 break
             time.sleep(0.05)
         logs = "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-1500:]}"
-                         for p in sorted((self.tmp / ".cox" / "logs").glob("*.log")))
+                         for p in [self.err_path, *sorted((self.tmp / ".cox" / "logs").glob("*.log"))] if p.exists())
         self.stop()
         raise RuntimeError(f"cox up was not ready within {timeout}s: {self.lines}\n{logs}")
 

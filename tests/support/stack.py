@@ -250,9 +250,11 @@ class Api:
                 return out
             out.extend(batch)
 
-    def wait_for(self, sid: str, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0,
+    def wait_for(self, sid: str, pred: Callable[[dict[str, Any]], bool], timeout: float | None = None,
                  after: int = 0) -> dict[str, Any]:
-        """The first event after ``after`` for which ``pred`` holds (fails after ``timeout``)."""
+        """The first event after ``after`` for which ``pred`` holds (fails after ``timeout``, default
+        ``WAIT_S``)."""
+        timeout = WAIT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
         seen = after
         while time.monotonic() < deadline:
@@ -263,11 +265,13 @@ class Api:
                     return ev
         raise AssertionError(f"no matching event within {timeout}s (last seq {seen})")
 
-    def wait_type(self, sid: str, type_: str, timeout: float = 20.0, after: int = 0, **match: Any) -> dict[str, Any]:
+    def wait_type(self, sid: str, type_: str, timeout: float | None = None, after: int = 0,
+                  **match: Any) -> dict[str, Any]:
         return self.wait_for(sid, lambda e: e["type"] == type_ and all(e.get(k) == v for k, v in match.items()),
                              timeout, after)
 
-    def wait_idle(self, sid: str, timeout: float = 20.0) -> dict[str, Any]:
+    def wait_idle(self, sid: str, timeout: float | None = None) -> dict[str, Any]:
+        timeout = WAIT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             s = self.session(sid)
@@ -308,6 +312,12 @@ def running(tmp: Path, **kw: Any) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+WAIT_S = 60.0 if os.environ.get("COX_TEST_BULK") else 20.0
+"""How long an event wait gives by default: 20 s, and 60 s in CI's parallel lane, whose stacks get a
+quarter of the drills' CPU weight on two cores (see ``default_lease_ms``). A wait ends at its event,
+so only a failure waits it out."""
 
 
 def default_lease_ms() -> int:
