@@ -110,24 +110,28 @@ class Webhook(consumers.Consuming):
                 await self._take(msg)
 
     async def _take(self, msg: Msg) -> None:
+        # A message of the stream holds one or more events, and an event a webhook can ask for
+        # always ends its message (eventlog): its last line is the only one to look at, and the
+        # message's stream seq names it (the delivery id).
+        body = msg.data.rsplit(b"\n", 1)[-1]
         try:
-            ev = json.loads(msg.data)
+            ev = json.loads(body)
             type_ = str(ev.get("type", "")) if isinstance(ev, dict) else ""
         except ValueError:
             type_ = ""
         if type_ not in self.events:
             await msg.ack()
             return
-        task = asyncio.create_task(self._deliver(msg, ev, type_), name=f"notify:{self.name}")
+        task = asyncio.create_task(self._deliver(msg, body, ev, type_), name=f"notify:{self.name}")
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
     # ------------------------------------------------------------ one attempt
-    async def _deliver(self, msg: Msg, ev: dict[str, Any], type_: str) -> None:
+    async def _deliver(self, msg: Msg, body: bytes, ev: dict[str, Any], type_: str) -> None:
         meta = msg.metadata
         attempt = int(meta.num_delivered or 1)
         delivery = notify.delivery_id(int(meta.sequence.stream), self.name)
-        outcome, detail = await self._post(msg.data, type_, delivery)
+        outcome, detail = await self._post(body, type_, delivery)
         metrics.WEBHOOK_ATTEMPTS.labels(self.name, type_, outcome).inc()
         where = {"type": type_, "sid": ev.get("sid"), "seq": ev.get("seq"), "delivery": delivery,
                  "attempt": attempt}

@@ -21,7 +21,6 @@ import asyncio
 import collections
 import contextlib
 import datetime
-import json
 from typing import Any
 
 import nats.errors
@@ -170,18 +169,20 @@ class Tracer(consumers.Consuming):
                 await self.take(msg)
 
     async def take(self, msg: Msg) -> None:
+        """One message of the stream: its events seen in order. A ``turn.end`` always ends its
+        message (``eventlog``), so the message is acknowledged once the turn it ends is exported."""
         try:
-            ev = json.loads(msg.data)
+            evs = eventlog.events_in(msg.data)
         except ValueError:
-            ev = None
-        if not isinstance(ev, dict) or not ev.get("sid"):
-            await msg.ack()
-            return
-        done = self.see(ev)
-        if done is None:
-            await msg.ack()
-            return
-        await self._export(msg, ev, done)
+            evs = []
+        for ev in evs:
+            if not isinstance(ev, dict) or not ev.get("sid"):
+                continue
+            done = self.see(ev)
+            if done is not None:
+                await self._export(msg, ev, done)
+                return
+        await msg.ack()
 
     def see(self, ev: dict[str, Any]) -> list[dict[str, Any]] | None:
         """Keep an event of a session's turn; at a ``turn.end`` the turn's events when they were

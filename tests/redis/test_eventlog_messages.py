@@ -1,0 +1,170 @@
+"""Several events to one JetStream message (``eventlog.publish``), against a real nats-server.
+
+A message holds consecutive events of one session (JSON lines), never more than the stream
+takes, and an event a webhook can ask for always ends its message (its delivery id is the
+message's stream seq). Every reader splits messages back into events: each seq once, in order,
+with publishers that race (a lapsed publish lock), start from a stale cursor, or skip ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import uvloop
+
+from cox.servers import NatsServer
+from coxswain import eventlog, events, notify, subjects
+
+SID = "s_messages"
+
+
+def entry(seq: int, type_: str = "tool.result", compact: bool = False, **extra: Any) -> str:
+    """An outbox entry as the Lua library writes it: seq and ts first, then the body (pydantic's
+    compact JSON, or ``json.dumps``'s spaced one)."""
+    body = json.dumps({"type": type_, "sid": SID, "turn_id": "t_1", **extra},
+                      separators=(",", ":") if compact else None)
+    return f'{{"seq":{seq},"ts":{1000 + seq},{body[1:]}'
+
+
+def run(tmp: Path, go: Callable[[Any, Any], Awaitable[None]]) -> None:
+    async def main(url: str) -> None:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            await eventlog.ensure_stream(js)
+            await go(nc, js)
+        finally:
+            await nc.close()
+
+    with NatsServer(tmp / "nats") as ns:
+        uvloop.run(main(ns.admin_url))
+
+
+async def stored(js: Any, sid: str = SID) -> list[bytes]:
+    """The raw messages of the session's subject, in stream order."""
+    out: list[bytes] = []
+    info = await js.stream_info(subjects.EVENTS_STREAM)
+    for seq in range(1, int(info.state.last_seq) + 1):
+        msg = await js.get_msg(subjects.EVENTS_STREAM, seq)
+        if msg.subject == subjects.events(sid):
+            out.append(msg.data)
+    return out
+
+
+def seqs_of(evs: list[dict[str, Any]]) -> list[int]:
+    return [int(e["seq"]) for e in evs]
+
+
+def test_consecutive_events_share_a_message_and_a_webhook_event_ends_it(tmp_path: Path) -> None:
+    async def go(nc: Any, js: Any) -> None:
+        batch = [entry(1, "user.msg"), entry(2, "turn.start"), entry(3, "tool.call"), entry(4, "approval.pending"),
+                 entry(5, "approval.answered"), entry(6, "limit.warning"), entry(7, "turn.end"),
+                 entry(8, "queue.added")]
+        assert await eventlog.publish(js, SID, batch) == 8
+        msgs = await stored(js)
+        assert [seqs_of(eventlog.events_in(m)) for m in msgs] == [[1, 2, 3, 4], [5, 6], [7], [8]]
+        for m in msgs:  # a webhook's event is the last line of its message, never an earlier one
+            types = [e["type"] for e in eventlog.events_in(m)]
+            assert not set(types[:-1]) & set(notify.NOTIFY_EVENTS), types
+        assert await eventlog.last_in_stream(js, SID) == (8, 4)  # the last event, its message's stream seq
+        got = await eventlog.backlog(js, SID, 0, 8)
+        assert seqs_of(got) == list(range(1, 9)) and got[3]["type"] == "approval.pending"
+        assert seqs_of(await eventlog.backlog(js, SID, 2, 5)) == [3, 4, 5], "a read from inside a message"
+
+    run(tmp_path, go)
+
+
+def test_a_racing_publisher_with_a_stale_cursor_adds_nothing_twice_and_nothing_out_of_order(tmp_path: Path) -> None:
+    async def go(nc: Any, js: Any) -> None:
+        first: eventlog.Cursors = {}
+        stale: eventlog.Cursors = {}
+        assert await eventlog.publish(js, SID, [entry(s) for s in (1, 2)], cursors=stale) == 2
+        assert await eventlog.publish(js, SID, [entry(s) for s in (1, 2, 3, 4, 5)], cursors=first) == 5
+        # The lock lapsed under the second publisher: it still believes the stream ends at 2 and
+        # holds 3..7. Its conditional publish of 3..7 is refused; it looks again and adds 6, 7 only.
+        assert await eventlog.publish(js, SID, [entry(s) for s in range(3, 8)], cursors=stale) == 7
+        # A publisher whose batch starts past the stream's end stops without writing.
+        with pytest.raises(eventlog.OutOfOrder):
+            await eventlog.publish(js, SID, [entry(10), entry(11)], cursors={})
+        # One that overlaps a message in its middle adds only what follows it.
+        assert await eventlog.publish(js, SID, [entry(s) for s in (6, 7, 8, 9)], cursors={}) == 9
+        evs = [e for m in await stored(js) for e in eventlog.events_in(m)]
+        assert seqs_of(evs) == list(range(1, 10)), "each seq once, in order"
+        feed = await eventlog.backlog(js, SID, 0, 9)
+        assert seqs_of(feed) == list(range(1, 10))
+
+    run(tmp_path, go)
+
+
+def test_a_message_never_passes_the_stream_limit_and_an_oversized_event_is_omitted_alone(tmp_path: Path) -> None:
+    third = events.MAX_EVENT_BYTES // 3
+    async def go(nc: Any, js: Any) -> None:
+        batch = [entry(1, output="a" * third), entry(2, output="b" * third), entry(3, output="c" * third),
+                 entry(4, output="d" * (events.MAX_EVENT_BYTES + 10)), entry(5, output="e")]
+        assert await eventlog.publish(js, SID, batch) == 5
+        msgs = await stored(js)
+        assert all(len(m) <= events.MAX_EVENT_BYTES for m in msgs), [len(m) for m in msgs]
+        evs = [e for m in msgs for e in eventlog.events_in(m)]
+        assert seqs_of(evs) == [1, 2, 3, 4, 5]
+        assert [e["type"] for e in evs][3] == "event.omitted" and evs[3]["original_type"] == "tool.result"
+        assert evs[2]["output"] == "c" * third and evs[4]["output"] == "e"
+
+    run(tmp_path, go)
+
+
+def test_live_readers_split_messages_and_an_overflow_is_filled_from_the_stream(tmp_path: Path) -> None:
+    async def go(nc: Any, js: Any) -> None:
+        hub = eventlog.Hub(nc)
+        last = 0
+
+        async def seq_now() -> int:
+            return last
+
+        # A buffer of 400 bytes: one message of 3 events fits, a second one does not.
+        async with eventlog.Tail(hub, js, SID, 0, seq_now, max_bytes=400) as tail:
+            assert await tail.next(timeout=0.2) == []
+            last = 4
+            await eventlog.publish(js, SID, [entry(s) for s in range(1, 5)])
+            got: list[dict[str, Any]] = []
+            while len(got) < 4:
+                got += await tail.next(timeout=5)
+            assert seqs_of(got) == [1, 2, 3, 4], "a live message of four events, split"
+            last = 9
+            await eventlog.publish(js, SID, [entry(s) for s in range(5, 8)])
+            await eventlog.publish(js, SID, [entry(8), entry(9)])
+            assert tail.reader is not None
+            for _ in range(50):
+                if tail.reader.overflowed:
+                    break
+                await asyncio.sleep(0.05)
+            assert tail.reader.overflowed, "the second message passed the reader's bound"
+            more: list[dict[str, Any]] = []
+            while len(more) < 5:
+                more += await tail.next(timeout=5)
+            assert seqs_of(more) == [5, 6, 7, 8, 9], "read again from the stream, split, once each"
+
+    run(tmp_path, go)
+
+
+def test_in_any_mix_of_types_no_message_holds_a_webhook_event_before_its_end() -> None:
+    rng = random.Random(23)
+    types = [*notify.NOTIFY_EVENTS, "tool.call", "policy.decision", "tool.result", "usage", "assistant.msg"]
+    for _ in range(300):
+        n = rng.randrange(1, 30)
+        batch = [entry(s, rng.choice(types), compact=rng.random() < 0.5) for s in range(1, n + 1)]
+        i, seen = 0, []
+        while i < n:
+            end, last, data = eventlog._message(batch, i, i + 1)
+            evs = eventlog.events_in(data)
+            assert seqs_of(evs) == list(range(i + 1, last + 1)) and end == last
+            assert not {e["type"] for e in evs[:-1]} & set(notify.NOTIFY_EVENTS)
+            seen += evs
+            i = end
+        assert seqs_of(seen) == list(range(1, n + 1))
