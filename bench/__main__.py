@@ -67,12 +67,19 @@ def _version(cmd: list[str]) -> str:
 def meta(argv: list[str]) -> dict[str, Any]:
     from cox.servers import nats_binary, redis_binary
 
-    cpu = "unknown"
+    cpu, cpu_id = "unknown", ""
     try:
+        info: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "cpu family", "model", "stepping") and key.strip() not in info:
+                info[key.strip()] = value.strip()
+            elif not line.strip() and info:
+                break  # the first processor's block
+        cpu = info.get("model name", cpu)
+        if "cpu family" in info and "model" in info:
+            # A VM's model name can stay "AMD EPYC" across CPU generations: family and model tell.
+            cpu_id = f"family {info['cpu family']} model {info['model']}"
     except OSError:
         pass
     libs = {}
@@ -91,7 +98,7 @@ def meta(argv: list[str]) -> dict[str, Any]:
     import psutil
 
     return {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(), "cpu": cpu, "cores": cores,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": platform.node(), "cpu": cpu, "cpu_id": cpu_id, "cores": cores,
         "mem_gb": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version(),
         "nats_server": _version([nats_binary(), "--version"]), "redis_server": _version([redis_binary(), "--version"]),
         "libraries": libs, "commit": commit, "command": "./dev bench " + " ".join(shlex.quote(a) for a in argv),

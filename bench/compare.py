@@ -62,19 +62,32 @@ def _worse(row: dict[str, Any], before: float, now: float) -> float:
     return change
 
 
+SAME_NAME_DRIFT = 0.3
+"""The interpreter floor's change past which two runs under one CPU name are called different
+machines (a quiet rerun on one host moves it by a few percent)."""
+
+
 def machine(now: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
     """The two runs' machines (CPU model, cores) and the interpreter's floor (CPU µs per op of
     the ``python`` floor) in each; ``python_change`` is now / then - 1 (positive: slower here)."""
-    def cpu(res: dict[str, Any]) -> str:
+    def cpu(res: dict[str, Any], with_id: bool = True) -> str:
         m = res.get("meta") or {}
-        return f"{m.get('cpu', '?')} x {m.get('cores', '?')}"
+        named = str(m.get("cpu", "?"))
+        if with_id and m.get("cpu_id"):
+            named += f" ({m['cpu_id']})"
+        return f"{named} x {m.get('cores', '?')}"
 
     def py(res: dict[str, Any]) -> float | None:
         v = ((res.get("floors") or {}).get("python") or {}).get("client_cpu_us")
         return float(v) if isinstance(v, (int, float)) else None
 
     p_now, p_then = py(now), py(then)
-    return {"now": cpu(now), "then": cpu(then), "same": cpu(now) == cpu(then),
+    # Family and model where both runs have them (runs before they were kept have the name only).
+    both = bool((now.get("meta") or {}).get("cpu_id") and (then.get("meta") or {}).get("cpu_id"))
+    same = cpu(now, both) == cpu(then, both)
+    if same and p_now and p_then and abs(p_now / p_then - 1) > SAME_NAME_DRIFT:
+        same = False  # one name, another CPU: a VM's "AMD EPYC" was two generations apart here
+    return {"now": cpu(now), "then": cpu(then), "same": same,
             "python_us_now": p_now, "python_us_then": p_then,
             "python_change": round(p_now / p_then - 1, 3) if p_now and p_then else None}
 

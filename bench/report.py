@@ -202,7 +202,8 @@ def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
                   f"{meta.get('loadavg_end')} at the end, on {meta['cores']} cores shared with other work): "
                   "treat every figure as an upper bound; re-run on a quiet machine for real numbers.", ""]
     lines += ["## Machine and versions", "", f"- date: {meta['date']}; commit {meta['commit']}",
-              f"- CPU: {meta['cpu']} x {meta['cores']} cores; memory {meta['mem_gb']} GB",
+              f"- CPU: {meta['cpu']}{' (' + meta['cpu_id'] + ')' if meta.get('cpu_id') else ''} x "
+              f"{meta['cores']} cores; memory {meta['mem_gb']} GB",
               f"- Python {meta['python']}; {meta['nats_server']}; {meta['redis_server']}",
               "- libraries: " + ", ".join(f"{k} {v}" for k, v in meta["libraries"].items()),
               f"- command: `{meta['command']}`; elapsed {res.get('elapsed_s')} s", ""]

@@ -110,6 +110,24 @@ def test_a_different_machine_is_named_with_how_the_interpreters_floor_moved() ->
     assert text.count("Same machine (Intel(R) Xeon(R) Processor x 2)") == 1 and "was not measured in both runs" in text
 
 
+def test_one_cpu_name_over_two_generations_is_two_machines() -> None:
+    """A VM reported "AMD EPYC" on a first-generation EPYC and on a fourth: the interpreter's
+    floor went 25.8 -> 8.9 µs/op and ``--compare`` said "Same machine"."""
+    def result(py_us: float, cpu_id: str | None) -> dict[str, object]:
+        m: dict[str, object] = {"cpu": "AMD EPYC", "cores": 2, **({"cpu_id": cpu_id} if cpu_id else {})}
+        return {"meta": m, "floors": {"python": {"client_cpu_us": py_us}}, "rows": [row("send", "p50", 2.0)]}
+
+    by_id = compare.machine(result(8.9, "family 25 model 17"), result(25.8, "family 23 model 1"))
+    assert not by_id["same"] and by_id["now"] == "AMD EPYC (family 25 model 17) x 2"
+    by_floor = compare.machine(result(8.9, "family 25 model 17"), result(25.8, None))  # an older run: name only
+    assert not by_floor["same"] and by_floor["then"] == "AMD EPYC x 2"
+    rerun = compare.machine(result(9.4, "family 25 model 17"), result(8.9, "family 25 model 17"))
+    assert rerun["same"], "a quiet rerun on one host moves the floor by a few percent"
+    text = "\n".join(compare.markdown(compare.compare([row("send", "p50", 2.0)], result(25.8, None), "then.json",
+                                                       result(8.9, "family 25 model 17"))))
+    assert "**A different machine**" in text and "25.8 -> 8.9 µs/op (-66%)" in text
+
+
 def test_the_last_committed_run_is_the_one_committed_last_whatever_its_name(tmp_path: Path) -> None:
     """A VM's clock jumped back between two runs: the run committed last was named hours before
     the one it followed, and ``--compare`` set this run beside the older one."""
