@@ -525,8 +525,7 @@ class Tail:
         return evs
 
     async def next(self, timeout: float, limit: int = 1000, max_bytes: int | None = None) -> list[dict[str, Any]]:
-        """The next events in order (those of at most ``limit`` messages: the backlog's ``limit``
-        events, the live buffer's ``limit`` messages), waiting up to ``timeout`` s for one.
+        """The next events in order (at most ``limit``), waiting up to ``timeout`` s for one.
 
         ``max_bytes`` bounds what is taken of the live buffer at once (what a reader holds parsed
         while its client is slow); the backlog is bounded by ``limit`` alone."""
@@ -545,8 +544,12 @@ class Tail:
             seq = int(ev.get("seq", 0))
             if seq <= self.last:
                 continue
+            if len(out) >= limit:
+                # A message held more than was asked for: the rest is read from the stream next.
+                self._caught_up = False
+                break
             if seq > self.last + 1:
-                out.extend(await self._fill(seq - 1, limit))
+                out.extend(await self._fill(seq - 1, limit - len(out)))
                 if self.last < seq - 1:
                     # The stream does not have them yet (it will): read from there next time.
                     self._caught_up = False

@@ -153,6 +153,28 @@ def test_live_readers_split_messages_and_an_overflow_is_filled_from_the_stream(t
     run(tmp_path, go)
 
 
+def test_a_reader_asking_for_fewer_events_than_a_message_holds_gets_that_many_and_the_rest_next(tmp_path: Path) -> None:
+    """``GET /events?format=json&wait=..&limit=N`` answers at most N events (docs/api.md), and a
+    live message may hold more."""
+    async def go(nc: Any, js: Any) -> None:
+        hub = eventlog.Hub(nc)
+        last = 0
+
+        async def seq_now() -> int:
+            return last
+
+        async with eventlog.Tail(hub, js, SID, 0, seq_now) as tail:
+            assert await tail.next(timeout=0.2) == []
+            last = 5
+            await eventlog.publish(js, SID, [entry(s) for s in range(1, 6)])
+            first = await tail.next(timeout=5, limit=2)
+            assert seqs_of(first) == [1, 2]
+            assert seqs_of(await tail.next(timeout=5, limit=2)) == [3, 4]
+            assert seqs_of(await tail.next(timeout=5, limit=2)) == [5]
+
+    run(tmp_path, go)
+
+
 def test_in_any_mix_of_types_no_message_holds_a_webhook_event_before_its_end() -> None:
     rng = random.Random(23)
     types = [*notify.NOTIFY_EVENTS, "tool.call", "policy.decision", "tool.result", "usage", "assistant.msg"]
