@@ -135,8 +135,7 @@ async def last_in_stream(js: JetStreamContext, sid: str) -> tuple[int, int]:
         msg = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.events(sid), direct=True)
     except nats.js.errors.NotFoundError:
         return 0, 0
-    last_line = msg.data.rsplit(b"\n", 1)[-1] if msg.data else b"{}"
-    return _seq_of(last_line.decode()), int(msg.seq or 0)
+    return _seq_of(last_event(msg.data or b"{}").decode()), int(msg.seq or 0)
 
 
 async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: float = 5.0,
@@ -211,6 +210,12 @@ def _ends_message(raw: str) -> bool:
     """Is this event one a webhook can ask for? (A nested ``"type"`` that matches ends a message
     early, which costs a message, never a wrong delivery.)"""
     return _ENDS.search(raw) is not None
+
+
+def last_event(data: bytes) -> bytes:
+    """The last event of a message, as recorded: the one its stream seq names for a webhook (an
+    event a webhook can ask for always ends its message) and the session's last seq in it."""
+    return data.rsplit(b"\n", 1)[-1]
 
 
 def events_in(data: bytes) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 
-from coxswain import __version__, notify, subjects
+from coxswain import __version__, eventlog, notify, subjects
 from coxswain.config import NotifyConfig, WebhookConfig
 
 from . import consumers, metrics
@@ -111,9 +111,9 @@ class Webhook(consumers.Consuming):
 
     async def _take(self, msg: Msg) -> None:
         # A message of the stream holds one or more events, and an event a webhook can ask for
-        # always ends its message (eventlog): its last line is the only one to look at, and the
-        # message's stream seq names it (the delivery id).
-        body = msg.data.rsplit(b"\n", 1)[-1]
+        # always ends its message: its last event is the only one to look at, and the message's
+        # stream seq names it (the delivery id).
+        body = eventlog.last_event(msg.data)
         try:
             ev = json.loads(body)
             type_ = str(ev.get("type", "")) if isinstance(ev, dict) else ""
