@@ -24,6 +24,7 @@ import httpx
 import psutil
 
 from cox.servers import free_port
+from cox.up import READY_TIMEOUT_S
 from coxswain.proc import terminate_tree
 
 from .stack import Api, default_lease_ms
@@ -70,7 +71,7 @@ class CoxUp:
     def start(self, timeout: float | None = None) -> CoxUp:
         # CI's parallel lane starts its first stacks beside the drills and the image build on two cores:
         # cox up's own 60 s for /healthz is not enough there (stop 39's CI), so it gets 180 s.
-        ready_s = READY_BULK_S if os.environ.get("COX_TEST_BULK") else 60.0
+        ready_s = READY_BULK_S if os.environ.get("COX_TEST_BULK") else READY_TIMEOUT_S
         timeout = timeout if timeout is not None else ready_s + 30
         env = {k: v for k, v in os.environ.items() if not k.startswith(("COX_", "NATS_URL", "REDIS_URL"))}
         with open(self.err_path, "ab") as err:
