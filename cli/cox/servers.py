@@ -45,6 +45,31 @@ def ephemeral_range() -> tuple[int, int]:
 
 _handed_out: set[int] = set()
 _ports = random.Random()
+CLAIM_S = 120.0
+"""How long a port handed out by any process on this machine is kept from the others: the time
+between the answer and the server's bind, with room for a loaded machine."""
+
+
+def _claim(port: int) -> bool:
+    """Whether this process may hand ``port`` out: no other process on the machine (a parallel
+    test worker, a ``cox up`` beside it) has in the last :data:`CLAIM_S` seconds. A file per port
+    in a shared folder, created exclusively; an older claim is taken over."""
+    folder = Path(tempfile.gettempdir()) / "cox-ports"
+    path = folder / str(port)
+    try:
+        folder.mkdir(mode=0o1777, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < CLAIM_S:
+                return False
+            os.utime(path)
+            return True
+        except OSError:
+            return False
+    except OSError:
+        return True  # no shared folder to claim in: the bind check below still holds
 
 
 def free_port() -> int:
@@ -54,13 +79,16 @@ def free_port() -> int:
     kernel may give an ephemeral port to any outgoing connection on the machine, and the server
     then fails with "address already in use" (seen in CI). Outside that range only another
     listener can take it, and this process never hands one out twice. Where the range leaves
-    too few ports outside it, the kernel's own choice (port 0)."""
+    too few ports outside it, the kernel's own choice (port 0). Other processes on the machine
+    that choose the same way (parallel test workers, each ``cox up``) are kept off a port handed
+    out in the last :data:`CLAIM_S` seconds (:func:`_claim`): between the check and the bind,
+    another worker's server once took the port (CI: "address already in use")."""
     lo, hi = ephemeral_range()
     spans = [(a, b) for a, b in ((10_000, lo - 1), (hi + 1, 65_535)) if b - a >= 2_000]
     for _ in range(200 if spans else 0):
         a, b = _ports.choice(spans)
         port = _ports.randint(a, b)
-        if port in _handed_out:
+        if port in _handed_out or not _claim(port):
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:

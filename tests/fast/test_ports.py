@@ -49,3 +49,18 @@ def test_a_cluster_node_s_port_and_bus_port_are_outside_the_ephemeral_range() ->
     for _ in range(50):
         port, bus = _free_pair()
         assert not lo <= port <= hi and not lo <= bus <= hi
+
+
+def test_a_port_another_process_handed_out_is_not_handed_out_again() -> None:
+    """Parallel test workers and each ``cox up`` choose ports in processes of their own; a port one
+    of them handed out is kept from the others until its server has bound it (CI once saw a
+    gateway fail with "address already in use" on a port another worker's server had taken)."""
+    import subprocess
+    import sys
+
+    code = "from cox import servers; print(' '.join(str(servers.free_port()) for _ in range(400)))"
+    theirs = {int(p) for p in subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                                             text=True, timeout=60).stdout.split()}
+    assert len(theirs) == 400
+    ours = {servers.free_port() for _ in range(400)}
+    assert not ours & theirs
