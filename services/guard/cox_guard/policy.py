@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from coxswain import safefs, shell, textdiff, textedit
+from coxswain import readpolicy, safefs, shell, textdiff, textedit
 from coxswain.config import McpServerConfig, Settings
 from coxswain.errors import CoxError
 from coxswain.models import ATTACHMENT_CALL, STANDING_NETWORK, GuardRequest, GuardResult
@@ -54,11 +54,7 @@ PROTECTED_ROOT: tuple[str, ...] = (
 PROTECTED_ANYWHERE: tuple[str, ...] = (".git", ".git-hooks", ".husky")
 """Folder names protected at any depth: a nested repository's hooks run as well as the top one's."""
 
-NO_WORKSPACE = frozenset({"respond", "plan_write", "plan_step"})
-PATH_CALLS = frozenset({"read_file", "list_dir", "find_files", "search_text", "write_file", "edit_file"})
 WRITES = frozenset({"write_file", "edit_file"})
-PROGRAM_CONTROL = frozenset({"read_program", "stop_program"})
-"""A program's output read, or the program stopped: nothing new runs."""
 
 
 HOOKS_REFUSED = ("{rel} holds the workspace's hooks, which run without asking anyone: only a person "
@@ -101,19 +97,20 @@ def read_only(root: Path, rel: str) -> bool:
 
 def check(settings: Settings, req: GuardRequest) -> GuardResult:
     name, args = req.call.name, req.call.args
-    if name in NO_WORKSPACE:
-        return GuardResult(verdict="allow", actor="setting", reason="no workspace access")
+    # Calls that change nothing (respond, the plan tools, reads, a program read or stopped): the
+    # one function the runner also decides them with, without asking guard.
+    decided = readpolicy.decide(settings.root, req.workspace, name, args)
+    if decided is not None:
+        return decided
     if name == ATTACHMENT_CALL:
         return attachment(str(args.get("name", "")), str(args.get("content", "")))
     root = safefs.real_under(settings.root, req.workspace)
     if root is None:
-        return GuardResult(verdict="refuse", actor="policy", reason="the workspace is not under the configured root")
-    if name in PATH_CALLS:
-        return _path_call(settings, req, root, name, args)
+        return GuardResult(verdict="refuse", actor="policy", reason=readpolicy.OUTSIDE_ROOT)
+    if name in WRITES:
+        return _write(settings, req, root, name, args)
     if name in ("run_command", "start_program"):
         return _command(settings, req, root, str(args.get("command", "")))
-    if name in PROGRAM_CONTROL:
-        return GuardResult(verdict="allow", actor="setting", reason="a program of this session (read or stop)")
     if name == "write_program":
         return _program_input(settings, req, root, str(args.get("text", "")))
     mcp = settings.mcp.server_of(name)
@@ -162,18 +159,10 @@ def _mcp(settings: Settings, req: GuardRequest, root: Path, server: McpServerCon
     return GuardResult(verdict="ask", actor="setting", route="judge", reason="MCP actions go to the judge first")
 
 
-def _path_call(settings: Settings, req: GuardRequest, root: Path, name: str, args: dict[str, object]) -> GuardResult:
-    raw = str(args.get("path", "") or ".")
-    try:
-        rel = safefs.resolve(root, raw)
-    except CoxError as exc:
-        return GuardResult(verdict="refuse", actor="policy", reason=exc.detail)
-    deny = safefs.denied(rel)
-    if deny:
-        return GuardResult(verdict="refuse", actor="policy", reason=f"{rel} is on the credential denylist ({deny})",
-                           path=rel)
-    if name not in WRITES:
-        return GuardResult(verdict="allow", actor="setting", reason="reading inside the workspace", path=rel)
+def _write(settings: Settings, req: GuardRequest, root: Path, name: str, args: dict[str, object]) -> GuardResult:
+    rel = readpolicy.pinned(root, args)
+    if isinstance(rel, GuardResult):
+        return rel
     if not rel:
         return GuardResult(verdict="refuse", actor="policy", reason="cannot write the workspace folder itself")
     if rel == hooks_file(settings.store_dir):

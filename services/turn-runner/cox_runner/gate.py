@@ -8,7 +8,7 @@ A security confirm always goes to the person. Every decision is a ``policy.decis
 write's decisions carry guard's preview of what it would change (the Changes view reads them).
 
 Taint needs two lists from the turn: fragments of tool output (:class:`Taint`) and the person's
-own words (:meth:`Gate.person_words`), which are not taint even when output held them.
+own words (:func:`person_words`), which are not taint even when output held them.
 
 :class:`Gate` owns the turn's approval state (the approval open now, what "always this turn"
 allowed) and takes what it needs (the recorder, the budget's waiting time, the plan for the
@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
-from coxswain import approval_links, keys
+from coxswain import approval_links, keys, readpolicy
 from coxswain import attachments as att
 from coxswain import events as ev
 from coxswain.errors import CoxError, Resolved
@@ -124,6 +124,26 @@ class Taint:
         return list(dict.fromkeys(self._frags))
 
 
+def person_words(turn: Turn, rec: Recorder) -> list[str]:
+    """What the person wrote in this session (newest first, bounded), ``script`` blocks
+    removed: a script stands for the model's answers, not for the person's words."""
+    texts: list[str] = [turn.text, *(text for text, _ in rec.pending_user)]
+    for msg in reversed(rec.history.messages):
+        if isinstance(msg, ModelRequest):
+            texts.extend(p.content for p in msg.parts
+                         if isinstance(p, UserPromptPart) and isinstance(p.content, str))
+    out: list[str] = []
+    size = 0
+    for text in texts:
+        cleaned = SCRIPT_RE.sub(" ", text).strip()
+        if cleaned and cleaned not in out:
+            out.append(cleaned[:MAX_TRUSTED_CHARS - size])
+            size += len(out[-1])
+            if size >= MAX_TRUSTED_CHARS:
+                break
+    return out
+
+
 class Gate:
     """The approval gate of a turn's calls, and the approval state it owns."""
 
@@ -142,37 +162,27 @@ class Gate:
         self.run = running_run(turn.info)
         """The session's run while it drives (``confirm``, ``unattended``), else None."""
 
-    def person_words(self) -> list[str]:
-        """What the person wrote in this session (newest first, bounded), ``script`` blocks
-        removed: a script stands for the model's answers, not for the person's words."""
-        texts: list[str] = [self.turn.text, *(text for text, _ in self.rec.pending_user)]
-        for msg in reversed(self.rec.history.messages):
-            if isinstance(msg, ModelRequest):
-                texts.extend(p.content for p in msg.parts
-                             if isinstance(p, UserPromptPart) and isinstance(p.content, str))
-        out: list[str] = []
-        size = 0
-        for text in texts:
-            cleaned = SCRIPT_RE.sub(" ", text).strip()
-            if cleaned and cleaned not in out:
-                out.append(cleaned[:MAX_TRUSTED_CHARS - size])
-                size += len(out[-1])
-                if size >= MAX_TRUSTED_CHARS:
-                    break
-        return out
-
     async def decide(self, call: CallSpec) -> GateOutcome:
         turn = self.turn
-        stored, dont_ask = await self.policy_inputs()
-        standing = set(stored) | turn.turn_standing
-        # Taint is about commands and MCP calls (arguments built from tool output); a write's
-        # content is enough to send.
-        command = call.name in COMMAND_LIKE or self.deps.settings.mcp.server_of(call.name) is not None
-        req = GuardRequest(
-            sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
-            tainted=self.taint.fragments() if command else [], trusted=self.person_words() if command else [],
-        )
-        g = await infra.call(self.deps, turn, self.budget, self.log, "guard", lambda _: self.deps.clients.guard(req))
+        # A call that changes nothing (a read, respond, the plan tools, a program read or
+        # stopped) is decided here by guard's own function for it (coxswain.readpolicy): allowed
+        # or refused, never a question, so neither the standing approvals nor the don't-ask
+        # switch are read for it. Every other call goes to guard.
+        local = readpolicy.decide(self.deps.settings.root, str(turn.workspace), call.name, call.args)
+        dont_ask = False
+        if local is not None:
+            g = local
+        else:
+            stored, dont_ask = await self.policy_inputs()
+            standing = set(stored) | turn.turn_standing
+            # Taint is about commands and MCP calls (arguments built from tool output); a write's
+            # content is enough to send.
+            command = call.name in COMMAND_LIKE or self.deps.settings.mcp.server_of(call.name) is not None
+            req = GuardRequest(
+                sid=turn.sid, workspace=str(turn.workspace), call=call, dont_ask=dont_ask, standing=sorted(standing),
+                tainted=self.taint.fragments() if command else [], trusted=person_words(turn, self.rec) if command else [],
+            )
+            g = await self._guard(req)
         decision = ev.PolicyDecision(sid=turn.sid, turn_id=turn.turn_id, call_id=call.call_id,
                                      verdict=g.verdict, actor=g.actor, reason=g.reason, security=g.security,
                                      name=call.name, path=g.path, preview=g.preview)
