@@ -18,7 +18,7 @@ import pytest
 from cox_guard import policy
 from coxswain import readpolicy
 from coxswain.config import Settings
-from coxswain.models import CallSpec, GuardRequest
+from coxswain.models import CallSpec, GuardRequest, GuardResult
 
 READ_CASES = [
     "notes.txt", "", ".", "sub", "sub/deep.txt", "./sub/../notes.txt", "missing/file.txt",
@@ -48,7 +48,7 @@ def tree(tmp_path: Path) -> tuple[Path, Path, Path]:
     return root, ws, outside
 
 
-def both(root: Path, ws: Path, name: str, args: dict[str, object]) -> tuple[object, object]:
+def both(root: Path, ws: Path, name: str, args: dict[str, object]) -> tuple[GuardResult | None, GuardResult]:
     local = readpolicy.decide(root, str(ws), name, args)
     guard = policy.check(Settings(root=root), GuardRequest(sid="s_1", workspace=str(ws),
                                                            call=CallSpec(call_id="c_1", name=name, args=args)))
