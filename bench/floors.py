@@ -113,8 +113,10 @@ def composite(f: dict[str, Any], q: str) -> dict[str, float]:
         "send": http + rr + cas,
         # ... and the event published to JetStream so a client can see it.
         "send_seen": http + rr + cas + js,
-        # one guard request-reply, one versions request-reply, one event publish (bench/README.md).
-        "tool_call": 2 * rr + js,
+        # The bench's call is a read (list_dir): decided in the runner (coxswain.readpolicy), its
+        # call, decision and result recorded by one Redis script and published once
+        # (bench/README.md). A write's floor would add versions' request-reply.
+        "tool_call": cas + js,
         # HTTP in, NATS hop, Redis script to save it, Redis script to apply it at the boundary.
         "lead": http + rr + 2 * cas,
         # Redis script that ends the turn and pops the next, the publish, one Redis script

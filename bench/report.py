@@ -55,7 +55,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                             "ms", "server ts (1 ms resolution) - client wall clock"))
     if t := ph.get("tool_calls"):
         out.append(_row("tool calls", f"per call, (turn - tool) / {t['calls']}", t["per_call_ms"],
-                        _r(c["p50"]["tool_call"]), "ms", "floor = 2 NATS req-reply + 1 JetStream publish (p50)"))
+                        _r(c["p50"]["tool_call"]), "ms", "floor = 1 Redis script + 1 JetStream publish (p50)"))
         out.append(_row("tool calls", "per call, marginal (one-call turn taken off)", t["marginal_per_call_ms"],
                         _r(c["p50"]["tool_call"]), "ms", "same floor"))
     if le := ph.get("lead"):
