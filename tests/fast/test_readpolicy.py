@@ -100,3 +100,30 @@ def test_every_call_that_changes_or_runs_something_goes_to_guard(tree: tuple[Pat
                        ("write_program", {"program_id": "p_1", "text": "ls\n"}), ("srv__search", {"q": "x"}),
                        ("attachment", {"name": "a.txt", "content": "x"}), ("no_such_tool", {})]:
         assert readpolicy.decide(root, str(ws), name, args) is None, name
+
+
+def test_the_kernels_realpath_answers_as_pythons(tree: tuple[Path, Path, Path],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``safefs.realpath`` (the kernel resolves an existing path) gives ``os.path.realpath``'s
+    answer for every kind of path the pin meets: links in and out, loops, dangling links, paths
+    that do not exist yet, a FIFO (which must not block), a deleted folder, relative paths."""
+    from coxswain import safefs
+
+    root, ws, _outside = tree
+    os.mkfifo(ws / "fifo")
+    (ws / "dangling").symlink_to(ws / "nowhere")
+    gone = ws / "gone"
+    gone.mkdir()
+    (ws / "abs").symlink_to("/proc/self/root/etc")
+    held = os.open(gone, os.O_PATH)
+    try:
+        gone.rmdir()
+        monkeypatch.chdir(ws)
+        paths = [str(ws / p) for p in ("", "notes.txt", "sub/", "sub/deep.txt", "link", "link/secret.txt",
+                                       "innerlink/deep.txt", "loop", "loop/x", "dangling", "missing/a/b",
+                                       "notes.txt/x", "fifo", "envlink", "abs", "abs/passwd", "sub/../link")]
+        paths += ["sub", "./innerlink", "../ws/link", "", ".", f"/proc/self/fd/{held}", str(root / "escaped")]
+        for p in paths:
+            assert safefs.realpath(p) == os.path.realpath(p), p
+    finally:
+        os.close(held)

@@ -273,11 +273,13 @@ class Api:
     def wait_idle(self, sid: str, timeout: float | None = None) -> dict[str, Any]:
         timeout = WAIT_S if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        pause = 0.005  # most turns here end within milliseconds: look again soon, then less often
         while time.monotonic() < deadline:
             s = self.session(sid)
             if not s["busy"]:
                 return s
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(0.05, pause * 2)
         raise AssertionError(f"session {sid} still busy after {timeout}s")
 
 
