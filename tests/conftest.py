@@ -11,7 +11,7 @@ Tiers (a folder each, and a marker of the same name given to every test in it):
 ``cluster``     a Redis Cluster and a 3-node NATS cluster on loopback (serial lane)
 ``containers``  compose and testcontainers on a real Docker engine
 
-A test marked ``serial`` runs in CI's serial lane, one at a time, after the drills at their CPU weight (it bounds a time or loads the machine).
+A test marked ``serial`` runs alone in CI's serial lane (it bounds a time or loads the machine).
 """
 
 from __future__ import annotations
