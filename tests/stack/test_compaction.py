@@ -162,8 +162,15 @@ def _check_after_compaction(fake: FakeModels, case: str, kind: str, original: st
     # be compacted once before the Lead, sent after some results, reaches its next boundary.
     led = [i for i, r in enumerate(reqs) if LEAD in _user_texts(r, kind)]
     assert led, "the Lead reached the model"
-    compacted = [r for r in reqs[led[0]:]
-                 if any("[Summary of the earlier conversation" in t for t in _user_texts(r, kind))]
+
+    def summarized(r: dict[str, Any]) -> bool:
+        return any("[Summary of the earlier conversation" in t for t in _user_texts(r, kind))
+
+    # A compaction is a request that holds the summary and fewer messages than the one before it:
+    # a summary made before the Lead stays in every later request, so holding one is not enough
+    # (CI once took the first request after the Lead, compacted long before, for the compaction).
+    compacted = [reqs[i] for i in range(max(led[0], 1), len(reqs))
+                 if summarized(reqs[i]) and len(_messages(reqs[i])) < len(_messages(reqs[i - 1]))]
     assert compacted, "some request went out compacted after the Lead was in the conversation"
     first = compacted[0]
     texts = _user_texts(first, kind)
