@@ -61,6 +61,8 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
     responder = _spawn(["bench.floor.responder", "--nats", nats_url, "--redis", redis_url])
     port = free_port()
     app = _spawn(["bench.floor.asgi_app", "--nats", nats_url, "--port", str(port)])
+    fport = free_port()
+    fapp = _spawn(["bench.floor.fastapi_app", "--nats", nats_url, "--port", str(fport)])
     out: dict[str, Any] = {}
     try:
         assert responder.stdout is not None
@@ -68,6 +70,8 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
         if "ready" not in line:
             raise RuntimeError(f"the floor responder did not start: {line}")
         wait_port(port, timeout=60)
+        wait_port(fport, timeout=60)
+        fp = {"nats-server": sp["nats-server"], "fastapi-app": psutil.Process(fapp.pid)}
         rp = {"nats-server": sp["nats-server"], "responder": psutil.Process(responder.pid)}
         ap = {"nats-server": sp["nats-server"], "asgi-app": psutil.Process(app.pid)}
         plan: list[tuple[str, dict[str, psutil.Process], dict[str, Any]]] = [
@@ -78,6 +82,7 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
             ("http_post", ap, {"port": port}),
             ("http_post_httpx", ap, {"port": port}),
             ("send_chain", {**ap, **rp, "redis-server": sp["redis-server"]}, {"port": port}),
+            ("send_chain_fastapi", {**fp, **rp, "redis-server": sp["redis-server"]}, {"port": fport}),
             ("python", {}, {}),
         ]
         for kind, procs, kw in plan:
@@ -91,7 +96,7 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
             "asgi-app": round(psutil.Process(app.pid).memory_info().rss / 2**20, 1),
         }
     finally:
-        for p in (responder, app):
+        for p in (responder, app, fapp):
             with contextlib.suppress(Exception):
                 _stop(p)
     return out

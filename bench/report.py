@@ -49,6 +49,11 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 s["post_to_202_ms"][q], chained, "ms",
                                 "floor = one request through the same hops and processes (HTTP -> bare ASGI app -> "
                                 "NATS request -> responder -> Redis script -> back), nothing of ours in between"))
+            if (fchained := stat_or_none(f, "send_chain_fastapi", q)) is not None:
+                out.append(_row("send", f"POST -> 202 (turn started) {q}, against the FastAPI chained floor",
+                                s["post_to_202_ms"][q], fchained, "ms",
+                                "floor = the same chain through a FastAPI app that writes the send route as any "
+                                "would (path pattern, bearer dependency, validated body and reply)"))
             out.append(_row("send", f"POST -> turn.start seen on SSE {q}", s["post_to_turn_start_seen_ms"][q],
                             _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish"))
             out.append(_row("send", f"POST -> turn.start ts {q}", s["post_to_turn_start_ts_ms"][q], _r(c[q]["send"]),

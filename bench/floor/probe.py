@@ -141,6 +141,24 @@ async def send_chain(a: argparse.Namespace) -> dict[str, Any]:
     return await _posts(a, "/chain", {"text": "ping", "pad": "x" * 100})
 
 
+async def send_chain_fastapi(a: argparse.Namespace) -> dict[str, Any]:
+    """The same chain through a FastAPI app written as any would write the send route (a path
+    pattern, a bearer dependency, a validated body and reply: ``fastapi_app.py``)."""
+    from bench.floor import fastapi_app
+
+    pool = Pool(a.port, fastapi_app.TOKEN, size=1)
+
+    async def op(i: int) -> None:
+        status, _ = await pool.post("/v1/sessions/s_floor/messages", {"text": "ping", "pad": "x" * 100})
+        if status != 202:
+            raise RuntimeError(f"floor app answered {status}")
+
+    try:
+        return await timed(a.n, a.warmup, op)
+    finally:
+        pool.close()
+
+
 async def http_post_httpx(a: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
@@ -175,7 +193,8 @@ async def python(a: argparse.Namespace) -> dict[str, Any]:
 
 
 KINDS = {"python": python, "nats_rr": nats_rr, "js_publish": js_publish, "redis_cas": redis_cas, "redis_cas_raw": redis_cas_raw,
-         "http_post": http_post, "http_post_httpx": http_post_httpx, "send_chain": send_chain}
+         "http_post": http_post, "http_post_httpx": http_post_httpx, "send_chain": send_chain,
+         "send_chain_fastapi": send_chain_fastapi}
 
 
 def main() -> None:
