@@ -38,14 +38,18 @@ class Reply(BaseModel):
     ok: bool
 
 
-def make_app(url: str) -> FastAPI:
-    state: dict[str, Any] = {}
-    bearer = HTTPBearer(auto_error=False)
+BEARER = HTTPBearer(auto_error=False)
 
-    async def principal(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
-        if creds is None or not secrets.compare_digest(creds.credentials, TOKEN):
-            raise HTTPException(401, "a bearer token is required")
-        return "floor"
+
+async def principal(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]) -> str:
+    if creds is None or not secrets.compare_digest(creds.credentials, TOKEN):
+        raise HTTPException(401, "a bearer token is required")
+    return "floor"
+
+
+def make_app(url: str) -> FastAPI:
+    # (module-level dependencies: with postponed annotations FastAPI resolves them by name)
+    state: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
