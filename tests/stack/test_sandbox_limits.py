@@ -84,8 +84,11 @@ def takes_a_turn_at_once(api: Api, sid: str) -> float:
     return took
 
 
-def leftover_cgroups() -> list[str]:
-    """Command cgroups (``cox-<pid>-cmd<n>``) left under this process's cgroups."""
+def leftover_cgroups(stack: Stack) -> list[str]:
+    """Command cgroups of ``stack``'s runners (``cox-<runner pid>-cmd<n>``) left under this
+    process's cgroups. Only this stack's: another stack's commands running beside it (a developer's
+    parallel run) are not its leftovers."""
+    pids = [stack.procs[name].pid for name in stack.runner_names()]
     out: list[str] = []
     own = {}
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -95,7 +98,7 @@ def leftover_cgroups() -> list[str]:
     for c in ("pids", "memory", "cpu", "cpuacct", "freezer"):
         base = Path("/sys/fs/cgroup") / c / own.get(c, "/").lstrip("/")
         if base.is_dir():
-            out += [str(p) for p in base.glob("cox-*-cmd*")]
+            out += [str(p) for pid in pids for p in base.glob(f"cox-{pid}-cmd*")]
     return out
 
 
@@ -158,7 +161,7 @@ def test_a_fork_bomb_is_stopped_naming_max_processes_while_another_session_keeps
           f"max {max(times):.2f}s, mean {sum(times) / len(times):.2f}s")
     assert max(times) < 20, f"another session's turn took {max(times):.1f}s during the fork bomb"
     takes_a_turn_at_once(lapi, victim["id"])
-    assert leftover_cgroups() == [], "every command's cgroup is removed after it"
+    assert leftover_cgroups(limited) == [], "every command's cgroup is removed after it"
 
 
 def test_ordinary_work_runs_under_the_default_limits(tmp_path: Path) -> None:
@@ -361,4 +364,4 @@ def test_a_hook_that_forks_without_end_fails_closed_naming_max_processes(limited
     assert "max_processes" in decision["reason"], decision["reason"]
     assert not res["ok"] and not (ws / "ran.txt").exists()
     assert took < 30, f"the turn took {took:.1f}s (the hook's time-out is 60s)"
-    assert leftover_cgroups() == []
+    assert leftover_cgroups(limited) == []

@@ -70,14 +70,28 @@ def open_page(ctx: BrowserContext, url: str, width: int | None = None) -> tuple[
 
 
 def login(page: Page, up: CoxUp) -> None:
-    """Log in with ``up``'s token (a wrong one first: the form says so), unless already in."""
+    """Log in with ``up``'s token (a wrong one first: the form says so), unless already in.
+
+    When the console does not open, the failure says what the page showed and logged meanwhile:
+    twice in CI (stop 38, stop 41) ``#app`` stayed hidden for 30 s after the right token, with no
+    uncaught error, and nothing said why."""
+    said: list[str] = []
+    page.on("console", lambda m: said.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on("requestfailed", lambda r: said.append(f"request failed: {r.method} {r.url} {r.failure}"))
     if page.locator("#login").is_visible():
         page.fill("#login-token", "wrong-token")
         page.click("#login-form button")
         expect(page.locator("#login-error")).to_contain_text("not known")
         page.fill("#login-token", up.token)
         page.click("#login-form button")
-    expect(page.locator("#app")).to_be_visible()
+    try:
+        expect(page.locator("#app")).to_be_visible()
+    except AssertionError as exc:
+        shown = page.evaluate("""() => ({login: !document.querySelector('#login').hidden,
+            error: document.querySelector('#login-error').textContent,
+            token_field: document.querySelector('#login-token').value.length,
+            stored: localStorage.length})""")
+        raise AssertionError(f"the console did not open after the login: {shown}; the page said: {said[-20:]}") from exc
 
 
 def new_session(page: Page, workspace: str, create: bool = True) -> str:
