@@ -67,6 +67,28 @@ SAME_NAME_DRIFT = 0.3
 machines (a quiet rerun on one host moves it by a few percent)."""
 
 
+SERVER_FLOORS = ("nats_rr", "js_publish", "redis_cas", "send_chain")
+"""Floors of the C servers (and the chain through them) whose p50 says how the host moved."""
+FLOORS_MOVED = 0.15
+"""A server floor's change past which the two runs' ratios are said to mix the host's change with
+ours: two full runs of one commit an hour apart on one VM saw the floors move up to 20%, and a
+day apart the same code's send moved 17-23%."""
+
+
+def floors_change(now: dict[str, Any], then: dict[str, Any]) -> dict[str, float]:
+    """now / then - 1 of each server floor's p50 measured in both runs (positive: slower now)."""
+    def p50(res: dict[str, Any], kind: str) -> float | None:
+        v = (((res.get("floors") or {}).get(kind) or {}).get("ms") or {}).get("p50")
+        return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+    out: dict[str, float] = {}
+    for kind in SERVER_FLOORS:
+        a, b = p50(now, kind), p50(then, kind)
+        if a is not None and b is not None:
+            out[kind] = round(a / b - 1, 3)
+    return out
+
+
 def machine(now: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
     """The two runs' machines (CPU model, cores) and the interpreter's floor (CPU µs per op of
     the ``python`` floor) in each; ``python_change`` is now / then - 1 (positive: slower here)."""
@@ -89,7 +111,8 @@ def machine(now: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
         same = False  # one name, another CPU: a VM's "AMD EPYC" was two generations apart here
     return {"now": cpu(now), "then": cpu(then), "same": same,
             "python_us_now": p_now, "python_us_then": p_then,
-            "python_change": round(p_now / p_then - 1, 3) if p_now and p_then else None}
+            "python_change": round(p_now / p_then - 1, 3) if p_now and p_then else None,
+            "floors_change": floors_change(now, then)}
 
 
 def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str,
@@ -132,6 +155,15 @@ def markdown(cmp: dict[str, Any]) -> list[str]:
         out += [(f"Same machine ({m['now']}); " if m["same"] else
                  f"**A different machine**: {m['then']} then, {m['now']} now; ratios of our Python-heavy work move "
                  f"with the interpreter's speed, the servers' floors less; ") + py + ".", ""]
+        moved = m.get("floors_change") or {}
+        if moved:
+            listed = ", ".join(f"{k} {v * 100:+.0f}%" for k, v in moved.items())
+            if any(abs(v) > FLOORS_MOVED for v in moved.values()):
+                out += [f"**The servers' floors moved** between the two runs ({listed}): the host changed under "
+                        "the same name, and a ratio's change mixes its change with ours. An interleaved A/B of the "
+                        "two commits on one host tells them apart (bench/ANALYSIS.md).", ""]
+            else:
+                out += [f"The servers' floors (p50): {listed}.", ""]
     out += [(f"**{len(regs)} ratio(s) grew by more than {int(cmp['threshold'] * 100)}%** (worse):" if regs else
              f"No ratio grew by more than {int(cmp['threshold'] * 100)}%."), ""]
     for x in regs:

@@ -99,7 +99,8 @@ def test_a_different_machine_is_named_with_how_the_interpreters_floor_moved() ->
     then = result("Intel(R) Xeon(R) Processor", 20.0)
     moved = compare.compare([row("send", "p50", 3.0)], then, "then.json", result("AMD EPYC", 30.0))
     assert moved["machine"] == {"now": "AMD EPYC x 2", "then": "Intel(R) Xeon(R) Processor x 2", "same": False,
-                                "python_us_now": 30.0, "python_us_then": 20.0, "python_change": 0.5}
+                                "python_us_now": 30.0, "python_us_then": 20.0, "python_change": 0.5,
+                                "floors_change": {}}
     text = "\n".join(compare.markdown(moved))
     assert "**A different machine**" in text and "20 -> 30 µs/op (+50%)" in text
     assert moved["rows"][0]["regressed"]  # still listed: the note explains, it does not excuse
@@ -149,3 +150,20 @@ def test_the_last_committed_run_is_the_one_committed_last_whatever_its_name(tmp_
     git("rm", "-q", "bench/results/20261204T114034.json")
     git("commit", "-qm", "gone")
     assert compare.last_committed(results) == tmp_path / "bench" / "results" / "20261204T114807.json"
+
+
+def test_server_floors_that_moved_between_the_runs_are_named() -> None:
+    """Two full runs of one commit on one VM an hour apart saw the C servers' floors move up to
+    20% with the interpreter's floor within 2%: "Same machine", but not the same host speed."""
+    def result(rr: float, js: float) -> dict[str, object]:
+        floors = {"python": {"client_cpu_us": 9.0}, "nats_rr": {"ms": {"p50": rr}}, "js_publish": {"ms": {"p50": js}}}
+        return {"meta": {"cpu": "AMD EPYC", "cores": 2, "cpu_id": "family 25 model 17"}, "floors": floors,
+                "rows": [row("send", "p50", 2.0)]}
+
+    moved = compare.compare([row("send", "p50", 2.0)], result(0.28, 0.37), "then.json", result(0.33, 0.38))
+    assert moved["machine"]["same"] and moved["machine"]["floors_change"] == {"nats_rr": 0.179, "js_publish": 0.027}
+    text = "\n".join(compare.markdown(moved))
+    assert "**The servers' floors moved** between the two runs (nats_rr +18%, js_publish +3%)" in text
+    quiet = compare.compare([row("send", "p50", 2.0)], result(0.28, 0.37), "then.json", result(0.29, 0.37))
+    text = "\n".join(compare.markdown(quiet))
+    assert "The servers' floors (p50): nats_rr +4%, js_publish +0%." in text and "moved**" not in text
