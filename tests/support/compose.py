@@ -77,8 +77,14 @@ class Compose:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*compose_command(), *args], cwd=self.dir, env=self.env, capture_output=True,
-                              text=True, timeout=timeout, check=check)
+        done = subprocess.run([*compose_command(), *args], cwd=self.dir, env=self.env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+        if check and done.returncode != 0:
+            # what compose said, not only its exit status (a CI run failed `up -d` with nothing more)
+            raise AssertionError(f"{' '.join(compose_command())} {' '.join(args)} exited {done.returncode} "
+                                 f"(project {self.project}, port {self.port}):\n{done.stderr[-3000:]}\n"
+                                 f"{done.stdout[-1000:]}")
+        return done
 
     def up(self, *args: str) -> None:
         self.run("up", "-d", *args)
