@@ -50,10 +50,16 @@ def make_app(url: str) -> Any:
     return app
 
 
-if __name__ == "__main__":
+def serve(make: Any) -> None:
+    """``--nats URL --port N``: the app ``make(url)`` builds, under uvicorn as the gateway runs
+    (uvloop, httptools, no access log). Both floor apps start this way."""
     p = argparse.ArgumentParser()
     p.add_argument("--nats", required=True)
     p.add_argument("--port", type=int, required=True)
     a = p.parse_args()
-    uvicorn.run(make_app(a.nats), host="127.0.0.1", port=a.port, loop="uvloop", http="httptools",
+    uvicorn.run(make(a.nats), host="127.0.0.1", port=a.port, loop="uvloop", http="httptools",
                 lifespan="on", access_log=False, log_level="warning")
+
+
+if __name__ == "__main__":
+    serve(make_app)

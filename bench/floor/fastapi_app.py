@@ -10,19 +10,17 @@ Starlette's and pydantic's per-request work, which the product cannot leave out.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import nats
-import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Path
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from bench.floor.asgi_app import CHAIN
+from bench.floor.asgi_app import CHAIN, serve
 
 TOKEN = "floor-token"
 ROUTE = "/v1/sessions/{sid}/messages"
@@ -69,9 +67,4 @@ def make_app(url: str) -> FastAPI:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser()
-    p.add_argument("--nats", required=True)
-    p.add_argument("--port", type=int, required=True)
-    a = p.parse_args()
-    uvicorn.run(make_app(a.nats), host="127.0.0.1", port=a.port, loop="uvloop", http="httptools",
-                lifespan="on", access_log=False, log_level="warning")
+    serve(make_app)

@@ -116,9 +116,10 @@ async def redis_cas_raw(a: argparse.Namespace) -> dict[str, Any]:
         writer.close()
 
 
-async def _posts(a: argparse.Namespace, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """POSTs of ``body`` to the floor app's ``path`` with the lean client, each answered 202."""
-    pool = Pool(a.port, size=1)
+async def _posts(a: argparse.Namespace, path: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    """POSTs of ``body`` to the floor app's ``path`` with the lean client (with ``token`` as its
+    bearer token if given), each answered 202."""
+    pool = Pool(a.port, token, size=1)
 
     async def op(i: int) -> None:
         status, _ = await pool.post(path, body)
@@ -146,17 +147,7 @@ async def send_chain_fastapi(a: argparse.Namespace) -> dict[str, Any]:
     pattern, a bearer dependency, a validated body and reply: ``fastapi_app.py``)."""
     from bench.floor import fastapi_app
 
-    pool = Pool(a.port, fastapi_app.TOKEN, size=1)
-
-    async def op(i: int) -> None:
-        status, _ = await pool.post("/v1/sessions/s_floor/messages", {"text": "ping", "pad": "x" * 100})
-        if status != 202:
-            raise RuntimeError(f"floor app answered {status}")
-
-    try:
-        return await timed(a.n, a.warmup, op)
-    finally:
-        pool.close()
+    return await _posts(a, "/v1/sessions/s_floor/messages", {"text": "ping", "pad": "x" * 100}, fastapi_app.TOKEN)
 
 
 async def http_post_httpx(a: argparse.Namespace) -> dict[str, Any]:
