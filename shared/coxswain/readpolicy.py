@@ -37,7 +37,7 @@ def decide(root: Path | str, workspace: str, name: str, args: Mapping[str, objec
     """Guard's decision for a call that changes nothing, or None for any other call."""
     if name in NO_WORKSPACE:
         return GuardResult(verdict="allow", actor="setting", reason="no workspace access")
-    if name not in READS and name not in PROGRAM_CONTROL:
+    if name not in DECIDED_HERE:
         return None
     real = safefs.real_under(root, workspace)
     if real is None:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import uvloop
 from pydantic_ai.tools import ToolDefinition
 
-from coxswain import safefs, textedit
+from coxswain import readpolicy, safefs, textedit
 from coxswain.errors import Invalid
 from coxswain.proc import dies_with_me
 
@@ -172,7 +172,8 @@ ACTIONS = frozenset({"write_file", "edit_file", "run_command", "start_program", 
 PROGRAM_TOOLS = frozenset({"start_program", "read_program", "write_program", "stop_program"})
 WRITES = frozenset({"write_file", "edit_file"})
 """Tools that write a file through the fenced, versioned write (a staged write settles with their result)."""
-READ_ONLY = frozenset({"read_file", "list_dir", "find_files", "search_text"})
+READ_ONLY = readpolicy.READS
+"""Tools that read the workspace and change nothing: decided by :mod:`coxswain.readpolicy`."""
 
 
 def check_args(name: str, args: Any) -> str | None:
