@@ -50,26 +50,34 @@ CLAIM_S = 120.0
 between the answer and the server's bind, with room for a loaded machine."""
 
 
+def claims_folder() -> Path:
+    """Where this user's processes claim ports (:func:`_claim`): one folder per user, so that no
+    claim is a file another user owns and this one can neither take over nor remove."""
+    return Path(tempfile.gettempdir()) / f"cox-ports-{os.getuid()}"
+
+
 def _claim(port: int) -> bool:
-    """Whether this process may hand ``port`` out: no other process on the machine (a parallel
-    test worker, a ``cox up`` beside it) has in the last :data:`CLAIM_S` seconds. A file per port
-    in a shared folder, created exclusively; an older claim is taken over."""
-    folder = Path(tempfile.gettempdir()) / "cox-ports"
+    """Whether this process may hand ``port`` out: no other process of this user on the machine (a
+    parallel test worker, a ``cox up`` beside it) has in the last :data:`CLAIM_S` seconds. A file
+    per port, created exclusively; an older claim is taken over, and so is one dated more than a
+    few seconds ahead of the clock (the clock was set back, or the folder came from another
+    machine: such a claim would otherwise look fresh for as long as the gap)."""
+    folder = claims_folder()
     path = folder / str(port)
     try:
-        folder.mkdir(mode=0o1777, exist_ok=True)
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         return True
     except FileExistsError:
         try:
-            if time.time() - path.stat().st_mtime < CLAIM_S:
+            if -5.0 < time.time() - path.stat().st_mtime < CLAIM_S:
                 return False
             os.utime(path)
             return True
         except OSError:
             return False
     except OSError:
-        return True  # no shared folder to claim in: the bind check below still holds
+        return True  # no folder to claim in: the bind check below still holds
 
 
 def free_port() -> int:
@@ -85,18 +93,22 @@ def free_port() -> int:
     another worker's server once took the port (CI: "address already in use")."""
     lo, hi = ephemeral_range()
     spans = [(a, b) for a, b in ((10_000, lo - 1), (hi + 1, 65_535)) if b - a >= 2_000]
-    for _ in range(200 if spans else 0):
-        a, b = _ports.choice(spans)
-        port = _ports.randint(a, b)
-        if port in _handed_out or not _claim(port):
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+    # Claims first; where 200 tries meet only claims (a folder that claims nearly every port), a
+    # port outside the range regardless: a claim is a courtesy between processes, the range is
+    # where an outgoing connection can take the port under the server.
+    for honour_claims in (True, False):
+        for _ in range(200 if spans else 0):
+            a, b = _ports.choice(spans)
+            port = _ports.randint(a, b)
+            if port in _handed_out or (honour_claims and not _claim(port)):
                 continue
-        _handed_out.add(port)
-        return port
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

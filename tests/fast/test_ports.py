@@ -64,3 +64,47 @@ def test_a_port_another_process_handed_out_is_not_handed_out_again() -> None:
     assert len(theirs) == 400
     ours = {servers.free_port() for _ in range(400)}
     assert not ours & theirs
+
+
+def _fill_claims(tmp_path, monkeypatch, mtime_from_now: float) -> None:
+    """Every port outside the kernel's range claimed, each file dated ``mtime_from_now`` seconds
+    from now; the claims folder is a fresh one under ``tmp_path``."""
+    import os
+    import tempfile
+    import time
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lo, hi = servers.ephemeral_range()
+    folder = servers.claims_folder()
+    folder.mkdir(parents=True)
+    when = time.time() + mtime_from_now
+    for port in [*range(10_000, lo), *range(hi + 1, 65_536)]:
+        path = folder / str(port)
+        path.touch()
+        os.utime(path, (when, when))
+
+
+def test_claims_dated_ahead_of_the_clock_hold_no_port(tmp_path, monkeypatch) -> None:
+    """The project's CI once failed here: its temporary folder held a claim for nearly every port,
+    dated ahead of the machine's clock (a clock set back, or a folder carried over from another
+    machine), so every claim looked fresh for ever and every port fell back to the kernel's
+    ephemeral range. A claim dated ahead of the clock is an old one."""
+    _fill_claims(tmp_path, monkeypatch, 3_600)
+    lo, hi = servers.ephemeral_range()
+    got = [servers.free_port() for _ in range(200)]
+    assert not [p for p in got if lo <= p <= hi]
+    assert len(set(got)) == len(got)
+
+
+def test_a_port_is_handed_out_outside_the_range_even_when_every_port_is_claimed(tmp_path, monkeypatch) -> None:
+    """Claims are a courtesy between processes; a folder that claims everything (a runaway caller,
+    a claim that cannot be taken over) must not put a server on a port an outgoing connection
+    may take meanwhile."""
+    _fill_claims(tmp_path, monkeypatch, 0)
+    lo, hi = servers.ephemeral_range()
+    got = [servers.free_port() for _ in range(200)]
+    assert not [p for p in got if lo <= p <= hi]
+    assert len(set(got)) == len(got)
+    for p in got[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
