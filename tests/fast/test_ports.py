@@ -9,6 +9,9 @@ lane: a module's stack failed to start and four tests errored).
 from __future__ import annotations
 
 import socket
+from pathlib import Path
+
+import pytest
 
 from cox import servers
 from cox.redis_cluster import _free_pair
@@ -66,7 +69,7 @@ def test_a_port_another_process_handed_out_is_not_handed_out_again() -> None:
     assert not ours & theirs
 
 
-def _fill_claims(tmp_path, monkeypatch, mtime_from_now: float) -> None:
+def _fill_claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mtime_from_now: float) -> None:
     """Every port outside the kernel's range claimed, each file dated ``mtime_from_now`` seconds
     from now; the claims folder is a fresh one under ``tmp_path``."""
     import os
@@ -84,7 +87,7 @@ def _fill_claims(tmp_path, monkeypatch, mtime_from_now: float) -> None:
         os.utime(path, (when, when))
 
 
-def test_claims_dated_ahead_of_the_clock_hold_no_port(tmp_path, monkeypatch) -> None:
+def test_claims_dated_ahead_of_the_clock_hold_no_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The project's CI once failed here: its temporary folder held a claim for nearly every port,
     dated ahead of the machine's clock (a clock set back, or a folder carried over from another
     machine), so every claim looked fresh for ever and every port fell back to the kernel's
@@ -96,7 +99,8 @@ def test_claims_dated_ahead_of_the_clock_hold_no_port(tmp_path, monkeypatch) -> 
     assert len(set(got)) == len(got)
 
 
-def test_a_port_is_handed_out_outside_the_range_even_when_every_port_is_claimed(tmp_path, monkeypatch) -> None:
+def test_a_port_is_handed_out_outside_the_range_even_when_every_port_is_claimed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Claims are a courtesy between processes; a folder that claims everything (a runaway caller,
     a claim that cannot be taken over) must not put a server on a port an outgoing connection
     may take meanwhile."""
