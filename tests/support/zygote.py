@@ -21,28 +21,33 @@ from pathlib import Path
 
 from cox.forkserver import PRELOAD as SERVICES
 from cox.forkserver import Forked, ForkServer
-from cox_runner.workspace.mcp_servers import SDK_MODULES
 
-__all__ = ["PRELOAD", "Forked", "enabled", "spawn"]
+__all__ = ["Forked", "enabled", "preload", "spawn"]
 
-PRELOAD = (*SERVICES, *SDK_MODULES)
-"""What every fork finds imported."""
+
+def preload() -> tuple[str, ...]:
+    """What every fork finds imported: the services and the MCP SDK. Read when the first stack
+    starts, not when this module is imported: the runner's MCP module imports pydantic-ai (~1.2 s
+    of CPU), which a pytest process that never starts a stack must not pay."""
+    from cox_runner.workspace.mcp_servers import SDK_MODULES
+
+    return (*SERVICES, *SDK_MODULES)
 
 
 def enabled() -> bool:
     return os.environ.get("COX_TEST_FORK", "1") != "0"
 
 
-_server = ForkServer(PRELOAD)
+_server: ForkServer | None = None
 _lock = threading.Lock()
-_registered = False
 
 
 def spawn(module: str, env: dict[str, str], log: Path, cwd: str | None = None) -> Forked:
     """Start ``python -m module`` as a fork of this pytest process's server."""
-    global _registered
+    global _server
     with _lock:
-        if not _registered:
+        if _server is None:
+            _server = ForkServer(preload())
             atexit.register(_server.close)  # the server ends; the kernel SIGTERMs what still runs
-            _registered = True
-    return _server.spawn(module, env, log, cwd)
+        server = _server
+    return server.spawn(module, env, log, cwd)
