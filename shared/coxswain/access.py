@@ -74,6 +74,9 @@ READ_EVENTS: Final = (
 LAST_EVENT: Final = f"{_JS}.DIRECT.GET.{_STREAM}.{subjects.EVENTS_WILDCARD}"
 """``eventlog.last_in_stream``: a session's last event (a direct get by subject), which each
 conditional publish is checked against."""
+TAIL_EVENTS: Final = f"{_JS}.DIRECT.GET.{_STREAM}"
+"""``eventlog.tail``: a session's next message from a stream seq on (a direct get whose body names
+the session's subject): the events stream only, which the runner reads whole anyway."""
 NOTIFY: Final = (
     f"{_JS}.CONSUMER.INFO.{_STREAM}.*",
     f"$JS.ACK.{_STREAM}.>",
@@ -97,7 +100,7 @@ NATS: Final[Mapping[str, NatsPermissions]] = {
     ),
     RUNNER: NatsPermissions(
         publish=(*requests_of(RUNNER), subjects.CONTROL_WILDCARD, subjects.EVENTS_WILDCARD, *OWN_STREAM,
-                 LAST_EVENT, *READ_EVENTS, subjects.USAGE_METRICS, *READ_ARCHIVE, *OWN_ARCHIVE),
+                 LAST_EVENT, TAIL_EVENTS, *READ_EVENTS, subjects.USAGE_METRICS, *READ_ARCHIVE, *OWN_ARCHIVE),
         subscribe=(*_serves(RUNNER), *_calls(RUNNER), subjects.CONTROL_WILDCARD),
     ),
     GUARD: NatsPermissions(publish=requests_of(GUARD), subscribe=_serves(GUARD)),

@@ -218,6 +218,9 @@ class RunnerConfig(_Section):
     command_timeout_s: float = Field(120.0, gt=0)
     output_limit: int = Field(64_000, ge=1024)
     """Bytes of tool output given back to the model; the rest is cut with a note."""
+    transcripts_kept: int = Field(256, ge=0)
+    """Sessions whose transcript a runner keeps when their drive ends, so the next turn there
+    reads only the events since instead of the whole log (0: none; the oldest goes first)."""
     infra_wait_s: float = Field(30.0, gt=0)
     """How long a turn waits for guard, judge or versions (or the message bus) to answer again
     before it ends ``unavailable``; Stop and steer end the wait at once."""

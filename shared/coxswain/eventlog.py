@@ -357,6 +357,50 @@ async def backlog(js: JetStreamContext, sid: str, after: int, until: int, limit:
     return out[:limit]
 
 
+TAIL_MESSAGES = 16
+"""At most this many direct gets for :func:`tail`; a longer tail is read with a consumer."""
+TAIL_GET_S = 1.0
+"""Bound on one direct get of :func:`tail` (the caller reads the whole log after a failure)."""
+
+
+async def tail(js: JetStreamContext, sid: str, start: int, after: int, until: int,
+               max_messages: int = TAIL_MESSAGES) -> list[dict[str, Any]] | None:
+    """The session's events with ``after < seq <= until``, read message by message from stream
+    seq ``start`` on (direct gets, no consumer: a few round trips for a short tail).
+
+    ``start`` is only a hint (where the session's messages were when ``after`` was current); the
+    events must follow on from ``after`` without a gap, or None is answered and the caller reads
+    the log from its start: a message holding ``after + 1`` that lies before ``start``, a stream
+    recreated meanwhile, more than ``max_messages`` messages, or events not in the stream yet.
+    """
+    if until <= after:
+        return []
+    subject = subjects.events(sid)
+    out: list[dict[str, Any]] = []
+    last, pos = after, max(1, start)
+    for _ in range(max_messages):
+        try:
+            msg = await asyncio.wait_for(
+                js.get_msg(subjects.EVENTS_STREAM, seq=pos, subject=subject, direct=True, next=True), TAIL_GET_S)
+        except nats.js.errors.NotFoundError:
+            return None
+        for ev in events_in(msg.data or b""):
+            seq = int(ev.get("seq", 0))
+            if seq <= last:
+                continue
+            if seq != last + 1:
+                return None
+            last = seq
+            if seq <= until:
+                out.append(ev)
+        if last >= until:
+            return out
+        pos = int(msg.seq or 0) + 1
+        if pos <= 1:
+            return None
+    return None
+
+
 class Reader:
     """One reader's share of a session's live events: a buffer bounded in bytes.
 

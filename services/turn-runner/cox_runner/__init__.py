@@ -47,7 +47,8 @@ orders its own modules the same way in its ``__init__``.
 12. The parts' resources
    - ``deps``: the resources the parts share, handed down instead of the ``Runner``.
 13. Reading a session, ringing its holder
-   - ``logreader``: a session's whole log (the outbox flushed, then JetStream read).
+   - ``logreader``: a session's whole log (the outbox flushed, then JetStream read); the transcripts
+     kept for idle sessions, with the events since folded in.
    - ``doorbell``: tells the runner holding a session to look again.
 14. Leases
    - ``leases``: the drives this runner holds, one per session, their deadlines, the lease check

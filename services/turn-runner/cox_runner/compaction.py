@@ -122,7 +122,9 @@ class Estimates:
     count is kept while that message object is in it (with its number of parts, in case one is
     extended), so a request costs the messages added since the last one, not the whole history.
     Estimating all of it each time serialized every tool call's arguments again: 3.4 ms a request
-    at 400 messages of file writes, on the event loop, growing with the session."""
+    at 400 messages of file writes, on the event loop, growing with the session. The transcript
+    owns one (``transcript.Builder.estimates``), so it lives as long as the transcript: carried to
+    the drive's next turn, kept for the session's next drive here."""
 
     def __init__(self) -> None:
         self._kept: dict[int, tuple[ModelMessage, int, int]] = {}
@@ -410,7 +412,6 @@ class Compactor:
     """(budget tokens, transcript length) when the last request went out."""
     pre_compact: Callable[[str], Any] | None = None
     """The turn's PreCompact hooks (``cox_runner.hooks``), told before a compaction."""
-    _estimates: Estimates = field(default_factory=Estimates, init=False)
 
     def window(self) -> int | None:
         window: int | None = self.deps.models.window(self.turn.model)
@@ -421,12 +422,12 @@ class Compactor:
         and its response plus an estimate of what was added since, never below the estimate of
         the whole request."""
         b = self.rec.history
-        whole = self._estimates(b.messages, self.instructions())
+        whole = b.estimates(b.messages, self.instructions())
         if self._mark is None or self._mark[1] > len(b.messages):
             return whole
         tokens, length = self._mark
         reported = self.budget.tokens - tokens
-        added = sum(self._estimates.message(m) for m in b.messages[length:])
+        added = sum(b.estimates.message(m) for m in b.messages[length:])
         return max(whole, reported + added)
 
     async def before_request(self) -> None:

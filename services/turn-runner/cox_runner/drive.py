@@ -81,6 +81,10 @@ async def run_drive(deps: Deps, d: Drive) -> None:
         while nxt is not None:
             ending, plan = await _run_turn(deps, d, nxt)
             nxt = await _end_turn(deps, d, ending, plan)
+        if d.history is not None and d.files is not None:
+            # The session went idle with the transcript whole: its next turn here folds in only
+            # what was recorded since (logreader.LogReader.history).
+            deps.events.keep(d.sid, d.history, d.files)
     except StoreDown as exc:
         log.warning("drive.store_down", error=str(exc))
         await deps.store.drop_idle()
@@ -152,6 +156,7 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, 
         if slot:
             deps.run_slots.release(d.sid)
     d.history = loop.handed_on()
+    d.files = loop.files
     return ending, loop.plan.plan
 
 

@@ -39,6 +39,8 @@ class Drive:
     turn: Turn | None = None
     history: transcript.Builder | None = None
     """The transcript as the last turn left it, for the next turn of this drive."""
+    files: transcript.AttachmentFiles | None = None
+    """Where the last turn's transcript took attachments from (kept with it when the drive ends)."""
     task: asyncio.Task[None] | None = None
     acquired: float = field(default_factory=time.monotonic)
     """When the lease was (at the latest) set or last renewed, on this process's monotonic clock."""

@@ -1,8 +1,18 @@
-"""Reading a session's whole log: the outbox flushed, then JetStream read up to the last event."""
+"""Reading a session's whole log: the outbox flushed, then JetStream read up to the last event.
+
+A turn whose session was idle before it starts from the transcript the last drive here left
+(:meth:`LogReader.keep`, a bounded number of sessions, ``[runner] transcripts_kept``) and folds in
+only the events recorded since, read by direct gets from where the session's messages were: its
+cost no longer grows with the session's length. Anything the fold cannot take the way
+:func:`transcript.build` would (a conversation rewind, an attachment withheld, another model's
+view of images, a gap in the tail) rebuilds from the whole log as before.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+from dataclasses import dataclass
 from typing import Any
 
 import redis.exceptions
@@ -10,6 +20,7 @@ from nats.js import JetStreamContext
 
 from coxswain import eventlog, keys
 
+from . import transcript
 from .errors import StopRequested
 from .leases import Leases
 from .redis.store import Store
@@ -17,13 +28,80 @@ from .redis.store import Store
 LOG_LIMIT = 10_000_000
 
 
+@dataclass
+class Kept:
+    """A transcript a drive left here when its session went idle."""
+
+    history: transcript.Builder
+    start: int | None
+    """Stream seq of the session's last message this process had published then (a hint where
+    the events after ``history.seq`` begin)."""
+    images: bool
+    workspace: str
+
+
 class LogReader:
-    def __init__(self, redis: Any, store: Store, js: JetStreamContext, leases: Leases, log: Any) -> None:
+    def __init__(self, redis: Any, store: Store, js: JetStreamContext, leases: Leases, log: Any,
+                 kept: int = 0) -> None:
         self.redis = redis
         self.store = store
         self.js = js
         self.leases = leases
         self.log = log
+        self.kept_max = kept
+        self._kept: collections.OrderedDict[str, Kept] = collections.OrderedDict()
+        self.folded = 0
+        """Turn starts that folded a kept transcript's tail instead of rebuilding (for tests)."""
+
+    @property
+    def kept(self) -> int:
+        return len(self._kept)
+
+    def keep(self, sid: str, history: transcript.Builder, files: transcript.AttachmentFiles) -> None:
+        """Keep the transcript a drive leaves as its session goes idle (the oldest kept is dropped
+        past ``kept_max``). Only a transcript the drive's turns kept whole, under its lease."""
+        if self.kept_max <= 0:
+            return
+        self._kept.pop(sid, None)
+        self._kept[sid] = Kept(history, self.store.outbox.position(sid), files.images, str(files.workspace))
+        while len(self._kept) > self.kept_max:
+            self._kept.popitem(last=False)
+
+    async def history(self, sid: str, through: int | None,
+                         files: transcript.AttachmentFiles) -> transcript.Builder:
+        """The transcript up to seq ``through``: a kept one with the events since folded in, else
+        built from the whole log."""
+        kept = self._kept.pop(sid, None)
+        if kept is not None and kept.images == files.images and kept.workspace == str(files.workspace):
+            b = await self._extend(sid, kept, through, files)
+            if b is not None:
+                self.folded += 1
+                return b
+        events = await self.read(sid, through=through)
+        return await asyncio.to_thread(transcript.build, events, files)
+
+    async def _extend(self, sid: str, kept: Kept, through: int | None,
+                      files: transcript.AttachmentFiles) -> transcript.Builder | None:
+        b = kept.history
+        target = through if through is not None else int(await self.redis.hget(keys.session(sid), "seq") or 0)
+        if kept.start is None or target < b.seq:
+            return None
+        try:
+            if not await self.store.outbox.flush(sid, timeout=2.0):
+                return None
+            tail = await eventlog.tail(self.js, sid, kept.start, b.seq, target)
+        except (asyncio.CancelledError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the whole read below retries and waits
+            self.log.info("log.tail_unread", sid=sid, error=repr(exc))
+            return None
+        if tail is None or not transcript.foldable(tail):
+            return None
+        if any(e.get("attachments") for e in tail):  # their files are read: off the loop
+            await asyncio.to_thread(transcript.extend, b, tail, files)
+        else:
+            transcript.extend(b, tail, files)
+        return b
 
     async def read(self, sid: str, through: int | None = None) -> list[dict[str, Any]]:
         """The session's whole log, at least up to the last event recorded when called (or up to

@@ -89,6 +89,8 @@ class TurnLoop:
         self.gate = Gate(deps, turn, self.rec, self.budget, self.taint, lambda: self.plan.plan, self.log)
         self.tools = ToolContext(deps=deps, turn=turn, rec=self.rec, budget=self.budget, taint=self.taint,
                                  plan=self.plan, log=self.log, guarded=self.guarded)
+        self.files: transcript.AttachmentFiles | None = None
+        """Where this turn's transcript takes attachments from (set by the load)."""
         self.agents: str | None = None
         """The workspace's ``AGENTS.md``, read at turn start (given after the system prompt)."""
         self.compactor = Compactor(deps, turn, self.rec, self.budget, self.log, self.instructions, self.guarded)
@@ -150,8 +152,8 @@ class TurnLoop:
         pictured = [str(a.get("name", "")) for a in t.attachments if att.kind(str(a.get("media_type", ""))) == "image"]
         refused = bool(pictured) and not images
         held = await self.gate.screen_attachments(t.attachments) if t.attachments and not refused else frozenset()
-        files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir, t.workspace, held,
-                                           images)
+        files = self.files = transcript.AttachmentFiles(self.deps.settings.root, self.deps.settings.store_dir,
+                                                        t.workspace, held, images)
         if self.carried is not None:
             self.rec.history = self.carried
             if t.attachments:  # their files are read: off the loop
@@ -165,12 +167,12 @@ class TurnLoop:
             # spares a flush of the outbox and a read of JetStream per run.
             self.rec.history = transcript.of_message(t.text, t.via, int(t.info["seq"]), files)
         else:
-            # events.read flushes the outbox and reads the log up to the session's seq (as the
-            # turn began, when the call that began it handed the session over: its user.msg and
-            # turn.start are the last events the transcript needs).
+            # Up to the session's seq as the turn began (when the call that began it handed the
+            # session over: its user.msg and turn.start are the last events the transcript needs):
+            # the transcript the last drive here left with the events since folded in, or the
+            # whole log (the outbox flushed, JetStream read) built.
             seq = t.info.get("seq") if t.info else None
-            events = await self.deps.events.read(t.sid, through=int(seq) if seq else None)
-            self.rec.history = await asyncio.to_thread(transcript.build, events, files)
+            self.rec.history = await self.deps.events.history(t.sid, int(seq) if seq else None, files)
         if refused:
             # Checked when the message was sent or queued; the session's model changed since (a
             # queued message runs on the model chosen meanwhile). Refused before the model is

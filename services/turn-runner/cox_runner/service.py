@@ -99,7 +99,8 @@ class Runner(Service):
         self.deps = Deps(
             settings=self.settings, log=self.log, redis=self.redis, store=self.store, clients=self.clients,
             models=self.models, sandbox=self.sandbox, owner=self.owner, leases=self.leases,
-            events=LogReader(self.redis, self.store, self.js, self.leases, self.log), doorbell=self.doorbell,
+            events=LogReader(self.redis, self.store, self.js, self.leases, self.log,
+                             kept=self.settings.runner.transcripts_kept), doorbell=self.doorbell,
             health=Health(self.nc, self.settings), process=self,
             run_slots=RunSlots(self.store, self.settings, self.runner_id, self.log),
         )
@@ -196,6 +197,7 @@ class Runner(Service):
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
         return {"runner": self.runner_id, "drives": len(self.leases), "turns_started": self.leases.turns_started,
+                "transcripts": {"kept": self.deps.events.kept, "folded": self.deps.events.folded},
                 "run_slots": {"held": self.deps.run_slots.held, "waiting": self.deps.run_slots.waiting},
                 "sandbox": {**self.sandbox.status().as_dict(),
                             "limits": limits.of(self.sandbox).status().as_dict(self.settings.sandbox)}}

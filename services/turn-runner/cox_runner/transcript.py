@@ -42,9 +42,9 @@ from pydantic_ai.messages import (
 )
 
 from coxswain import attachments as att
-from coxswain.turns import rewound
+from coxswain.turns import CONVERSATION_SCOPES, REWOUND, rewound
 
-from .compaction import apply_event
+from .compaction import Estimates, apply_event
 
 SKIP_TEXT = {
     "lead": "Skipped: the person sent a newer instruction (a Lead) before this call started. "
@@ -152,6 +152,9 @@ class Builder:
         :func:`build` keep it); a response remembers the seq it was recorded at."""
         self.seqs: list[int] = []
         """Per message, the value of :attr:`seq` when it was added (compaction cuts by it)."""
+        self.estimates = Estimates()
+        """Each message's token estimate, kept with the transcript (compaction's check before
+        every request costs the messages added since, not the whole history, turn after turn)."""
 
     # -- requests
     def user(self, text: str, via: str, attached: list[dict[str, Any]] | None = None,
@@ -217,7 +220,31 @@ def build(events: list[dict[str, Any]], files: AttachmentFiles | None = None) ->
     b = Builder()
     if files is not None and (held := withheld(events)):
         files = dataclasses.replace(files, withheld=files.withheld | held)
-    for ev in rewound(events):
+    _fold(b, rewound(events), files)
+    if events:  # a rewind leaves its own and later seqs out of the transcript, not out of the log
+        b.seq = max(b.seq, max(int(e.get("seq") or 0) for e in events))
+    return b
+
+
+def foldable(events: list[dict[str, Any]]) -> bool:
+    """Whether :func:`extend` takes these events the way :func:`build` would over the whole log:
+    not when one is a conversation rewind (it replaces what came before) or an attachment
+    withheld (it changes what an earlier message shows)."""
+    return not any(e.get("type") == "attachment.withheld"
+                   or (e.get("type") == REWOUND and e.get("scope") in CONVERSATION_SCOPES) for e in events)
+
+
+def extend(b: Builder, events: list[dict[str, Any]], files: AttachmentFiles | None = None) -> Builder:
+    """Fold the events that follow ``b.seq`` into ``b`` (:func:`foldable` ones): the same
+    transcript :func:`build` makes of the log they complete."""
+    _fold(b, events, files)
+    if events:
+        b.seq = max(b.seq, max(int(e.get("seq") or 0) for e in events))
+    return b
+
+
+def _fold(b: Builder, events: list[dict[str, Any]], files: AttachmentFiles | None) -> None:
+    for ev in events:
         t = ev.get("type")
         b.seq = max(b.seq, int(ev.get("seq") or 0))
         if t == "context.compacted":
@@ -230,9 +257,6 @@ def build(events: list[dict[str, Any]], files: AttachmentFiles | None = None) ->
             b.tool_return(ev["call_id"], ev.get("output", "") + fold(ev.get("observed")))
         elif t == "tool.skipped":
             b.tool_return(ev["call_id"], skip_text(ev.get("reason", "")))
-    if events:  # a rewind leaves its own and later seqs out of the transcript, not out of the log
-        b.seq = max(b.seq, max(int(e.get("seq") or 0) for e in events))
-    return b
 
 
 def of_message(text: str, via: str, seq: int, files: AttachmentFiles | None = None) -> Builder:

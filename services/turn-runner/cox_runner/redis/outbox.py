@@ -86,6 +86,12 @@ class Outbox:
         except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
             self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
 
+    def position(self, sid: str) -> int | None:
+        """The stream seq of the session's last message this process published (None: none known
+        here). Later events of the session are in later messages of its subject."""
+        pos = self._cursors.get(sid)
+        return pos[1] if pos is not None else None
+
     async def flush(self, sid: str, timeout: float = 5.0) -> bool:
         """Wait until the session's outbox is published (so the log can be read in full)."""
         loop = asyncio.get_running_loop()
