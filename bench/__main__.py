@@ -1,6 +1,6 @@
 """``./dev bench [--quick] [--peer langgraph,dbos] [--only PHASES] [--no-profile] [--cluster]``
 
-Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff, trace (wire
+Phases, in order: floors, send, tool_calls (+ py-spy profile), lead, handoff, chat, trace (wire
 timelines; one stack, two runners, the floors' servers), sweep (a fresh stack per runner count), runs, memory (a fresh
 stack), sandbox, compose (runners added with ``docker compose up --scale``, where Docker answers), peer (only with
 ``--peer``: each peer named, then our side once). A phase that fails is recorded and the rest go on.
@@ -28,6 +28,7 @@ from typing import Any
 import uvloop
 
 from . import (
+    chat,
     compare,
     compose,
     floors,
@@ -48,7 +49,7 @@ from .profiles import FULL, QUICK, Counts
 from .stack import Servers, Stack
 
 HERE = Path(__file__).resolve().parent
-PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "trace", "sweep", "runs", "memory", "sandbox", "compose",
+PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "chat", "trace", "sweep", "runs", "memory", "sandbox", "compose",
           "peer")
 T0 = time.perf_counter()
 
@@ -148,7 +149,7 @@ class Run:
             if self.want("floors"):
                 self.res["floors"] = await self.phase("floors", asyncio.to_thread(floors.measure, servers, c.floor_n,
                                                                                   100, log))
-            if self.only & {"send", "tool_calls", "lead", "handoff", "trace"}:
+            if self.only & {"send", "tool_calls", "lead", "handoff", "chat", "trace"}:
                 await self.latencies(servers)
         finally:
             servers.stop()
@@ -209,6 +210,9 @@ class Run:
                 ph["lead"] = await self.phase("lead", latency.lead_applied(stack, pool, c.lead_n))
             if self.want("handoff"):
                 ph["handoff"] = await self.phase("handoff", latency.handoff(stack, pool, c.handoff_rounds))
+            if self.want("chat"):
+                ph["chat"] = await self.phase("chat", chat.turn_cost(stack, pool, c.chat_sessions, c.chat_turns,
+                                                                     c.chat_window))
             if self.want("trace"):
                 self.res["traces"] = await self.phase("trace", traces.record(stack, pool))
         finally:

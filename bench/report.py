@@ -35,6 +35,15 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
         for q in ("p50", "p99"):
             out.append(_row("sandbox", f"`true` in bwrap, per command {q}", sb["bwrap"][q], sb["bare"][q], "ms",
                             "floor = the same command bare (mode none), same code path, alternated"))
+    if ch := res.get("phases", {}).get("chat"):  # its floor is its own first turns
+        w, n = ch["window"], ch["turns"]
+        out.append(_row("chat", f"CPU per turn at turns {n - w + 1}-{n} of a session, against turns 1-{w}",
+                        ch["late_cpu_ms_per_turn"], ch["early_cpu_ms_per_turn"], "ms",
+                        f"all stack processes; {ch['sessions']} sessions, each message sent when the last turn ended "
+                        f"(a drive per turn); ~{ch['events_per_session']} events a session at the end; "
+                        "'floor' = the same session's first turns: a turn's start must not cost more as its log grows"))
+        out.append(_row("chat", f"runners' CPU per turn at turns {n - w + 1}-{n}, against turns 1-{w}",
+                        ch["late_runner_cpu_ms_per_turn"], ch["early_runner_cpu_ms_per_turn"], "ms", "the runners alone"))
     f = res.get("floors")
     if not f:
         return out + list(res.get("peer_rows") or [])

@@ -254,16 +254,20 @@ class EventFeed:
     seq already given are dropped, so a republished event is never handed out twice.
     """
 
-    def __init__(self, js: JetStreamContext, sid: str, after: int = 0) -> None:
+    def __init__(self, js: JetStreamContext, sid: str, after: int = 0, start: int | None = None) -> None:
         self.js = js
         self.sid = sid
         self.last = after
+        self.start = start
+        """A stream seq to deliver from (the session's messages before it are skipped by the
+        server, not read and dropped here); None: from the subject's first message."""
         self.caught_up = False
         self._sub: Any = None
 
     async def __aenter__(self) -> EventFeed:
         cfg = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.ALL,
+            deliver_policy=api.DeliverPolicy.ALL if self.start is None else api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self.start,
             ack_policy=api.AckPolicy.NONE,
             inactive_threshold=10.0,
             mem_storage=True,
@@ -357,8 +361,9 @@ async def backlog(js: JetStreamContext, sid: str, after: int, until: int, limit:
     return out[:limit]
 
 
-TAIL_MESSAGES = 16
-"""At most this many direct gets for :func:`tail`; a longer tail is read with a consumer."""
+TAIL_MESSAGES = 8
+"""At most this many direct gets for :func:`tail`; the rest of a longer tail (another runner's
+turns meanwhile) is read with a consumer that starts where they ended."""
 TAIL_GET_S = 1.0
 """Bound on one direct get of :func:`tail` (the caller reads the whole log after a failure)."""
 
@@ -366,12 +371,13 @@ TAIL_GET_S = 1.0
 async def tail(js: JetStreamContext, sid: str, start: int, after: int, until: int,
                max_messages: int = TAIL_MESSAGES) -> list[dict[str, Any]] | None:
     """The session's events with ``after < seq <= until``, read message by message from stream
-    seq ``start`` on (direct gets, no consumer: a few round trips for a short tail).
+    seq ``start`` on (direct gets, no consumer: a few round trips for a short tail), and past
+    ``max_messages`` messages by a consumer delivering from where those ended.
 
     ``start`` is only a hint (where the session's messages were when ``after`` was current); the
     events must follow on from ``after`` without a gap, or None is answered and the caller reads
     the log from its start: a message holding ``after + 1`` that lies before ``start``, a stream
-    recreated meanwhile, more than ``max_messages`` messages, or events not in the stream yet.
+    recreated meanwhile, or events not in the stream yet.
     """
     if until <= after:
         return []
@@ -398,7 +404,21 @@ async def tail(js: JetStreamContext, sid: str, start: int, after: int, until: in
         pos = int(msg.seq or 0) + 1
         if pos <= 1:
             return None
-    return None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TAIL_GET_S * 2
+    async with EventFeed(js, sid, last, start=pos) as feed:
+        while last < until:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            for ev in await feed.next(timeout=min(1.0, remaining)):
+                seq = int(ev.get("seq", 0))
+                if seq != last + 1:
+                    return None
+                last = seq
+                if seq <= until:
+                    out.append(ev)
+    return out
 
 
 class Reader:

@@ -190,3 +190,45 @@ def test_in_any_mix_of_types_no_message_holds_a_webhook_event_before_its_end() -
             seen += evs
             i = end
         assert seqs_of(seen) == list(range(1, n + 1))
+
+
+# ------------------------------------------------------------------ tail: from a stream seq on
+
+
+def test_tail_reads_from_a_stream_seq_and_refuses_any_gap(tmp_path: Path) -> None:
+    """``eventlog.tail`` (a kept transcript's new events): direct gets from a stream seq, then a
+    consumer from where they ended; the events after ``after`` exactly, or None: never a tail
+    with a gap, whatever the hint."""
+    other = "s_other"
+
+    async def go(nc: Any, js: Any) -> None:
+        cursors: eventlog.Cursors = {}
+        # 30 events of SID, one message each (webhook events end messages), another session's between
+        for seq in range(1, 31):
+            await eventlog.publish(js, SID, [entry(seq, "turn.end")], cursors=cursors)
+            await eventlog.publish(js, other, [entry(seq, "turn.end")], cursors=cursors)
+        info = await js.stream_info(subjects.EVENTS_STREAM)
+        by_seq: dict[int, int] = {}  # SID's event seq -> its message's stream seq
+        for s in range(1, int(info.state.last_seq) + 1):
+            msg = await js.get_msg(subjects.EVENTS_STREAM, s)
+            if msg.subject == subjects.events(SID):
+                by_seq[json.loads(msg.data)["seq"]] = s
+
+        def seqs(evs: list[dict[str, Any]] | None) -> list[int] | None:
+            return None if evs is None else [int(e["seq"]) for e in evs]
+
+        # the message holding `after` as the hint, or any earlier one: exact
+        assert seqs(await eventlog.tail(js, SID, by_seq[10], 10, 13)) == [11, 12, 13]
+        assert seqs(await eventlog.tail(js, SID, by_seq[2], 10, 13)) == [11, 12, 13]
+        assert seqs(await eventlog.tail(js, SID, 1, 10, 10)) == []
+        # longer than the direct gets: the consumer goes on from where they ended
+        assert seqs(await eventlog.tail(js, SID, by_seq[1], 1, 30)) == list(range(2, 31))
+        assert seqs(await eventlog.tail(js, SID, by_seq[1], 1, 30, max_messages=2)) == list(range(2, 31))
+        # a hint past the message holding after + 1: the gap is seen, None
+        assert await eventlog.tail(js, SID, by_seq[12], 10, 13) is None
+        assert await eventlog.tail(js, SID, by_seq[12], 10, 20, max_messages=0) is None
+        # a hint past the stream's end (a stream made again), or events not in the stream yet
+        assert await eventlog.tail(js, SID, int(info.state.last_seq) + 100, 10, 13) is None
+        assert await eventlog.tail(js, SID, by_seq[28], 28, 35, max_messages=1) is None
+
+    run(tmp_path, go)

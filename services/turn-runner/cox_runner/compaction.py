@@ -422,12 +422,13 @@ class Compactor:
         and its response plus an estimate of what was added since, never below the estimate of
         the whole request."""
         b = self.rec.history
-        whole = b.estimates(b.messages, self.instructions())
+        est: Estimates = b.estimates
+        whole = est(b.messages, self.instructions())
         if self._mark is None or self._mark[1] > len(b.messages):
             return whole
         tokens, length = self._mark
         reported = self.budget.tokens - tokens
-        added = sum(b.estimates.message(m) for m in b.messages[length:])
+        added = sum(est.message(m) for m in b.messages[length:])
         return max(whole, reported + added)
 
     async def before_request(self) -> None:
