@@ -339,8 +339,9 @@ class EventFeed:
 
 
 async def backlog(js: JetStreamContext, sid: str, after: int, until: int, limit: int = 1000,
-                  timeout: float = 5.0) -> list[dict[str, Any]]:
-    """The session's events with ``after < seq <= until``, at most ``limit``, from the stream.
+                  timeout: float = 5.0, start: int | None = None) -> list[dict[str, Any]]:
+    """The session's events with ``after < seq <= until``, at most ``limit``, from the stream
+    (from stream seq ``start`` on, when the caller knows where they begin: :class:`EventFeed`).
 
     ``until`` is the session's seq as Redis has it: events are recorded there first and
     published an instant later, so the read waits (up to ``timeout``) for the stream to catch up
@@ -351,7 +352,7 @@ async def backlog(js: JetStreamContext, sid: str, after: int, until: int, limit:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     out: list[dict[str, Any]] = []
-    async with EventFeed(js, sid, after) as feed:
+    async with EventFeed(js, sid, after, start=start) as feed:
         while len(out) < limit and feed.last < until:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -404,21 +405,10 @@ async def tail(js: JetStreamContext, sid: str, start: int, after: int, until: in
         pos = int(msg.seq or 0) + 1
         if pos <= 1:
             return None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + TAIL_GET_S * 2
-    async with EventFeed(js, sid, last, start=pos) as feed:
-        while last < until:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            for ev in await feed.next(timeout=min(1.0, remaining)):
-                seq = int(ev.get("seq", 0))
-                if seq != last + 1:
-                    return None
-                last = seq
-                if seq <= until:
-                    out.append(ev)
-    return out
+    rest = await backlog(js, sid, last, until, limit=until - last, timeout=TAIL_GET_S * 2, start=pos)
+    if [int(e.get("seq", 0)) for e in rest] != list(range(last + 1, until + 1)):
+        return None
+    return out + rest
 
 
 class Reader:

@@ -29,12 +29,6 @@ NOTES = "attached notes: the build needs make 4.3\n"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModels]:
-    with FakeModels() as f:
-        yield f
-
-
-@pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeModels) -> Iterator[Stack]:
     config = f"""
 [model]

@@ -22,12 +22,6 @@ LEAD = "LEAD-ONE: keep going, and mention tabs in the summary"
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModels]:
-    with FakeModels() as f:
-        yield f
-
-
-@pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeModels) -> Iterator[Stack]:
     config = f"""
 [model]

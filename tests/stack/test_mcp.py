@@ -110,12 +110,6 @@ def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModels]:
-    with FakeModels() as f:
-        yield f
-
-
-@pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, judge: CannedJudge, web: str,
           fake: FakeModels) -> Iterator[Stack]:
     # The stdio server runs in the sandbox: it sees the system, the workspace, and what extra_ro

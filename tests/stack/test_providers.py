@@ -21,12 +21,6 @@ from tests.support.stack import Api, Stack, running
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModels]:
-    with FakeModels() as f:
-        yield f
-
-
-@pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeModels) -> Iterator[Stack]:
     config = f"""
 [model]

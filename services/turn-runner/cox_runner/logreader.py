@@ -83,8 +83,10 @@ class LogReader:
     async def _extend(self, sid: str, kept: Kept, through: int | None,
                       files: transcript.AttachmentFiles) -> transcript.Builder | None:
         b = kept.history
+        if kept.start is None:
+            return None
         target = through if through is not None else int(await self.redis.hget(keys.session(sid), "seq") or 0)
-        if kept.start is None or target < b.seq:
+        if target < b.seq:
             return None
         try:
             if not await self.store.outbox.flush(sid, timeout=2.0):

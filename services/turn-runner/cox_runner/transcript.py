@@ -236,10 +236,9 @@ def foldable(events: list[dict[str, Any]]) -> bool:
 
 def extend(b: Builder, events: list[dict[str, Any]], files: AttachmentFiles | None = None) -> Builder:
     """Fold the events that follow ``b.seq`` into ``b`` (:func:`foldable` ones): the same
-    transcript :func:`build` makes of the log they complete."""
+    transcript :func:`build` makes of the log they complete (``b.seq`` moves to the last of them:
+    nothing is left out of the fold, as a rewind leaves events out of :func:`build`'s)."""
     _fold(b, events, files)
-    if events:
-        b.seq = max(b.seq, max(int(e.get("seq") or 0) for e in events))
     return b
 
 
