@@ -59,6 +59,8 @@ SESSION_FIELDS: Final[Mapping[str, str]] = MappingProxyType({
     "runner": "the runner process holding the lease ('' none)",
     "token": "the lease's fencing token ('' none), as :lease holds it while the lease lives",
     "op": "the person's write holding the session while idle (cox_op_begin: restore, undo ...; '' none)",
+    "blank": "'1' from cox_create until the session's first turn begins (a fork is never blank): its log holds "
+             "nothing of a conversation, so that turn's transcript is its message alone (the reply's ``fresh``)",
     # the running turn ('' between turns)
     "turn_id": "the running turn's id",
     "message_id": "the message the running turn answers",

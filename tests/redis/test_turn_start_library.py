@@ -86,3 +86,40 @@ def test_a_turn_with_a_call_still_open_is_not_ended(r: redis.Redis, lib: Library
     assert nxt["next"]["message_id"] == "m_2", "with its calls closed the turn ends and the queue runs on"
     types = [json.loads(x)["type"] for x in r.lrange(keys.of(sid, keys.OUTBOX), 0, -1)]
     assert types.index("tool.result") < types.index("turn.end")
+
+
+def test_only_the_turn_a_blank_session_begins_first_is_fresh(r: redis.Redis, lib: Library) -> None:
+    """``fresh``: the log holds nothing of the conversation before the message this turn began
+    with, so the runner makes the transcript of that message alone (it reads no log). Said by the
+    call that began the turn, once in a session's life; never after a turn, never on a fork."""
+    sid = new_session(lib)
+    first = send(lib, sid, "m_1", "", "t_1")
+    assert first["disposition"] == "started" and first.get("fresh") is True, first
+    send(lib, sid, "m_2", "queue", "t_x")
+    nxt = end(lib, sid, str(first["token"]), "t_1", "t_2")
+    assert nxt["next"]["message_id"] == "m_2" and not nxt.get("fresh"), "the second turn follows a first one"
+    assert end(lib, sid, str(first["token"]), "t_2", "t_3")["next"] is None
+    again = send(lib, sid, "m_3", "", "t_4")
+    assert again["disposition"] == "started" and not again.get("fresh"), again
+
+
+def test_a_fork_is_never_fresh_its_log_holds_the_source_conversation(r: redis.Redis, lib: Library) -> None:
+    sid = "s_forked_fresh"
+    copied = [json.dumps({"type": "user.msg", "sid": sid, "turn_id": "t_0", "message_id": "m_0", "text": "before",
+                          "via": "send"}),
+              json.dumps({"type": "assistant.msg", "sid": sid, "turn_id": "t_0", "text": "answered", "tool_calls": []})]
+    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
+    lib(lib.fns.fork(sid=sid, principal="p", workspace="/w", model="script", title="", owner="", body=body,
+                     events=copied))
+    sent = send(lib, sid, "m_1", "", "t_1")
+    assert sent["disposition"] == "started" and not sent.get("fresh"), sent
+
+
+def test_a_blank_session_s_first_turn_begun_after_a_persons_operation_is_fresh(r: redis.Redis, lib: Library) -> None:
+    """A message queued behind a person's operation (an undo, a ``!command``) on a session that
+    never had a turn begins when the operation ends: still the first turn."""
+    sid = new_session(lib)
+    op = lib(lib.fns.op_begin(sid=sid, principal="p", runner="r_1", lease_ms=5000, op="restore"))
+    assert send(lib, sid, "m_1", "queue", "t_x")["disposition"] == "queued"
+    nxt = end(lib, sid, str(op["token"]), "", "t_1")
+    assert nxt["next"]["message_id"] == "m_1" and nxt.get("fresh") is True, nxt

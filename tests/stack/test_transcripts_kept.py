@@ -5,8 +5,8 @@ builds (docs/api.md ``[runner] transcripts_kept``).
 A real model server (the fake OpenAI one, which refuses a call without its result) records every
 request. The turns' requests must continue one another, message for message; a fork of the
 session, whose first turn builds its transcript from the copied log, must send the model exactly
-what the source's next (folded) turn sends; and the runner's health counts the folds, so the
-test knows the kept path ran. Rewinds between turns (which the fold refuses) are
+what the source's next (folded) turn sends; and the runner's health counts the folds and the first
+turns made of their message alone, so the test knows which path ran. Rewinds between turns (which the fold refuses) are
 ``test_fork.py``'s and the state machine's.
 """
 
@@ -37,9 +37,13 @@ api_key = "sk-test-not-a-key"
         yield s
 
 
-def _folded(stack: Stack) -> int:
+def _counted(stack: Stack, what: str) -> int:
     body = httpx.get(stack.url + "/healthz", timeout=10).json()
-    return int(body["services"]["turn-runner"]["detail"]["transcripts"]["folded"])
+    return int(body["services"]["turn-runner"]["detail"]["transcripts"][what])
+
+
+def _folded(stack: Stack) -> int:
+    return _counted(stack, "folded")
 
 
 def _conversation(req: dict[str, Any]) -> list[dict[str, Any]]:
@@ -58,12 +62,15 @@ def test_idle_turns_fold_the_log_and_send_what_the_log_builds(stack: Stack, api:
     })
     s = api.create("kept", model="fake-openai")
     sid = s["id"]
-    before = _folded(stack)
+    before, firsts = _folded(stack), _counted(stack, "first")
     for n in range(1, 5):
         evs = run_turn(api, sid, f"[case:kept{n}] message {n}")
         assert [e["outcome"] for e in evs if e["type"] == "turn.end"] == ["completed"], evs
         api.wait_idle(sid)
+        if n == 1:  # the session's first turn: its message alone, no log read
+            assert _counted(stack, "first") == firsts + 1
     assert _folded(stack) - before == 3  # every turn but the session's first started from a kept transcript
+    assert _counted(stack, "first") == firsts + 1
 
     # Each turn's first request is the previous turn's last one, its answer and the new message.
     turns = [fake.for_case(f"kept{n}") for n in range(1, 5)]
@@ -77,7 +84,8 @@ def test_idle_turns_fold_the_log_and_send_what_the_log_builds(stack: Stack, api:
     tool_results = [m for m in _conversation(turns[3][0]) if m["role"] == "tool"]
     assert len(tool_results) == 3  # list_dir of turn 2, read_file and list_dir of turn 3
 
-    # A fork's first turn builds from the log; the source's next turn folds. The same messages.
+    # A fork's first turn builds from the log (its log holds the source's conversation: it is not
+    # a first turn); the source's next turn folds. The same messages.
     r = api.http.post(f"/v1/sessions/{sid}/fork", json={"at_turn": 4})
     assert r.status_code == 201, r.text
     fid = r.json()["id"]
@@ -86,6 +94,7 @@ def test_idle_turns_fold_the_log_and_send_what_the_log_builds(stack: Stack, api:
     assert _folded(stack) == folded + 1
     api.wait_idle(sid)
     run_turn(api, fid, "[case:kept5] message 5")
+    assert _counted(stack, "first") == firsts + 1
     source, fork = fake.for_case("kept5")
     assert _conversation(source) == _conversation(fork)
     assert len(_conversation(source)) == len(_conversation(turns[3][0])) + 2

@@ -207,7 +207,7 @@ class Admission:
             if res.get("disposition") == "started":
                 await _start_turn(r, cmd.sid, str(res["token"]), res.get("runner"), sent, {
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
-                    "attachments": attached, "info": res.get("info")})
+                    "attachments": attached, "info": res.get("info"), "fresh": bool(res.get("fresh"))})
             elif res.get("disposition") == "steered":
                 await r.doorbell.ring(res.get("runner"), cmd.sid, "steer")
         return SendResult(message_id=res["message_id"], disposition=res["disposition"],
@@ -487,8 +487,8 @@ async def resume(r: Deps, sid: str, by: str) -> bool:
 
 
 async def _resumed(r: Deps, sid: str, started: dict[str, Any], sent: float) -> None:
-    """Run the waiting message a lifted pause started (``{next, token, turn_id, runner}``)."""
-    first = {**started["next"], "turn_id": started["turn_id"]}
+    """Run the waiting message a lifted pause started (``{next, token, turn_id, runner, fresh?}``)."""
+    first = {**started["next"], "turn_id": started["turn_id"], "fresh": bool(started.get("fresh"))}
     await _start_turn(r, sid, str(started["token"]), started.get("runner"), sent, first)
 
 

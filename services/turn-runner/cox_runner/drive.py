@@ -255,7 +255,7 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     msg = res.get("next")
     if isinstance(msg, dict):
         d.arm(lease_ms, sent)  # the call renewed the lease for the next turn
-        return {**msg, "turn_id": res.get("turn_id", next_turn), "info": res.get("info")}
+        return {**msg, "turn_id": res.get("turn_id", next_turn), "info": res.get("info"), "fresh": bool(res.get("fresh"))}
     if res.get("held"):
         d.arm(lease_ms, sent)
         return await _hold(deps, d)

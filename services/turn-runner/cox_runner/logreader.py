@@ -52,6 +52,8 @@ class LogReader:
         self._kept: collections.OrderedDict[str, Kept] = collections.OrderedDict()
         self.folded = 0
         """Turn starts that folded a kept transcript's tail instead of rebuilding (for tests)."""
+        self.first = 0
+        """Turn starts whose transcript was their message alone: a session's first turn (no read)."""
 
     @property
     def kept(self) -> int:
@@ -66,6 +68,13 @@ class LogReader:
         self._kept[sid] = Kept(history, self.store.outbox.position(sid), files.images, str(files.workspace))
         while len(self._kept) > self.kept_max:
             self._kept.popitem(last=False)
+
+    def of_message(self, text: str, via: str, seq: int, files: transcript.AttachmentFiles) -> transcript.Builder:
+        """The transcript of a session's first turn, begun with a text message: its log holds
+        nothing else the transcript takes (the call that began the turn said so: ``fresh``), so it
+        is made of the message, with no flush of the outbox and no read of JetStream."""
+        self.first += 1
+        return transcript.of_message(text, via, seq, files)
 
     async def history(self, sid: str, through: int | None,
                          files: transcript.AttachmentFiles) -> transcript.Builder:

@@ -161,11 +161,12 @@ class TurnLoop:
             else:  # a text part, microseconds: a thread's hop would cost more than the call
                 self.rec.history.user(t.text, t.via, t.attachments, files)
         elif t.fresh and not t.attachments and t.info.get("seq"):
-            # A run's first turn: cox_run made the session and began this turn in one call, so its
-            # log is session.created, run.start, this message's user.msg and turn.start, and of
-            # those the transcript takes the message alone (transcript.build). Built here, it
-            # spares a flush of the outbox and a read of JetStream per run.
-            self.rec.history = transcript.of_message(t.text, t.via, int(t.info["seq"]), files)
+            # The session's first turn: the call that began it said so (``fresh``: the session
+            # was 'blank', or cox_run made it and began this turn in one call), so of its log the
+            # transcript takes this message alone (transcript.build). Made here, it spares a flush
+            # of the outbox (another runner may still be publishing the sends it admitted) and a
+            # read of JetStream per session.
+            self.rec.history = self.deps.events.of_message(t.text, t.via, int(t.info["seq"]), files)
         else:
             # Up to the session's seq as the turn began (when the call that began it handed the
             # session over: its user.msg and turn.start are the last events the transcript needs):

@@ -197,7 +197,8 @@ class Runner(Service):
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()
         return {"runner": self.runner_id, "drives": len(self.leases), "turns_started": self.leases.turns_started,
-                "transcripts": {"kept": self.deps.events.kept, "folded": self.deps.events.folded},
+                "transcripts": {"kept": self.deps.events.kept, "folded": self.deps.events.folded,
+                                "first": self.deps.events.first},
                 "run_slots": {"held": self.deps.run_slots.held, "waiting": self.deps.run_slots.waiting},
                 "sandbox": {**self.sandbox.status().as_dict(),
                             "limits": limits.of(self.sandbox).status().as_dict(self.settings.sandbox)}}

@@ -64,6 +64,9 @@ class Sent(TypedDict):
     replay: NotRequired[bool]
     info: NotRequired[dict[str, str]]
     """When it started a turn: the session hash as that turn began (the turn reads nothing more)."""
+    fresh: NotRequired[bool]
+    """True when the turn it started is the session's first (``blank`` in :data:`coxswain.keys.SESSION_FIELDS`):
+    the log holds nothing of a conversation before its message."""
     resumed: NotRequired[dict[str, Any] | None]
     """A pause of an earlier day lifted by this send: the waiting message it started
     (``{next, token, turn_id, runner}``); this one was queued behind the others."""
@@ -138,6 +141,8 @@ class TurnEnded(TypedDict):
     held: NotRequired[bool]
     info: NotRequired[dict[str, str]]
     """With ``next``: the session hash as the next turn began."""
+    fresh: NotRequired[bool]
+    """With ``next``: that turn is the session's first (a message that waited behind a person's operation)."""
     paused: NotRequired[bool]
     """A daily budget pauses the session: nothing started, its messages wait."""
 
@@ -152,6 +157,8 @@ class BudgetResumed(TypedDict):
     token: NotRequired[str]
     turn_id: NotRequired[str]
     runner: NotRequired[str]
+    fresh: NotRequired[bool]
+    """With ``next``: that turn is the session's first."""
 
 
 class Spent(TypedDict):

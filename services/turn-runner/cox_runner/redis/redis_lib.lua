@@ -186,7 +186,11 @@ local function info_of(base)
   return t
 end
 
+-- Begins the turn of msg; true when it is the session's first: cox_create marks a new session
+-- 'blank' (its log holds nothing of a conversation; a fork's does, and cox_fork unmarks it) and the
+-- first turn unmarks it, so the runner may make that turn's transcript of its message alone.
 local function begin_turn(base, sid, msg, turn_id, now, agents_md)
+  local fresh = redis.call('HDEL', base, 'blank') == 1
   apply_next_model(base, sid, now)
   local model = redis.call('HGET', base, 'model')
   redis.call('HSET', base, 'turn_id', turn_id, 'message_id', msg.message_id, 'stop', '',
@@ -206,6 +210,7 @@ local function begin_turn(base, sid, msg, turn_id, now, agents_md)
   local start = { type = 'turn.start', turn_id = turn_id, message_id = msg.message_id, model = model }
   if agents_md ~= nil and agents_md ~= '' then start.agents_md = agents_md end
   emit_t(base, sid, start, now)
+  return fresh
 end
 
 local function take_lease(base, sid, runner, lease_ms, now)
@@ -234,8 +239,8 @@ local function start_waiting(base, sid, runner, lease_ms, turn_id, now, agents_m
   if holder and holder ~= '' then runner = holder end
   local token = take_lease(base, sid, runner, lease_ms, now)
   local msg = cjson.decode(raw)
-  begin_turn(base, sid, msg, turn_id, now, agents_md)
-  return { next = msg, token = token, turn_id = turn_id, runner = runner }
+  local fresh = begin_turn(base, sid, msg, turn_id, now, agents_md)
+  return { next = msg, token = token, turn_id = turn_id, runner = runner, fresh = fresh or nil }
 end
 
 -- ------------------------------------------------------------------ daily budgets
@@ -330,7 +335,7 @@ local function cox_create(keys, args)
   if title ~= '' then tsrc = 'manual' end
   redis.call('HSET', base, 'principal', principal, 'workspace', workspace, 'model', model,
     'title', title, 'title_source', tsrc, 'auto_title', '1', 'dont_ask', '0', 'created', now,
-    'seq', 0, 'fence', 0, 'turn_id', '', 'stop', '', 'lead_closed', '0', 'busy', '0')
+    'seq', 0, 'fence', 0, 'turn_id', '', 'stop', '', 'lead_closed', '0', 'busy', '0', 'blank', '1')
   emit(base, sid, body, now)
   return with_pub(base, owner, reply({ sid = sid, created = now }))
 end
@@ -458,10 +463,10 @@ local function cox_send(keys, args)
     local holder = redis.call('GET', base .. ':plock')
     if holder and holder ~= '' then runner = holder end
     local token = take_lease(base, sid, runner, lease_ms, now)
-    begin_turn(base, sid, msg, turn_id, now, agents_md)
+    local fresh = begin_turn(base, sid, msg, turn_id, now, agents_md)
     local disp = 'started'
     res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token, runner = runner,
-            info = info_of(base) }
+            info = info_of(base), fresh = fresh or nil }
   elseif mode == '' then
     return refuse('busy', 'a turn is running: choose queue or steer')
   elseif mode == 'queue' then
@@ -831,8 +836,9 @@ local function cox_turn_end(keys, args)
     local msg = cjson.decode(raw)
     redis.call('PEXPIRE', base .. ':lease', lease_ms)
     redis.call('ZADD', leases_of(base), now + lease_ms, sid)
-    begin_turn(base, sid, msg, next_turn_id, now, agents_md)
-    return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id, info = info_of(base) }))
+    local fresh = begin_turn(base, sid, msg, next_turn_id, now, agents_md)
+    return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id, info = info_of(base),
+      fresh = fresh or nil }))
   end
   run = run_of(base)
   if running(run) then
@@ -903,6 +909,7 @@ local function cox_budget_resume(keys, args)
       res.token = started.token
       res.turn_id = started.turn_id
       res.runner = started.runner
+      res.fresh = started.fresh
     end
   end
   return with_pub(base, owner, reply(res))
@@ -1324,6 +1331,7 @@ local function cox_fork(keys, args)
   local res = cox_create(keys, { sid, principal, workspace, model, title, body, '' })
   if cjson.decode(res[1]).error ~= nil then return res end
   local now = now_ms()
+  redis.call('HDEL', base, 'blank')  -- its log holds the source's conversation
   for j = 8, #args do emit(base, sid, args[j], now) end
   return with_pub(base, owner, res[1])
 end
