@@ -85,9 +85,13 @@ def render() -> Response:
 
 
 def count_usage(sample: dict[str, object]) -> None:
-    """One model request's usage, as the runner publishes it (``subjects.USAGE_METRICS``)."""
+    """Model requests' usage, as a runner publishes it (``subjects.USAGE_METRICS``): the sum of
+    ``requests`` of them (one when it is not given) of a model and purpose."""
     model, purpose = str(sample.get("model", "")), str(sample.get("purpose", ""))
-    MODEL_REQUESTS.labels(model, purpose).inc()
+    requests = sample.get("requests", 1)
+    if not isinstance(requests, int) or isinstance(requests, bool) or requests < 0:
+        raise ValueError(f"requests is not a count: {requests!r}")
+    MODEL_REQUESTS.labels(model, purpose).inc(requests)
     for kind in ("input", "output", "cache_read", "cache_write"):
         n = sample.get(f"{kind}_tokens")
         if isinstance(n, int) and n > 0:

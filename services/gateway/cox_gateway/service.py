@@ -78,9 +78,11 @@ class Gateway(Service):
 
     async def _on_usage(self, msg: Msg) -> None:
         try:
-            sample = json.loads(msg.data)
-            if isinstance(sample, dict):
-                metrics.count_usage(sample)
+            data = json.loads(msg.data)
+            # a runner sends a list of sums (model, purpose); one sample alone is counted too
+            for sample in data if isinstance(data, list) else [data]:
+                if isinstance(sample, dict):
+                    metrics.count_usage(sample)
         except ValueError as exc:
             self.log.warning("metrics.bad_usage_sample", error=repr(exc))
 

@@ -1,9 +1,10 @@
 """Typed calls from the runner to guard, judge and versions over NATS request-reply
-(the operations and their time-outs are :mod:`coxswain.rpc`'s), and the usage samples it sends
-the gateways."""
+(the operations and their time-outs are :mod:`coxswain.rpc`'s), and the usage it sends the
+gateways (summed over :data:`USAGE_FLUSH_S`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from typing import Any
@@ -34,11 +35,19 @@ from coxswain.models import (
     WriteOutcome,
 )
 
+USAGE_FLUSH_S = 0.5
+"""How long model requests' usage is summed before it goes to the gateways' ``/metrics``: one
+message then instead of one per model request (four a turn of three tool rounds)."""
+
+USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
 
 class Clients:
     def __init__(self, nc: Client, settings: Settings) -> None:
         self.nc = nc
         self.settings = settings
+        self._usage: dict[tuple[str, str], dict[str, Any]] = {}
+        self._usage_flush: asyncio.TimerHandle | None = None
 
     async def guard(self, req: GuardRequest) -> GuardResult:
         return await rpc.call(self.nc, rpc.GUARD_CHECK, req)
@@ -71,7 +80,32 @@ class Clients:
         return await rpc.call(self.nc, rpc.VERSIONS_REWIND, req)
 
     async def usage_seen(self, sample: dict[str, Any]) -> None:
-        """One model request's usage (a ``usage`` event's fields), for the gateways' ``/metrics``
-        (core NATS, best effort)."""
-        with contextlib.suppress(Exception):
-            await self.nc.publish(subjects.USAGE_METRICS, json.dumps(sample).encode())
+        """One model request's usage (a ``usage`` event's fields), for the gateways' ``/metrics``:
+        added to its model's and purpose's sum, which goes out within :data:`USAGE_FLUSH_S`
+        (core NATS, best effort; :meth:`flush_usage` on the way out)."""
+        key = (str(sample.get("model", "")), str(sample.get("purpose", "")))
+        total = self._usage.get(key)
+        if total is None:
+            total = self._usage[key] = {"model": key[0], "purpose": key[1], "requests": 0, "cost": 0.0,
+                                        **dict.fromkeys(USAGE_COUNTS, 0)}
+        total["requests"] += 1
+        for k in USAGE_COUNTS:
+            n = sample.get(k)
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                total[k] += n
+        cost = sample.get("cost")
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost > 0:
+            total["cost"] += float(cost)
+        if self._usage_flush is None:
+            loop = asyncio.get_running_loop()
+            self._usage_flush = loop.call_later(USAGE_FLUSH_S, lambda: loop.create_task(self.flush_usage()))
+
+    async def flush_usage(self) -> None:
+        """Send the usage summed so far (a JSON list of ``{model, purpose, requests, *_tokens, cost}``)."""
+        if self._usage_flush is not None:
+            self._usage_flush.cancel()
+            self._usage_flush = None
+        sums, self._usage = list(self._usage.values()), {}
+        if sums:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subjects.USAGE_METRICS, json.dumps(sums).encode())

@@ -291,6 +291,7 @@ class Runner(Service):
         with contextlib.suppress(Exception):  # the programs stop with their runner
             await asyncio.wait_for(self.programs.stop_all("runner"), SHUTDOWN_GRACE_S)
         await self.store.outbox.close()
+        await self.clients.flush_usage()  # while the bus is still up
 
 
 def main() -> None:
