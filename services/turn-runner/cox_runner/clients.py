@@ -47,7 +47,7 @@ class Clients:
         self.nc = nc
         self.settings = settings
         self._usage: dict[tuple[str, str], dict[str, Any]] = {}
-        self._usage_flush: asyncio.TimerHandle | None = None
+        self._usage_flush: asyncio.Task[None] | None = None
 
     async def guard(self, req: GuardRequest) -> GuardResult:
         return await rpc.call(self.nc, rpc.GUARD_CHECK, req)
@@ -96,15 +96,19 @@ class Clients:
         cost = sample.get("cost")
         if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost > 0:
             total["cost"] += float(cost)
-        if self._usage_flush is None:
-            loop = asyncio.get_running_loop()
-            self._usage_flush = loop.call_later(USAGE_FLUSH_S, lambda: loop.create_task(self.flush_usage()))
+        if self._usage_flush is None:  # kept here: the loop holds a task only weakly
+            self._usage_flush = asyncio.create_task(self._flush_later(), name="usage-flush")
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(USAGE_FLUSH_S)
+        self._usage_flush = None
+        await self.flush_usage()
 
     async def flush_usage(self) -> None:
         """Send the usage summed so far (a JSON list of ``{model, purpose, requests, *_tokens, cost}``)."""
-        if self._usage_flush is not None:
-            self._usage_flush.cancel()
-            self._usage_flush = None
+        pending, self._usage_flush = self._usage_flush, None
+        if pending is not None:
+            pending.cancel()
         sums, self._usage = list(self._usage.values()), {}
         if sums:
             with contextlib.suppress(Exception):

@@ -76,8 +76,7 @@ class LogReader:
         self.first += 1
         return transcript.of_message(text, via, seq, files)
 
-    async def history(self, sid: str, through: int | None,
-                         files: transcript.AttachmentFiles) -> transcript.Builder:
+    async def history(self, sid: str, through: int | None, files: transcript.AttachmentFiles) -> transcript.Builder:
         """The transcript up to seq ``through``: a kept one with the events since folded in, else
         built from the whole log."""
         kept = self._kept.pop(sid, None)
