@@ -30,12 +30,7 @@ default = "script"
 [model.script]
 context_window = {WINDOW}
 
-[[model.providers]]
-name = "fake-openai"
-kind = "openai"
-base_url = "{fake.url}/v1"
-model = "fake-model"
-api_key = "sk-test-not-a-key"
+{fake.openai_provider()}
 context_window = {WINDOW}
 
 [[model.providers]]

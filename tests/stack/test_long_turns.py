@@ -133,12 +133,7 @@ def test_agents_md_reaches_the_model_and_retries_survive_two_429s(tmp_path: Path
 default = "fake-openai"
 retry_max_s = 5
 
-[[model.providers]]
-name = "fake-openai"
-kind = "openai"
-base_url = "{fake.url}/v1"
-model = "fake-model"
-api_key = "sk-test-not-a-key"
+{fake.openai_provider()}
 '''
         with running(tmp_path, runners=1, config=config) as st, st.client() as api:
             s = api.create("long-retry")

@@ -134,12 +134,7 @@ kind = "openai"
 base_url = "http://127.0.0.1:{judge.port}/v1"
 model = "canned-judge"
 
-[[model.providers]]
-name = "fake-openai"
-kind = "openai"
-base_url = "{fake.url}/v1"
-model = "fake-model"
-api_key = "sk-test-not-a-key"
+{fake.openai_provider()}
 
 [sandbox]
 extra_ro = {json.dumps(seen)}

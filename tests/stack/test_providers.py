@@ -26,12 +26,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeModels) -> Iterato
 [model]
 default = "fake-openai"
 
-[[model.providers]]
-name = "fake-openai"
-kind = "openai"
-base_url = "{fake.url}/v1"
-model = "fake-model"
-api_key = "sk-test-not-a-key"
+{fake.openai_provider()}
 
 [[model.providers]]
 name = "fake-claude"

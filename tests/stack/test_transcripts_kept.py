@@ -26,12 +26,7 @@ from tests.support.stack import Api, Stack, running
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, fake: FakeModels) -> Iterator[Stack]:
     config = f"""
-[[model.providers]]
-name = "fake-openai"
-kind = "openai"
-base_url = "{fake.url}/v1"
-model = "fake-model"
-api_key = "sk-test-not-a-key"
+{fake.openai_provider()}
 """
     with running(tmp_path_factory.mktemp("kept"), runners=1, config=config) as s:
         yield s

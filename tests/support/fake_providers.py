@@ -94,6 +94,16 @@ class FakeModels:
                                                     lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, name="fake-models", daemon=True)
 
+    def openai_provider(self) -> str:
+        """This server as the ``fake-openai`` provider of a stack's config: its ``[[model.providers]]``
+        table (keys may follow it)."""
+        return f"""[[model.providers]]
+name = "fake-openai"
+kind = "openai"
+base_url = "{self.url}/v1"
+model = "fake-model"
+api_key = "sk-test-not-a-key\""""
+
     def __enter__(self) -> FakeModels:
         self.thread.start()
         deadline = time.monotonic() + 20
