@@ -57,6 +57,8 @@ class ChatModel:
         self.local_texts: dict[str, str] = {}
         self.plan: dict[str, Any] | None = None
         self.last_seq = 0
+        # the last_seq of the latest session object applied: its run counts every turn begun up to it
+        self.object_seq = 0
         self.seen: list[int] = []
         self.replaying = True
         self.streaming: Item | None = None
@@ -76,6 +78,10 @@ class ChatModel:
             lead = any(w.kind == "lead" and w.fate == "pending" for w in self.outbox.values())
             return "tool, then the Lead boundary" if lead else "tool"
         return "model"
+
+    def older(self, ev: Event) -> bool:
+        """The session object applied already holds what this event did to the session."""
+        return int(ev.get("seq", 0)) <= self.object_seq
 
     def run_driving(self) -> dict[str, Any] | None:
         """The run driving this session, or None: a run that ended is a chat again (docs/api.md, Runs)."""
@@ -157,8 +163,11 @@ class ChatModel:
 
     # ------------------------------------------------------------------ input
     def apply_session(self, s: Event) -> None:
-        """The session object: the authoritative state of what is pending now."""
+        """The session object: the authoritative state of what is pending now. It may be newer
+        than the backlog read before it: the events up to its ``last_seq`` that then arrive on
+        the stream are already in its run's count (``older``)."""
         self.info.update(s)
+        self.object_seq = max(self.object_seq, int(s.get("last_seq") or 0))
         for q in s.get("queue") or []:
             w = self.outbox.get(q["message_id"])
             if w is None:
@@ -266,8 +275,9 @@ def _queue_reordered(m: ChatModel, ev: Event) -> None:
 
 
 def _run_start(m: ChatModel, ev: Event) -> None:
-    m.info["run"] = {"state": "running", "confirm": ev.get("confirm"), "unattended": bool(ev.get("unattended")),
-                     "max_turns": ev.get("max_turns"), "turns": 0, "outcome": None}
+    if not m.older(ev):
+        m.info["run"] = {"state": "running", "confirm": ev.get("confirm"), "unattended": bool(ev.get("unattended")),
+                         "max_turns": ev.get("max_turns"), "turns": 0, "outcome": None}
     unattended = ", unattended" if ev.get("unattended") else ""
     m.note(ev, f"Run started: the program drives this session (confirm {ev.get('confirm')}{unattended}, "
                f"at most {ev.get('max_turns')} turns)")
@@ -275,7 +285,8 @@ def _run_start(m: ChatModel, ev: Event) -> None:
 
 
 def _run_end(m: ChatModel, ev: Event) -> None:
-    m.info["run"] = {**(m.info.get("run") or {}), "state": "ended", "outcome": ev.get("outcome"), "turns": ev.get("turns")}
+    if not m.older(ev):
+        m.info["run"] = {**(m.info.get("run") or {}), "state": "ended", "outcome": ev.get("outcome"), "turns": ev.get("turns")}
     n = ev.get("turns")
     m.note(ev, f"Run ended: {ev.get('outcome')} after {n} turn{'' if n == 1 else 's'}. "
                "This is a chat now: a message goes on with the task.", "" if ev.get("outcome") == "completed" else "bad")
@@ -284,7 +295,7 @@ def _run_end(m: ChatModel, ev: Event) -> None:
 
 def _turn_start(m: ChatModel, ev: Event) -> None:
     run = m.run_driving()
-    if run is not None:  # the server counts a run's turns as they begin
+    if run is not None and not m.older(ev):  # the server counts a run's turns as they begin
         run["turns"] = int(run.get("turns") or 0) + 1
     m.turn = {"turn_id": ev.get("turn_id"), "started": ev.get("ts", 0), "tools": 0, "tokens": 0, "cost": 0.0}
     m.totals["turns"] += 1

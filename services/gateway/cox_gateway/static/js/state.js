@@ -20,6 +20,7 @@ export class SessionModel {
     this.plan = null;
     this.programs = new Map();  // program_id -> {program_id, name, command, by, started, tail, state, code, stopped_by}
     this.lastSeq = 0;
+    this.objectSeq = 0;         // last_seq of the latest session object: its run counts every turn begun up to it
     this.replaying = true;
     this.streaming = null;      // the assistant item receiving deltas
     this.seen = [];             // every seq applied, for the no-duplicate/no-gap check
@@ -50,6 +51,9 @@ export class SessionModel {
   mark(...what) { for (const w of what) this.changed.add(w); }
 
   /** The run driving this session, or null: a run that ended is a chat again. */
+  /** The session object applied already holds what this event did to the session. */
+  older(ev) { return ev.seq <= this.objectSeq; }
+
   runDriving() { const r = this.info.run; return r && r.state === "running" ? r : null; }
 
   add(item) {
@@ -67,7 +71,10 @@ export class SessionModel {
 
   /** Apply the session object (GET): the authoritative state of what is pending now. */
   applySession(s) {
+    // It may be newer than the backlog read before it: the events up to its last_seq that then
+    // arrive on the stream are already in its run's count (older()).
     this.info = { ...this.info, ...s };
+    this.objectSeq = Math.max(this.objectSeq, s.last_seq || 0);
     for (const q of s.queue || []) {
       const o = this.outbox.get(q.message_id);
       if (o) { if (!o.text) o.text = q.text; }
@@ -267,19 +274,19 @@ const HANDLERS = {
     m.mark("outbox");
   },
   "run.start"(m, ev) {
-    m.info.run = { state: "running", confirm: ev.confirm, unattended: !!ev.unattended, max_turns: ev.max_turns, turns: 0, outcome: null };
+    if (!m.older(ev)) m.info.run = { state: "running", confirm: ev.confirm, unattended: !!ev.unattended, max_turns: ev.max_turns, turns: 0, outcome: null };
     m.note(ev, `Run started: the program drives this session (confirm ${ev.confirm}${ev.unattended ? ", unattended" : ""}, at most ${ev.max_turns} turns)`, "run-start");
     m.mark("head", "sessions");
   },
   "run.end"(m, ev) {
-    m.info.run = { ...(m.info.run || {}), state: "ended", outcome: ev.outcome, turns: ev.turns };
+    if (!m.older(ev)) m.info.run = { ...(m.info.run || {}), state: "ended", outcome: ev.outcome, turns: ev.turns };
     m.note(ev, `Run ended: ${ev.outcome} after ${ev.turns} turn${ev.turns === 1 ? "" : "s"}. This is a chat now: a message goes on with the task.`,
       "run-end" + (ev.outcome === "completed" ? "" : " bad"));
     m.mark("head", "sessions");
   },
   "turn.start"(m, ev) {
     const run = m.runDriving();
-    if (run) { run.turns = (run.turns || 0) + 1; m.mark("sessions"); }
+    if (run && !m.older(ev)) { run.turns = (run.turns || 0) + 1; m.mark("sessions"); }
     m.info.busy = true; m.info.turn_id = ev.turn_id; m.info.model = ev.model || m.info.model;
     m.plan = null;
     m.turn = { turn_id: ev.turn_id, started: ev.ts, tools: 0, input: 0, output: 0, cost: 0 };
