@@ -1,12 +1,9 @@
 """``bus.Link``: a call waiting for its reply fails ``Unavailable`` at once when the connection is
 lost, and nothing else about the waiting task changes (docs/design.md, "The bus").
 
-The link fails the calls by cancelling the tasks that wait in them, as ``asyncio.timeout`` does,
-instead of racing every request against a shared future: that race cost each RPC two turns of
-the event loop on its way back (measured in the gateway: ~250 µs of a send's 202). These pin what
-the cheaper mechanism must keep: the failure is prompt and says why; a task that was cancelled
-from outside meanwhile still sees its cancellation; a task whose call is over is never touched;
-and the task goes on normally after the failure (it is not left "cancelling").
+These pin what any mechanism for it must keep: the failure is prompt and says why; a task that
+was cancelled from outside meanwhile still sees its cancellation; a task whose call is over is
+never touched; and the task goes on normally after the failure (it is not left "cancelling").
 
 The client here is a stand-in with ``request`` only, so the link's own logic is what runs; the
 real disconnect is drilled in ``tests/faults/test_faults_bus.py`` (NATS killed with a send in
