@@ -190,3 +190,62 @@ def test_a_runs_first_turn_builds_from_the_message_what_the_log_would_give(r: re
     fresh = transcript.of_message("the task", "send", int(info["seq"]))
     assert shape(fresh.request_messages("i")) == shape(from_log.request_messages("i"))
     assert (fresh.seq, fresh.seqs) == (from_log.seq, from_log.seqs)
+
+
+class _Spy:
+    """The runner's Store as RunSlots uses it, on this module's Redis: each call's entries kept,
+    and the reply of chosen calls lost after Redis ran them (the connection broke)."""
+
+    def __init__(self, lib: Library) -> None:
+        self.lib = lib
+        self.fns = self
+        self.calls: list[list[str]] = []
+        self.lose: set[int] = set()
+
+    async def run_slots(self, **kw: Any) -> dict[str, Any]:
+        self.calls.append(list(kw["entries"]))
+        res = await self.lib.fns.run_slots(**kw)
+        if len(self.calls) - 1 in self.lose:
+            raise redis.exceptions.ConnectionError("the reply was lost")
+        return dict(res)
+
+    async def drop_idle(self) -> None:
+        return None
+
+
+async def test_a_runner_with_many_waiting_run_turns_asks_for_no_more_than_could_be_granted(
+        r: redis.Redis, lib: Library) -> None:
+    """A sweep queues a thousand run turns on a runner: each call asked for every one of them
+    (a ZSCORE each in Redis, at every slot freed). It asks for the first max_active, in order;
+    the order holds, and a turn granted by a call whose reply was lost is granted again."""
+    import asyncio
+
+    from cox_runner.runslots import RunSlots
+    from coxswain.config import RunsConfig, Settings
+    import structlog
+
+    r.delete(keys.RUN_SLOTS, keys.RUN_POLLERS)
+    spy = _Spy(lib)
+    rs = RunSlots(spy, Settings(runs=RunsConfig(max_active=3)), "r_sweep", structlog.get_logger())  # type: ignore[arg-type]
+    loop = asyncio.create_task(rs.run())
+    order: list[int] = []
+
+    async def turn(i: int) -> None:
+        await rs.acquire(f"s{i}", "1")
+        order.append(i)
+        await asyncio.sleep(0.005)
+        rs.release(f"s{i}")
+
+    try:
+        spy.lose = {3}
+        tasks = []
+        for i in range(60):
+            tasks.append(asyncio.create_task(turn(i)))
+            await asyncio.sleep(0)  # asked in this order
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        loop.cancel()
+    assert order == list(range(60)), "first come, first served"
+    asks = [sum(1 for e in c if e.startswith("?")) for c in spy.calls]
+    assert max(asks) <= 3, f"a call asked for {max(asks)} turns while at most 3 could be granted"
+    assert r.zcard(keys.RUN_SLOTS) == 0 or rs.held == 0

@@ -8,7 +8,7 @@ its first model request and frees it when it ends; over the bound it waits, in o
 fails. An interactive turn never asks: it starts in the call that admits it.
 
 One call per runner carries everything: the slots it holds (renewed), those it frees and the run
-turns of it that wait (asked for, first come first served). It is made every renewal period while
+turns of it that wait (the first ``max_active`` of them asked for, first come first served). It is made every renewal period while
 slots are held, and every :data:`WAIT_POLL_S` while a run turn waits (or at once on a change).
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from typing import Any
 
 from coxswain.config import Settings
@@ -96,7 +97,12 @@ class RunSlots:
 
     async def _call(self) -> None:
         freed, self._freed = self._freed, []
-        waiting = list(self._waiting.items())
+        # Only the first max_active waiting turns can be granted by one call (in order: a grant
+        # stops at the first that is not), so only they are asked for; a sweep that queues a
+        # thousand run turns here would otherwise send them all, a ZSCORE each in Redis, at every
+        # slot freed. A turn granted by a call whose reply was lost is among them: every turn
+        # before it was granted in that call too, or earlier.
+        waiting = list(itertools.islice(self._waiting.items(), self.settings.runs.max_active))
         entries = [*(f"-{m}" for m in freed), *(f"+{m}" for m in self._held.values()),
                    *(f"?{m}" for _, (m, _) in waiting)]
         try:
