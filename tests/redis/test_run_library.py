@@ -220,9 +220,10 @@ async def test_a_runner_with_many_waiting_run_turns_asks_for_no_more_than_could_
     the order holds, and a turn granted by a call whose reply was lost is granted again."""
     import asyncio
 
+    import structlog
+
     from cox_runner.runslots import RunSlots
     from coxswain.config import RunsConfig, Settings
-    import structlog
 
     r.delete(keys.RUN_SLOTS, keys.RUN_POLLERS)
     spy = _Spy(lib)
