@@ -8,8 +8,9 @@ its first model request and frees it when it ends; over the bound it waits, in o
 fails. An interactive turn never asks: it starts in the call that admits it.
 
 One call per runner carries everything: the slots it holds (renewed), those it frees and the run
-turns of it that wait (the first ``max_active`` of them asked for, first come first served). It is made every renewal period while
-slots are held, and every :data:`WAIT_POLL_S` while a run turn waits (or at once on a change).
+turns of it that wait (the first ``max_active`` of them asked for, first come first served). It is
+made every renewal period while slots are held, and every :data:`WAIT_POLL_S` while a run turn
+waits (or at once on a change).
 """
 
 from __future__ import annotations

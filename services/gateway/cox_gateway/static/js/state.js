@@ -50,10 +50,10 @@ export class SessionModel {
 
   mark(...what) { for (const w of what) this.changed.add(w); }
 
-  /** The run driving this session, or null: a run that ended is a chat again. */
   /** The session object applied already holds what this event did to the session. */
   older(ev) { return ev.seq <= this.objectSeq; }
 
+  /** The run driving this session, or null: a run that ended is a chat again. */
   runDriving() { const r = this.info.run; return r && r.state === "running" ? r : null; }
 
   add(item) {
