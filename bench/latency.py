@@ -17,7 +17,7 @@ from . import session
 from .client import Pool, Watch
 from .stack import Stack
 from .stats import summary
-from .sweep import handoff_gaps
+from .sweep import handoff_gaps, handoff_seen_gaps
 
 TIMEOUT_S = 60.0
 LEAD_STEPS = 400
@@ -130,6 +130,7 @@ async def handoff(stack: Stack, pool: Pool, rounds: int, queued: int = 5, k: int
     sessions = await session.create(pool, k, "handoff", title="handoff")
     watches = await _watches(stack, sessions)
     not_queued = 0
+    seen: list[float] = []
     try:
         for r in range(rounds):
             w = watches[r % k]
@@ -139,6 +140,8 @@ async def handoff(stack: Stack, pool: Pool, rounds: int, queued: int = 5, k: int
                 res = await session.send(pool, w.sid, session.script([{"text": f"queued {j}"}]), mode="queue")
                 not_queued += res["disposition"] != "queued"
             await w.idle(TIMEOUT_S)
+        for w in watches:
+            seen += handoff_seen_gaps(w.events)
     finally:
         await _close(watches)
     logs = await session.all_events(pool, [s["id"] for s in sessions])
@@ -151,4 +154,5 @@ async def handoff(stack: Stack, pool: Pool, rounds: int, queued: int = 5, k: int
         "n": len(to_start), "not_queued": not_queued,
         "turn_end_to_next_turn_start_ts_ms": summary(to_start),
         "turn_end_to_next_first_output_ts_ms": summary(to_output),
+        "turn_end_to_next_first_output_seen_ms": summary(seen),
     }

@@ -85,6 +85,10 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_row("hand-off", f"turn.end -> next turn's first output {q}",
                             h["turn_end_to_next_first_output_ts_ms"][q], _r(c[q]["handoff"]), "ms",
                             "server ts; zero-delay model; floor = 2 Redis scripts + 1 JetStream publish"))
+            if (seen := h.get("turn_end_to_next_first_output_seen_ms")) and seen.get(q) is not None:
+                out.append(_row("hand-off", f"turn.end -> next turn's first output seen on SSE {q}", seen[q],
+                                _r(c[q]["handoff"]), "ms",
+                                "client clock (µs): the two events' arrivals on the session's stream; same floor"))
             out.append(_row("hand-off", f"turn.end -> next turn.start {q}", h["turn_end_to_next_turn_start_ts_ms"][q],
                             _r(stat_or_none(f, "redis_cas", q)), "ms", "server ts; one atomic script"))
     for p in ph.get("sweep") or []:

@@ -4,6 +4,10 @@ A Redis call that recorded events may hand back a batch of the session's outbox 
 publish lock; :meth:`Outbox.start` then publishes the batch in a kept background task and asks
 for the next one until the outbox is empty, so an HTTP reply or the turn loop does not wait on
 JetStream. With ``wait_replicas`` a batch leaves only once the replicas hold it.
+
+A call of this process that records events while its publisher of the session is busy is handed
+what follows that publisher's batches (:meth:`Outbox.go_on`): the publisher takes it next, with no
+``cox_pub_done`` between (it trims once its work runs out, or every :data:`TRIM_EVERY` entries).
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from .replicas import Replicas
 
 PUB_LOCK_MS = 5000
 """The publish lock's lifetime (``PUB_LOCK_MS`` in the library)."""
+CONTINUED = "~"
+"""The first entry of a batch that continues this process's publisher's (``CONTINUED`` in the library)."""
+TRIM_EVERY = 100
+"""Entries a publisher publishes from batches handed on (:meth:`Outbox.go_on`) before it trims
+the outbox (``cox_pub_done``, which also renews the lock) though more keeps coming."""
+TRIM_EVERY_S = 1.0
+"""The same bound in time: the lock (``PUB_LOCK_MS``) is renewed well before it lapses."""
 
 
 class Outbox:
@@ -33,22 +44,32 @@ class Outbox:
         self.log = log
         self.replicas = replicas
         self._publishers: dict[str, asyncio.Task[None]] = {}
+        self._next: dict[str, list[str]] = {}
+        """Batches handed to a running publisher (:meth:`go_on`), in the order they came."""
         self._cursors: eventlog.Cursors = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.handed_on = 0
+        """Batches a running publisher took without a ``cox_pub_done`` between (for tests)."""
 
     def start(self, sid: str, batch: list[str]) -> None:
-        # Redis handed this process the session's publish lock, so no other publisher of the
-        # session runs here (or anywhere) until this one has drained the outbox.
+        """Publish ``batch``, the first of the outbox: Redis handed this process the session's
+        publish lock with it, so no other publisher of the session runs anywhere until this
+        process has drained the outbox. One of this process's may still be finishing (its
+        ``cox_pub_done`` freed the lock, then another call here took it): it goes on with this."""
+        if sid in self._publishers:
+            self._next.setdefault(sid, []).extend(batch)
+            return
         task = asyncio.create_task(self.publish(sid, batch), name=f"publish:{sid}")
         self._tasks.add(task)
         self._publishers[sid] = task
+        task.add_done_callback(self._tasks.discard)
 
-        def done(t: asyncio.Task[None]) -> None:
-            self._tasks.discard(t)
-            if self._publishers.get(sid) is t:
-                del self._publishers[sid]
-
-        task.add_done_callback(done)
+    def go_on(self, sid: str, batch: list[str]) -> None:
+        """``batch`` follows what this process's publisher of the session was handed: it publishes
+        it next. With none running (it failed, its lock not yet lapsed) it is left in the outbox:
+        the sweeper publishes it once the lock lapses, after the events before it."""
+        if sid in self._publishers:
+            self._next.setdefault(sid, []).extend(batch)
 
     async def _replicated(self, sid: str) -> bool:
         """With ``wait_replicas``: True once that many replicas hold everything the session's
@@ -72,19 +93,46 @@ class Outbox:
         return int(acked) >= self.replicas.wait_replicas
 
     async def publish(self, sid: str, batch: list[str]) -> None:
+        """Publish ``batch`` and what follows it until the outbox is empty. Run by :meth:`start`
+        (the session's publisher here, registered until it returns) or by a caller that holds the
+        lock it claimed (the sweeper, a flush), which waits for it."""
+        me = asyncio.current_task()
+        mine = self._publishers.get(sid) is me
+        loop = asyncio.get_running_loop()
         try:
+            since, trimmed = 0, loop.time()
             while batch:
                 if not await self._replicated(sid):
                     # Not on a replica yet: publish nothing. The lock lapses and the sweeper
                     # tries again (the events stay in the outbox, in order).
                     self.log.warning("outbox.not_replicated", sid=sid, wait_ms=self.replicas.wait_ms)
                     return
+                # Entries already in the stream (a batch handed on overlaps the one cox_pub_done
+                # handed) are skipped by their seq.
                 last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
+                since += len(batch)
+                more = self._next.pop(sid, None) if mine else None
+                if more and since < TRIM_EVERY and loop.time() - trimmed < TRIM_EVERY_S:
+                    self.handed_on += 1
+                    batch = more
+                    continue
+                if more:
+                    self._next[sid] = more
                 batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
+                since, trimmed = 0, loop.time()
+                if not batch and mine:
+                    # The lock was freed; a call here may have taken it again since (start).
+                    batch = self._next.pop(sid, [])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
             self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
+        finally:
+            if mine and self._publishers.get(sid) is me:
+                # No await from the last look at _next to here: whatever start or go_on added
+                # was taken; from now on they see no publisher of the session here.
+                del self._publishers[sid]
+                self._next.pop(sid, None)
 
     def position(self, sid: str) -> int | None:
         """The stream seq of the session's last message this process published (None: none known

@@ -61,14 +61,45 @@ local function emit_t(base, sid, tbl, now)
   return emit(base, sid, cjson.encode(tbl), now)
 end
 
--- Take the publish lock if free and hand the caller the first batch of the outbox.
-local function with_pub(base, owner, first)
+local function seq_of(entry) return tonumber(string.match(entry, '^{"seq":(%d+),')) end
+
+-- The publish lock's holder has been handed the outbox up to seq hw (KEYS[1]..":pubhw", set with
+-- every batch handed and gone with the lock): what it may be handed next starts after it.
+local function handed(base, batch)
+  local last = batch[#batch]
+  if last ~= nil then redis.call('SET', base .. ':pubhw', seq_of(last), 'PX', PUB_LOCK_MS) end
+end
+
+-- Take the publish lock if free and hand the caller the first batch of the outbox. When the
+-- caller's own process holds the lock (a publisher of it is running: its call recorded events
+-- while that publisher's batch was on its way), hand it what follows that publisher's batches,
+-- marked with a first entry CONTINUED: the process adds it to the running publisher's work,
+-- which publishes it next without a cox_pub_done between the two (one round trip fewer, and the
+-- events out sooner). Without cont (cox_pub_claim) the caller is handed a batch only with a free lock.
+local CONTINUED = '~'
+local function with_pub(base, owner, first, cont)
   local out = { first }
   if owner == nil or owner == '' then return out end
   if redis.call('LLEN', base .. ':outbox') == 0 then return out end
   if redis.call('SET', base .. ':publock', owner, 'NX', 'PX', PUB_LOCK_MS) then
     local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
     for i = 1, #batch do out[#out + 1] = batch[i] end
+    handed(base, batch)
+  elseif cont ~= false and redis.call('GET', base .. ':publock') == owner then
+    local hw = tonumber(redis.call('GET', base .. ':pubhw'))
+    local tail = redis.call('LINDEX', base .. ':outbox', -1)
+    local n = hw and tail and seq_of(tail) and (seq_of(tail) - hw) or 0
+    if n > 0 and n <= redis.call('LLEN', base .. ':outbox') then
+      local batch = redis.call('LRANGE', base .. ':outbox', -n, math.min(-1, PUB_BATCH - n - 1))
+      -- the outbox holds consecutive seqs; anything else and the publisher's pub_done hands it on
+      if seq_of(batch[1]) == hw + 1 then
+        out[#out + 1] = CONTINUED
+        for i = 1, #batch do out[#out + 1] = batch[i] end
+        handed(base, batch)
+        -- the lock is not renewed here: a publisher that died keeps it only until it lapses,
+        -- however many calls follow; a live one renews it with its cox_pub_done
+      end
+    end
   end
   return out
 end
@@ -100,6 +131,8 @@ local function once(fn)
         if #batch > 0 then
           redis.call('PEXPIRE', base .. ':publock', PUB_LOCK_MS)
           for i = 1, #batch do out[#out + 1] = batch[i] end
+          local hw = tonumber(redis.call('GET', base .. ':pubhw'))
+          if hw == nil or hw < seq_of(batch[#batch]) then handed(base, batch) end
         end
       end
       return out
@@ -983,9 +1016,12 @@ local function cox_pub_done(keys, args)
     local out = { reply({ more = true }) }
     local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
     for i = 1, #batch do out[#out + 1] = batch[i] end
+    local hw = tonumber(redis.call('GET', base .. ':pubhw'))
+    if hw == nil or hw < seq_of(batch[#batch]) then handed(base, batch)
+    else redis.call('PEXPIRE', base .. ':pubhw', PUB_LOCK_MS) end
     return out
   end
-  redis.call('DEL', base .. ':publock')
+  redis.call('DEL', base .. ':publock', base .. ':pubhw')
   redis.call('ZREM', dirty_of(base), sid)
   return { reply({ more = false }) }
 end
@@ -1020,7 +1056,7 @@ local function cox_pub_claim(keys, args)
     redis.call('ZREM', dirty_of(base), sid)
     return { reply({ claimed = false }) }
   end
-  return with_pub(base, owner, reply({ claimed = true }))
+  return with_pub(base, owner, reply({ claimed = true }), false)
 end
 
 redis.register_function('cox_create', once(cox_create))
@@ -1267,7 +1303,7 @@ local function cox_archive_drop(keys, args)
   local snapshot = snapshot_of(base, suffixes)
   if snapshot == nil or redis.sha1hex(snapshot) ~= sha then return { reply({ dropped = false, reason = 'changed' }) } end
   for i = 1, #suffixes do redis.call('DEL', base .. suffixes[i]) end
-  redis.call('DEL', base .. ':lease', base .. ':outbox', base .. ':publock')
+  redis.call('DEL', base .. ':lease', base .. ':outbox', base .. ':publock', base .. ':pubhw')
   redis.call('ZREM', active_of(base), sid)
   redis.call('ZREM', dirty_of(base), sid)
   redis.call('ZREM', leases_of(base), sid)

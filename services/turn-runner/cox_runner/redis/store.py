@@ -37,7 +37,7 @@ from coxswain.ids import new_id
 from ..errors import StoreDown
 from .faults import DropReplies
 from .fns import Fns
-from .outbox import Outbox
+from .outbox import CONTINUED, Outbox
 from .replicas import Replicas
 
 LIBRARY = resources.files("cox_runner.redis").joinpath("redis_lib.lua").read_text()
@@ -187,7 +187,10 @@ class Store:
         batch = list(res[1:])
         if batch and sid is not None:
             if publish:
-                self.outbox.start(sid, batch)
+                if batch[0] == CONTINUED:
+                    self.outbox.go_on(sid, batch[1:])
+                else:
+                    self.outbox.start(sid, batch)
         if not held:
             # It ran on the master, but no replica confirmed it in time: a failover could lose it,
             # so it is not acknowledged. The person's retry is idempotent (client_id).

@@ -1,0 +1,163 @@
+"""The runner's outbox publisher (:class:`cox_runner.redis.outbox.Outbox`) on a real Redis with the
+library loaded and a real nats-server: batches handed on to a running publisher go out without a
+``cox_pub_done`` between, and the stream still holds every seq once, in order, with another
+process recording into the same session all along; a batch handed on to a process whose
+publisher is gone is published by the sweeper once the lock lapses, after the events before it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import redis.asyncio as aredis
+import structlog
+import uvloop
+
+from cox.servers import NatsServer, RedisServer
+from cox_runner.redis.store import LIBRARY, Store
+from coxswain import eventlog, keys
+
+
+def run(tmp: Path, go: Callable[[Store, Store, Any, Any], Awaitable[None]]) -> None:
+    async def main(nats_url: str, redis_url: str) -> None:
+        nc = await nats.connect(nats_url)
+        r = aredis.from_url(redis_url, decode_responses=True)
+        try:
+            js = nc.jetstream()
+            await eventlog.ensure_stream(js)
+            await r.function_load(LIBRARY, replace=True)
+            log = structlog.get_logger("test")
+            one, two = Store(r, js, "o_one", log), Store(r, js, "o_two", log)
+            await go(one, two, r, js)
+            await one.outbox.close()
+            await two.outbox.close()
+        finally:
+            await r.aclose()
+            await nc.close()
+
+    with NatsServer(tmp / "nats") as ns:
+        rs = RedisServer(tmp / "redis")
+        rs.start()
+        try:
+            uvloop.run(main(ns.admin_url, rs.admin_url))
+        finally:
+            rs.close()
+
+
+async def busy(store: Store, sid: str) -> str:
+    """A session of ``sid`` with a turn running; its lease token."""
+    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
+    await store.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body,
+                            owner=store.owner)
+    sent = await store.fns.send(sid=sid, principal="p", message_id="m_1", text="go", mode="", client_id="",
+                                runner="r_1", lease_ms=60_000, turn_id="t_1", owner=store.owner, models="",
+                                agents_md="")
+    return str(sent["token"])
+
+
+def ev(sid: str, text: str) -> str:
+    return json.dumps({"type": "agent.message", "sid": sid, "turn_id": "t_1", "text": text})
+
+
+async def drained(r: Any, sid: str, timeout: float = 10.0) -> None:
+    base = keys.session(sid)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while await r.llen(base + keys.OUTBOX) or await r.exists(base + keys.PUBLOCK):
+        assert loop.time() < deadline, "the outbox was not drained"
+        await asyncio.sleep(0.01)
+
+
+async def in_stream(js: Any, sid: str, r: Any) -> list[int]:
+    last = int(await r.hget(keys.session(sid), "seq") or 0)
+    return [int(e["seq"]) for e in await eventlog.backlog(js, sid, 0, last, timeout=5.0)]
+
+
+def test_batches_handed_on_go_out_in_order_with_fewer_trims(tmp_path: Path) -> None:
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_handon"
+        token = await busy(one, sid)
+        trims = 0
+        pub_done = one.fns.pub_done
+
+        async def counted(**kw: Any) -> list[str]:
+            nonlocal trims
+            trims += 1
+            return await pub_done(**kw)
+
+        one.fns.pub_done = counted  # type: ignore[method-assign]
+        rng = random.Random(7)
+
+        async def turn() -> None:  # the runner's turn: events one after the other, as fast as it goes
+            for i in range(300):
+                await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[],
+                                   events=[ev(sid, f"one {i}.{j}") for j in range(rng.randint(1, 3))])
+                if i % 7 == 0:
+                    await asyncio.sleep(0)
+
+        async def other() -> None:  # another process records into the session meanwhile (a Lead's events)
+            for i in range(60):
+                await two.fns.emit(sid=sid, token=token, owner=two.owner, ops=[], events=[ev(sid, f"two {i}")])
+                await asyncio.sleep(rng.random() / 500)
+
+        await asyncio.gather(turn(), other())
+        await drained(r, sid)
+        last = int(await r.hget(keys.session(sid), "seq") or 0)
+        assert await in_stream(js, sid, r) == list(range(1, last + 1)), "every seq once, in order"
+        assert await r.get(keys.session(sid) + keys.PUBHW) is None, "the mark went with the lock"
+        assert one.outbox.handed_on > 0, "no batch was ever handed on to the running publisher"
+        batches = one.outbox.handed_on + trims
+        assert trims < batches, (trims, batches)
+
+    run(tmp_path, go)
+
+
+def test_a_batch_handed_on_to_a_process_whose_publisher_is_gone_waits_for_the_sweeper(tmp_path: Path) -> None:
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_orphan"
+        token = await busy(one, sid)
+        await drained(r, sid)
+        handed_on = one.outbox.handed_on
+        base = keys.session(sid)
+        # This process took the lock with a batch and its publish failed (NATS gone for a
+        # moment): the lock is left to lapse, and events recorded here meanwhile are handed on
+        # to no one.
+        js_ok = one.outbox.js
+        one.outbox.js = _Unreachable()  # type: ignore[assignment]
+        await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "lost batch")])
+        while one.outbox._publishers:
+            await asyncio.sleep(0.001)
+        one.outbox.js = js_ok
+        assert await r.get(base + keys.PUBLOCK) == one.owner
+        for i in range(3):
+            await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, f"after {i}")])
+        assert one.outbox.handed_on == handed_on and not one.outbox._publishers, "nothing runs here for it"
+        seq = int(await r.hget(base, "seq") or 0)
+        assert (await in_stream_upto(js, sid)) < seq - 3, "nothing after the lost batch reached the stream"
+        await r.pexpire(base + keys.PUBLOCK, 50)  # it lapses
+        await asyncio.sleep(0.1)
+        assert await two.sweep(min_age_ms=0) == 1
+        await drained(r, sid)
+        assert await in_stream(js, sid, r) == list(range(1, seq + 1))
+
+    run(tmp_path, go)
+
+
+class _Unreachable:
+    """A JetStream context whose every call fails as one to a server that is gone."""
+
+    def __getattr__(self, name: str) -> Any:
+        async def fail(*args: Any, **kwargs: Any) -> Any:
+            raise nats.errors.ConnectionClosedError
+
+        return fail
+
+
+async def in_stream_upto(js: Any, sid: str) -> int:
+    last, _ = await eventlog.last_in_stream(js, sid)
+    return int(last)
