@@ -135,7 +135,7 @@ async def last_in_stream(js: JetStreamContext, sid: str) -> tuple[int, int]:
         msg = await js.get_last_msg(subjects.EVENTS_STREAM, subjects.events(sid), direct=True)
     except nats.js.errors.NotFoundError:
         return 0, 0
-    return _seq_of(last_event(msg.data or b"{}").decode()), int(msg.seq or 0)
+    return seq_of(last_event(msg.data or b"{}").decode()), int(msg.seq or 0)
 
 
 async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: float = 5.0,
@@ -154,7 +154,7 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
     pos = cursors.get(sid)
     i, retried = 0, False
     while i < len(entries):
-        seq = _seq_of(entries[i])
+        seq = seq_of(entries[i])
         if pos is None or (seq != pos[0] + 1 and seq > pos[0]):
             pos = await last_in_stream(js, sid)
         if seq <= pos[0]:
@@ -191,7 +191,7 @@ def _message(entries: list[str], i: int, seq: int) -> tuple[int, int, bytes]:
     size, last, j = len(parts[0]), seq, i + 1
     while j < len(entries) and not _ends_message(entries[j - 1]):
         nxt = entries[j]
-        if _seq_of(nxt) != last + 1:
+        if seq_of(nxt) != last + 1:
             break
         data = _recordable(nxt)
         if size + 1 + len(data) > events.MAX_EVENT_BYTES:
@@ -235,7 +235,8 @@ def _recordable(raw: str) -> bytes:
                        "bytes": len(data)}).encode()
 
 
-def _seq_of(raw: str) -> int:
+def seq_of(raw: str) -> int:
+    """The seq of an outbox entry (0 for what is not one)."""
     if not raw.startswith("{"):
         return 0
     # The Lua library writes seq first: {"seq":N,...}; parse fully only if that ever changes.

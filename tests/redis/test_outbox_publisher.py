@@ -117,6 +117,117 @@ def test_batches_handed_on_go_out_in_order_with_fewer_trims(tmp_path: Path) -> N
     run(tmp_path, go)
 
 
+def test_a_batch_handed_on_whose_reply_is_read_before_the_one_it_follows_waits_for_it(tmp_path: Path) -> None:
+    """Two calls of this process on two connections: the first takes the freed lock and is handed
+    the head, the second is handed what follows; the second's reply is read first, while the
+    publisher that freed the lock has not yet returned. It must not publish the second's batch
+    before the first's (the stream would refuse it: a gap) but take the outbox from its head."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_crossed"
+        token = await busy(one, sid)
+        await drained(r, sid)
+        real_pub_done, real_start = one.fns.pub_done, one.outbox.start
+        armed = True
+
+        async def pub_done(**kw: Any) -> list[str]:
+            nonlocal armed
+            res = await real_pub_done(**kw)
+            if not res and armed:  # the lock is free; the publisher has not resumed yet
+                armed = False
+                read_later: list[list[str]] = []
+                one.outbox.start = lambda _sid, batch: read_later.append(batch)  # type: ignore[method-assign]
+                await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "head")])
+                one.outbox.start = real_start  # type: ignore[method-assign]
+                assert read_later, "the first call took the freed lock"
+                await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "follows")])
+                assert one.outbox._next.get(sid), "the second was handed what follows, to the running publisher"
+                real_start(sid, read_later[0])  # the first call's reply, read now
+            return res
+
+        one.fns.pub_done = pub_done  # type: ignore[method-assign]
+        await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "before")])
+        await drained(r, sid, timeout=2.0)  # the lock (5 s) never had to lapse
+        assert not armed
+        last = int(await r.hget(keys.session(sid), "seq") or 0)
+        assert await in_stream(js, sid, r) == list(range(1, last + 1))
+
+    run(tmp_path, go)
+
+
+class _SlowJetStream:
+    """JetStream whose publishes take ``delay`` longer: the publisher holds its batch a while."""
+
+    def __init__(self, js: Any, delay: float) -> None:
+        self.js, self.delay = js, delay
+
+    async def publish(self, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(self.delay)
+        return await self.js.publish(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.js, name)
+
+
+def test_batches_handed_on_whose_replies_are_read_in_the_other_order_go_out_in_seq_order(tmp_path: Path) -> None:
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_reversed"
+        token = await busy(one, sid)
+        await drained(r, sid)
+        one.outbox.js = _SlowJetStream(js, 0.05)  # type: ignore[assignment]
+        real_go_on = one.outbox.go_on
+        held: list[list[str]] = []
+
+        def go_on(sid_: str, batch: list[str]) -> None:  # the two replies read in the other order
+            held.append(batch)
+            if len(held) == 2:
+                real_go_on(sid_, held[1])
+                real_go_on(sid_, held[0])
+
+        one.outbox.go_on = go_on  # type: ignore[method-assign]
+        before = one.outbox.handed_on
+        for text in ("head", "next", "after"):
+            await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, text)])
+        assert len(held) == 2, "both later calls were handed on to the publisher busy with the first"
+        await drained(r, sid, timeout=2.0)  # the lock (5 s) never had to lapse
+        last = int(await r.hget(keys.session(sid), "seq") or 0)
+        assert await in_stream(js, sid, r) == list(range(1, last + 1))
+        assert one.outbox.handed_on > before
+
+    run(tmp_path, go)
+
+
+def test_a_publisher_finishing_goes_on_with_the_next_tenure_after_another_process_published(tmp_path: Path) -> None:
+    """The lock freed, another process takes it, publishes and frees it; then a call here takes
+    it again while this process's publisher has not yet returned: it publishes the new batch,
+    though its own last seq is behind the stream's."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_tenures"
+        token = await busy(one, sid)
+        await drained(r, sid)
+        real_pub_done = one.fns.pub_done
+        armed = True
+
+        async def pub_done(**kw: Any) -> list[str]:
+            nonlocal armed
+            res = await real_pub_done(**kw)
+            if not res and armed:
+                armed = False
+                await two.fns.emit(sid=sid, token=token, owner=two.owner, ops=[], events=[ev(sid, "two")])
+                await drained(r, sid, timeout=2.0)
+                await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "one again")])
+                assert one.outbox._fresh.get(sid), "handed to the publisher still finishing"
+            return res
+
+        one.fns.pub_done = pub_done  # type: ignore[method-assign]
+        await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "one")])
+        await drained(r, sid, timeout=2.0)
+        assert not armed
+        last = int(await r.hget(keys.session(sid), "seq") or 0)
+        assert await in_stream(js, sid, r) == list(range(1, last + 1))
+
+    run(tmp_path, go)
+
+
 def test_a_batch_handed_on_to_a_process_whose_publisher_is_gone_waits_for_the_sweeper(tmp_path: Path) -> None:
     async def go(one: Store, two: Store, r: Any, js: Any) -> None:
         sid = "s_orphan"

@@ -44,8 +44,11 @@ class Outbox:
         self.log = log
         self.replicas = replicas
         self._publishers: dict[str, asyncio.Task[None]] = {}
-        self._next: dict[str, list[str]] = {}
-        """Batches handed to a running publisher (:meth:`go_on`), in the order they came."""
+        self._next: dict[str, dict[int, str]] = {}
+        """Entries handed to a running publisher (:meth:`go_on`, :meth:`start`) by seq: replies
+        read on several connections come in any order, the publisher takes them in seq order."""
+        self._fresh: dict[str, list[str]] = {}
+        """The first batch of the next tenure of the lock, for a publisher still finishing the last."""
         self._cursors: eventlog.Cursors = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.handed_on = 0
@@ -57,7 +60,7 @@ class Outbox:
         process has drained the outbox. One of this process's may still be finishing (its
         ``cox_pub_done`` freed the lock, then another call here took it): it goes on with this."""
         if sid in self._publishers:
-            self._next.setdefault(sid, []).extend(batch)
+            self._fresh[sid] = batch
             return
         task = asyncio.create_task(self.publish(sid, batch), name=f"publish:{sid}")
         self._tasks.add(task)
@@ -69,7 +72,29 @@ class Outbox:
         it next. With none running (it failed, its lock not yet lapsed) it is left in the outbox:
         the sweeper publishes it once the lock lapses, after the events before it."""
         if sid in self._publishers:
-            self._next.setdefault(sid, []).extend(batch)
+            self._hand(sid, batch)
+
+    def _hand(self, sid: str, batch: list[str]) -> None:
+        waiting = self._next.setdefault(sid, {})
+        for entry in batch:
+            waiting[eventlog.seq_of(entry)] = entry
+
+    def _take(self, sid: str, last: int) -> list[str]:
+        """The entries handed on that follow seq ``last`` without a gap, in order (those at or
+        before it dropped). One beyond a gap stays: the reply holding what comes before it may
+        not have been read yet (or ``cox_pub_done``, from the outbox's head, hands them all)."""
+        waiting = self._next.get(sid)
+        if not waiting:
+            return []
+        out: list[str] = []
+        for seq in sorted(waiting):
+            if seq <= last:
+                del waiting[seq]
+            elif seq == last + 1 + len(out):
+                out.append(waiting.pop(seq))
+            else:
+                break
+        return out
 
     async def _replicated(self, sid: str) -> bool:
         """With ``wait_replicas``: True once that many replicas hold everything the session's
@@ -111,18 +136,20 @@ class Outbox:
                 # handed) are skipped by their seq.
                 last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
                 since += len(batch)
-                more = self._next.pop(sid, None) if mine else None
-                if more and since < TRIM_EVERY and loop.time() - trimmed < TRIM_EVERY_S:
-                    self.handed_on += 1
-                    batch = more
-                    continue
-                if more:
-                    self._next[sid] = more
+                if mine and since < TRIM_EVERY and loop.time() - trimmed < TRIM_EVERY_S:
+                    batch = self._take(sid, last)
+                    if batch:
+                        self.handed_on += 1
+                        continue
+                # Trim, and the outbox from its head (what was handed on and is not published yet
+                # included: taken next, skipped by seq where it was).
                 batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
                 since, trimmed = 0, loop.time()
                 if not batch and mine:
-                    # The lock was freed; a call here may have taken it again since (start).
-                    batch = self._next.pop(sid, [])
+                    # The lock was freed; a call here may have taken it again since (start): go
+                    # on with what it was handed (what was handed on before is published, or
+                    # follows that batch: taken after it).
+                    batch = self._fresh.pop(sid, [])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
@@ -133,6 +160,7 @@ class Outbox:
                 # was taken; from now on they see no publisher of the session here.
                 del self._publishers[sid]
                 self._next.pop(sid, None)
+                self._fresh.pop(sid, None)
 
     def position(self, sid: str) -> int | None:
         """The stream seq of the session's last message this process published (None: none known
