@@ -135,7 +135,7 @@ def test_a_batch_handed_on_whose_reply_is_read_before_the_one_it_follows_waits_f
             if not res and armed:  # the lock is free; the publisher has not resumed yet
                 armed = False
                 read_later: list[list[str]] = []
-                one.outbox.start = lambda _sid, batch: read_later.append(batch)  # type: ignore[method-assign]
+                one.outbox.start = lambda _sid, batch: read_later.append(batch)  # type: ignore[method-assign,assignment]
                 await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "head")])
                 one.outbox.start = real_start  # type: ignore[method-assign]
                 assert read_later, "the first call took the freed lock"
@@ -183,7 +183,7 @@ def test_batches_handed_on_whose_replies_are_read_in_the_other_order_go_out_in_s
                 real_go_on(sid_, held[1])
                 real_go_on(sid_, held[0])
 
-        one.outbox.go_on = go_on  # type: ignore[method-assign]
+        one.outbox.go_on = go_on  # type: ignore[method-assign,assignment]
         before = one.outbox.handed_on
         for text in ("head", "next", "after"):
             await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, text)])
