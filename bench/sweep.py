@@ -89,10 +89,10 @@ async def read_logs(pool: Pool, redis_url: str, sids: list[str], tries: int = 5,
     return logs, short
 
 
-def handoff_gaps(evs: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+def handoff_gaps(evs: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
     """(turn.end -> next queued turn.start, turn.end -> that turn's first assistant.msg) in ms."""
     queued = {e["message_id"] for e in evs if e["type"] == "queue.added"}
-    first_out: dict[str, int] = {}
+    first_out: dict[str, float] = {}
     for e in evs:
         if e["type"] == "assistant.msg" and e["turn_id"] not in first_out:
             first_out[e["turn_id"]] = e["ts"]
@@ -110,25 +110,12 @@ def handoff_gaps(evs: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
 
 def handoff_seen_gaps(events: list[tuple[float, dict[str, Any]]]) -> list[float]:
     """turn.end -> the next queued turn's first assistant.msg, in ms on the client's clock: each
-    event's arrival on one session's stream (``Watch.events``). An event's ``ts`` has whole
-    milliseconds, too coarse for a gap of one or two; the two events reach the stream by the same
-    path (the holder's publishes, the gateway, SSE), so their arrivals are as far apart as their
-    publishes, to the microsecond. A later publish waiting behind an earlier one's trim makes a
-    gap longer, never shorter."""
-    queued = {e.get("message_id") for _, e in events if e.get("type") == "queue.added"}
-    out: list[float] = []
-    end_at: float | None = None
-    waiting: str | None = None
-    for t, e in events:
-        kind = e.get("type")
-        if kind == "turn.end":
-            end_at, waiting = t, None
-        elif kind == "turn.start" and end_at is not None and e.get("message_id") in queued:
-            waiting = e.get("turn_id")
-        elif kind == "assistant.msg" and waiting is not None and e.get("turn_id") == waiting and end_at is not None:
-            out.append((t - end_at) * 1000)
-            end_at, waiting = None, None
-    return out
+    event's arrival on one session's stream (``Watch.events``) in place of its ``ts``. An event's
+    ``ts`` has whole milliseconds, too coarse for a gap of one or two; the two events reach the
+    stream by the same path (the holder's publishes, the gateway, SSE), so their arrivals are as
+    far apart as their publishes, to the microsecond. A later publish waiting behind an earlier
+    one's trim makes a gap longer, never shorter."""
+    return handoff_gaps([{**e, "ts": t * 1000} for t, e in events])[1]
 
 
 MIN_TURNS = 500

@@ -64,10 +64,17 @@ end
 local function seq_of(entry) return tonumber(string.match(entry, '^{"seq":(%d+),')) end
 
 -- The publish lock's holder has been handed the outbox up to seq hw (KEYS[1]..":pubhw", set with
--- every batch handed and gone with the lock): what it may be handed next starts after it.
-local function handed(base, batch)
+-- every batch handed and gone with the lock): what it may be handed next starts after it. A lock
+-- just taken starts its mark at its first batch; one held (again) keeps a mark already past it.
+local function handed(base, batch, held)
   local last = batch[#batch]
-  if last ~= nil then redis.call('SET', base .. ':pubhw', seq_of(last), 'PX', PUB_LOCK_MS) end
+  if last == nil then return end
+  local hw = held and tonumber(redis.call('GET', base .. ':pubhw'))
+  if hw and hw >= seq_of(last) then
+    redis.call('PEXPIRE', base .. ':pubhw', PUB_LOCK_MS)
+  else
+    redis.call('SET', base .. ':pubhw', seq_of(last), 'PX', PUB_LOCK_MS)
+  end
 end
 
 -- Take the publish lock if free and hand the caller the first batch of the outbox. When the
@@ -88,7 +95,8 @@ local function with_pub(base, owner, first, cont)
   elseif cont ~= false and redis.call('GET', base .. ':publock') == owner then
     local hw = tonumber(redis.call('GET', base .. ':pubhw'))
     local tail = redis.call('LINDEX', base .. ':outbox', -1)
-    local n = hw and tail and seq_of(tail) and (seq_of(tail) - hw) or 0
+    local tail_seq = tail and seq_of(tail)
+    local n = hw and tail_seq and (tail_seq - hw) or 0
     if n > 0 and n <= redis.call('LLEN', base .. ':outbox') then
       local batch = redis.call('LRANGE', base .. ':outbox', -n, math.min(-1, PUB_BATCH - n - 1))
       -- the outbox holds consecutive seqs; anything else and the publisher's pub_done hands it on
@@ -131,8 +139,7 @@ local function once(fn)
         if #batch > 0 then
           redis.call('PEXPIRE', base .. ':publock', PUB_LOCK_MS)
           for i = 1, #batch do out[#out + 1] = batch[i] end
-          local hw = tonumber(redis.call('GET', base .. ':pubhw'))
-          if hw == nil or hw < seq_of(batch[#batch]) then handed(base, batch) end
+          handed(base, batch, true)
         end
       end
       return out
@@ -1016,9 +1023,7 @@ local function cox_pub_done(keys, args)
     local out = { reply({ more = true }) }
     local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
     for i = 1, #batch do out[#out + 1] = batch[i] end
-    local hw = tonumber(redis.call('GET', base .. ':pubhw'))
-    if hw == nil or hw < seq_of(batch[#batch]) then handed(base, batch)
-    else redis.call('PEXPIRE', base .. ':pubhw', PUB_LOCK_MS) end
+    handed(base, batch, true)
     return out
   end
   redis.call('DEL', base .. ':publock', base .. ':pubhw')
