@@ -40,8 +40,8 @@ class _Recorder:
         self.sent.append((fn, ks, [str(a) for a in args]))
         return {}
 
-    async def fcall(self, fn: str, nkeys: int, *rest: str) -> list[str]:
-        self.sent.append((fn, list(rest[:nkeys]), list(rest[nkeys:])))
+    async def fcall_raw(self, fn: str, ks: list[str], argv: list[str]) -> list[str]:
+        self.sent.append((fn, ks, argv))
         return [json.dumps({})]
 
     async def zadd(self, key: str, mapping: dict[str, int], nx: bool = False) -> int:

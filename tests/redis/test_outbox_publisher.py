@@ -27,16 +27,18 @@ def run(tmp: Path, go: Callable[[Store, Store, Any, Any], Awaitable[None]]) -> N
     async def main(nats_url: str, redis_url: str) -> None:
         nc = await nats.connect(nats_url)
         r = aredis.from_url(redis_url, decode_responses=True)
+        js = nc.jetstream()
+        log = structlog.get_logger("test")
+        one, two = Store(r, js, "o_one", log), Store(r, js, "o_two", log)
         try:
-            js = nc.jetstream()
             await eventlog.ensure_stream(js)
             await r.function_load(LIBRARY, replace=True)
-            log = structlog.get_logger("test")
-            one, two = Store(r, js, "o_one", log), Store(r, js, "o_two", log)
             await go(one, two, r, js)
             await one.outbox.close()
             await two.outbox.close()
         finally:
+            await one.aclose()  # (uvloop's close waits on a connection left open)
+            await two.aclose()
             await r.aclose()
             await nc.close()
 

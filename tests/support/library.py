@@ -38,10 +38,6 @@ class _Client:
     def __init__(self, lib: Library) -> None:
         self.lib = lib
 
-    async def fcall(self, fn: str, nkeys: int, *rest: str) -> list[Any]:
-        self.lib.raw = list(self.lib.r.fcall(fn, nkeys, *rest))
-        return self.lib.raw
-
     async def zadd(self, key: str, mapping: dict[str, int], nx: bool = False) -> Any:
         return self.lib.r.zadd(key, mapping, nx=nx)
 
@@ -68,6 +64,11 @@ class Library:
             argv.append(self._tx)
         self.raw = list(self.r.fcall(fn, len(ks), *ks, *argv))
         return dict(json.loads(self.raw[0]))
+
+    async def fcall_raw(self, fn: str, ks: list[str], argv: list[str]) -> list[Any]:
+        """What the facade's own publishing calls send (``Store.fcall_raw``)."""
+        self.raw = list(self.r.fcall(fn, len(ks), *ks, *argv))
+        return self.raw
 
     def create(self, prefix: str) -> str:
         """A new idle session of principal ``p`` in workspace ``/w`` on the script model, its sid

@@ -293,6 +293,9 @@ class Runner(Service):
         await self.store.outbox.close()
         await self.clients.flush_usage()  # while the bus is still up
 
+    async def on_stop(self) -> None:
+        await self.store.aclose()
+
 
 def main() -> None:
     from coxswain.service import run

@@ -250,6 +250,8 @@ class Caller(Protocol):
 
     redis: Any
 
+    async def fcall_raw(self, fn: str, ks: list[str], argv: list[str]) -> Any: ...
+
     async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
                    publish: bool = True) -> dict[str, Any]: ...
 
@@ -261,7 +263,7 @@ class Fns:
         self.store = store
 
     async def _raw(self, fn: str, ks: list[str], argv: list[str]) -> Any:
-        return await self.store.redis.fcall(fn, len(ks), *ks, *argv)
+        return await self.store.fcall_raw(fn, ks, argv)
 
     # ------------------------------------------------------------------ session lifecycle
     @lua("cox_create")

@@ -33,6 +33,7 @@ from nats.js import JetStreamContext
 
 from coxswain import errors, keys
 from coxswain.ids import new_id
+from coxswain.redismux import Mux
 
 from ..errors import StoreDown
 from .faults import DropReplies
@@ -85,6 +86,10 @@ class Store:
         self.wait_replicas = wait_replicas
         self.wait_ms = wait_ms
         self.cluster = isinstance(redis, aiocluster.RedisCluster)
+        self.mux = None if self.cluster else Mux.of(redis)
+        """The connection every ``FCALL`` of this process goes out on (coxswain/redismux.py): one,
+        pipelined, where redis-py takes a pooled connection per command. None in a cluster or over
+        TLS (redis-py's client then carries them)."""
         self._cursor = random.randrange(1 << 16)
         """Where the next takeover pass starts (:meth:`claim`)."""
         self._sweep_cursor = random.randrange(1 << 16)
@@ -124,9 +129,21 @@ class Store:
     async def drop_idle(self) -> None:
         """Redis failed a call: drop the idle pooled connections, so that once it is back (a
         restart) no call goes out on a socket the old server closed (a retry would fail on it
-        for nothing). Before each retry here, and by the runner after a failure of its own."""
+        for nothing). Before each retry here, and by the runner after a failure of its own.
+        The multiplexed connection is not dropped: a connection that broke fails its calls and is
+        replaced by the next call; one that still answers carries other sessions' calls."""
         with contextlib.suppress(Exception):
             await self.redis.connection_pool.disconnect(inuse_connections=False)
+
+    async def aclose(self) -> None:
+        if self.mux is not None:
+            await self.mux.aclose()
+
+    async def fcall_raw(self, fn: str, ks: list[str], argv: list[str]) -> Any:
+        """One ``FCALL``, on the multiplexed connection where there is one."""
+        if self.mux is not None:
+            return await self.mux.call("FCALL", fn, len(ks), *ks, *argv)
+        return await self.redis.fcall(fn, len(ks), *ks, *argv)
 
     def node_of(self, key: str) -> str:
         """The name of the Redis master serving ``key`` ('' without a cluster)."""
@@ -136,7 +153,7 @@ class Store:
         """Run ``fn``; with ``wait_replicas``, also wait for the replicas. Returns (reply, held):
         ``held`` is False when fewer replicas than asked answered in time."""
         if not (self.wait_replicas and fn in WAITED_FNS and ks):
-            return await self.redis.fcall(fn, len(ks), *ks, *argv), True
+            return await self.fcall_raw(fn, ks, argv), True
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.fcall(fn, len(ks), *ks, *argv)
             self.replicas.queue_wait(pipe, ks[0])
