@@ -45,8 +45,7 @@ class _Link(asyncio.Protocol):
     """One open connection: commands out in order, each reply to the oldest waiting call."""
 
     def __init__(self, encoding: str | None) -> None:
-        self.reader = hiredis.Reader(encoding=encoding, replyError=_ErrorReply) if encoding else \
-            hiredis.Reader(replyError=_ErrorReply)
+        self.reader = hiredis.Reader(encoding=encoding, replyError=_ErrorReply)  # None: bytes
         self.waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
