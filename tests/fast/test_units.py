@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from cox_guard import policy
 from cox_judge import rules
 from cox_judge.service import confined_only
 from cox_runner.errors import SandboxUnavailable
-from cox_runner.model.script_model import ScriptError, parse_script
+from cox_runner.model.script_model import Plan, ScriptError, _parts, parse_script
 from cox_runner.workspace import bwrap, sandbox, tools
 from coxswain.config import SandboxConfig, Settings
 from coxswain.models import STANDING_NETWORK, CallSpec, GuardRequest, GuardResult, JudgeRequest, JudgeResult
@@ -81,6 +82,24 @@ def test_the_script_model_parses_its_block() -> None:
     assert parse_script("no block") is None
     with pytest.raises(ScriptError):
         parse_script("```script\nnot json\n```")
+
+
+def test_the_script_models_parsed_steps_are_shared_and_cannot_be_changed() -> None:
+    text = 'go\n```script\n[{"tools": [{"name": "write_file", "args": {"path": "a", "content": "x", "n": [1]}}]}]\n```'
+    first = parse_script(text)
+    assert first is not None and parse_script("again:\n" + text) is first  # one parse per block
+    with pytest.raises(ValidationError):
+        first[0].tools[0].name = "run_command"  # type: ignore[misc]
+    parts = _parts(Plan(first[0], "s0"))
+    args = parts[0].args
+    assert isinstance(args, dict)
+    args["n"].append(2)  # whatever the loop does to a call's arguments stays in that call
+    args["path"] = "b"
+    again = _parts(Plan(first[0], "s0"))[0].args
+    assert again == {"path": "a", "content": "x", "n": [1]}
+    for _ in range(2):  # a broken block is an error every time, not a cached None
+        with pytest.raises(ScriptError):
+            parse_script("```script\n[{\"finish\": 3, \"nope\": 1}]\n```")
 
 
 def test_the_sandbox_hides_what_others_may_not_read_in_etc(tmp_path: Path) -> None:
