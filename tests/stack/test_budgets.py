@@ -21,7 +21,7 @@ import pytest
 from tests.support.checks import finished, last_seq, of_type, one
 from tests.support.stack import Api, Stack, script, stack_fixture, tool
 
-ALICE, BOB, PAT, ADMIN = "tok-alice", "tok-bob", "tok-pat", "tok-admin"
+ALICE, BOB, PAT, ADMIN, CARL = "tok-alice", "tok-bob", "tok-pat", "tok-admin", "tok-carl"
 
 LIMITS = """
 [limits]
@@ -38,7 +38,7 @@ output_price = 10000.0
 """
 
 stack = stack_fixture("budgets", runners=1, config=LIMITS.format(principal="0.30") + MODELS,
-                      tokens={ALICE: "alice", BOB: "bob", PAT: "pat", ADMIN: "ada"}, auth='roles = { ada = "admin" }')
+                      tokens={ALICE: "alice", BOB: "bob", PAT: "pat", ADMIN: "ada", CARL: "carl"}, auth='roles = { ada = "admin" }')
 
 PLAN = tool("plan_write", steps=["one", "two"])
 
@@ -176,3 +176,19 @@ def test_the_principal_budget_pauses_every_session_of_the_principal_until_a_relo
         finally:
             cfg.write_text(original)
             stack.signal("turn-runner-1", signal.SIGHUP)
+
+
+def test_a_response_that_reaches_the_budget_runs_none_of_its_calls_not_even_a_read(stack: Stack) -> None:
+    """A response whose first call is a read is recorded with that read's result, except with a
+    daily budget: its cost is counted first, and a budget it reaches ends the turn before the read."""
+    with stack.client(CARL) as carl:
+        sid = priced(carl, "reached-by-a-read-step")
+        assert carl.send(sid, script({"tokens": 11, "tools": [tool("list_dir", path=".")]},
+                                     {"text": "never asked"})).status_code == 202
+        end, evs = finished(carl, sid)
+    assert end["outcome"] == "spend_limit" and "session_spend" in end["detail"]
+    msg = one(evs, "assistant.msg")
+    assert [c["name"] for c in msg["tool_calls"]] == ["list_dir"]
+    skipped = one(evs, "tool.skipped", call_id=msg["tool_calls"][0]["call_id"])
+    assert skipped["reason"] == "limit" and not of_type(evs, "tool.result"), "the read did not run"
+    assert one(evs, "limit.hard", limit="session_spend")["seq"] > msg["seq"]

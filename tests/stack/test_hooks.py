@@ -347,3 +347,30 @@ def test_a_hooks_allow_does_not_answer_a_security_confirm(stack: Stack) -> None:
     assert (ws / "notes.txt").read_text() == "n"
     assert [d["decision"] for d in of_type(evs, "hook.decision")] == ["allow", "allow"]
     assert len(of_type(evs, "approval.pending")) == 1
+
+
+WAIT_FOR_GO = r'''
+import os, time
+for _ in range(400):
+    if os.path.exists("go"):
+        break
+    time.sleep(0.05)
+'''
+
+
+def test_a_response_is_in_the_log_while_a_pre_tool_use_hook_on_its_read_runs(stack: Stack) -> None:
+    """A response whose first call is a read is recorded with the read, unless a hook runs first:
+    the person sees the response while the hook takes its time."""
+    ws = hooked(stack, "hooks-read", {"PreToolUse": [{"matcher": "list_dir", "hooks": [
+        cmd("python3 .coxswain/wait.py")]}]}, **{"wait.py": WAIT_FOR_GO})
+    with stack.client() as api:
+        sid = api.create("hooks-read", title="hooked read")["id"]  # titled: no title request flushes it
+        api.send(sid, script({"text": "looking", "tools": [{"name": "list_dir", "args": {"path": "."}}]},
+                             {"text": "Done."}))
+        msg = api.wait_type(sid, "assistant.msg", timeout=15)
+        assert msg["text"] == "looking" and [c["name"] for c in msg["tool_calls"]] == ["list_dir"]
+        assert not of_type(api.all_events(sid), "tool.result"), "seen while the hook still waits"
+        (ws / "go").write_text("")
+        end, evs = finished(api, sid)
+    assert end["outcome"] == "completed"
+    assert one(evs, "tool.result", call_id=msg["tool_calls"][0]["call_id"])["ok"] is True

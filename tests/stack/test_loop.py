@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.checks import finished, holder, last_seq, of_type, one
+from tests.support.checks import finished, holder, last_seq, of_type, one, seqs_rise
 from tests.support.flow import answer, next_approval
 from tests.support.stack import OTHER_TOKEN, Api, Stack, script, tool
 
@@ -65,6 +65,38 @@ def test_observe_folds_the_output_into_the_next_tool_result(stack: Stack, api: A
     _, evs = finished(api, sid, after=after)
     result = next(e for e in of_type(evs, "tool.result") if e["seq"] > after)
     assert result["observed"] and "idle-fact" in result["observed"][0]["output"]
+
+
+def test_a_read_step_is_recorded_in_order_with_its_response(stack: Stack, api: Api) -> None:
+    """A response whose first call is a read is recorded with that read (one Redis call): the log
+    still reads usage, the response, then each call's start, decision and result, without a gap."""
+    s = api.create("read-steps", title="read steps")
+    sid = s["id"]
+    (Path(s["workspace"]) / "a.txt").write_text("alpha")
+    api.send(sid, script({"text": "reading", "tools": [tool("read_file", path="a.txt"), tool("list_dir", path=".")]},
+                         {"tools": [tool("find_files", pattern="*.txt")]},
+                         {"tools": [tool("write_file", path="b.txt", content="beta")]},
+                         {"text": "Done."}))
+    end, evs = finished(api, sid)
+    assert end["outcome"] == "completed"
+    seqs_rise(evs)
+    steps = of_type(evs, "assistant.msg")
+    assert len(steps) == 4
+    for msg in steps[:2]:  # the read steps (a write's result comes after its version.kept)
+        at = evs.index(msg)
+        assert evs[at - 1]["type"] == "usage" and evs[at - 1]["seq"] == msg["seq"] - 1
+        expect: list[str] = []
+        for _ in msg["tool_calls"]:
+            expect += ["tool.call", "policy.decision", "tool.result"]
+        got = evs[at + 1:at + 1 + len(expect)]
+        assert [e["type"] for e in got] == expect, [e["type"] for e in got]
+        assert [e["seq"] for e in got] == list(range(msg["seq"] + 1, msg["seq"] + 1 + len(expect)))
+        assert [e["call_id"] for e in got[::3]] == [c["call_id"] for c in msg["tool_calls"]]
+    write = one(evs, "tool.call", name="write_file")
+    assert evs[evs.index(write) - 1] is steps[2], "a write's response is in the log before the write"
+    results = of_type(evs, "tool.result")
+    assert all(r["ok"] for r in results) and "alpha" in results[0]["output"]
+    assert (Path(s["workspace"]) / "b.txt").read_text() == "beta"
 
 
 # ---------------------------------------------------------------- finish reasons

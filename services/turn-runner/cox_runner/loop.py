@@ -48,7 +48,7 @@ from coxswain.errors import CoxError, describe
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
-from . import handlers, hooks, instructions, transcript
+from . import handlers, hooks, instructions, spending, transcript
 from .budget import Budget
 from .calls import ToolRound
 from .checkpoints import Checkpoints
@@ -103,6 +103,21 @@ class TurnLoop:
                               self.log)
         self.calls = ToolRound(turn, self.rec, self.budget, self.gate, self.hooks, self.tools, self.checks,
                                self.leads)
+        self.step.may_defer = self.may_defer
+
+    def may_defer(self, calls: list[ToolCallPart]) -> bool:
+        """A response whose first call is a read is recorded with that read's call, decision and
+        result (one Redis call and one publish for the step, not two): the read changes nothing,
+        so whether it ran or not, the log that a crash leaves is one the takeover can go on from
+        (without the response: the model is asked again). Not when the response must be in the
+        log before the call runs: with daily budgets (its cost is counted in Redis before
+        anything else happens) or a PreToolUse hook for the read (a process that may take its
+        time, while the person waits to see the response). A Lead saved while the model answered
+        still skips the response's calls when its doorbell arrived in time; one whose doorbell
+        came late is seen in the read's reply, and skips the calls after the read."""
+        first = calls[0].tool_name
+        return (first in tools.READ_ONLY and not self.hooks.has("PreToolUse", first)
+                and not spending.active(self.turn.info, self.settings.limits))
 
     async def guarded(self, aw: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
         """Await ``aw`` unless Stop/steer comes first; then cancel it and raise StopRequested."""

@@ -48,8 +48,12 @@ class Recorder:
         self.leads_hint = 0
         self.observed_hint = 0
         """What the last ``emit`` saw waiting: Leads and operator observations."""
+        self.emitted = False
+        """This turn has recorded through :meth:`emit`: the hints above are Redis's, not unknown."""
         self._deferred: list[ev._Event] = []
         """Events recorded with the next ``emit`` (one Redis call instead of two)."""
+        self._deferred_ops: list[Op] = []
+        """State writes recorded with the next ``emit``, before its own."""
         self.today: spending.Today | None = None
         """What the session and its principal spent today, as the last recorded cost left it
         (None until the turn's first check: :meth:`cox_runner.checkpoints.Checkpoints.daily`)."""
@@ -62,12 +66,16 @@ class Recorder:
         """Record events (and small state writes) fenced by this turn's token, after any deferred."""
         batch = [*self._deferred, *events]
         self._deferred.clear()
+        if self._deferred_ops:
+            ops = [*self._deferred_ops, *(ops or [])]
+            self._deferred_ops.clear()
         t = self.turn
         try:
             res = await self.deps.store.fns.emit(sid=t.sid, token=t.token, owner=self.deps.owner, ops=ops or [],
                                                  events=[ev.body(e) for e in batch])
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
+        self.emitted = True
         self.history.seq = max(self.history.seq, int(res.get("last") or 0))
         self.leads_hint = int(res.get("leads") or 0)
         self.observed_hint = int(res.get("observed") or 0)
@@ -83,15 +91,18 @@ class Recorder:
             day, usd = await spending.principal_spend(self.deps.store.fns, principal, cost)
         self.today = spending.Today(day=day, session=session, principal=usd)
 
-    def defer(self, event: ev._Event) -> None:
-        """Record ``event`` together with the next one: it is known now, but nothing waits on it
-        being in the log before the next event is (a call's start and its policy decision; the
-        last text chunk and the complete response)."""
-        self._deferred.append(event)
+    def defer(self, *events: ev._Event, ops: list[Op] | None = None) -> None:
+        """Record ``events`` (and ``ops``) together with the next ones: they are known now, but
+        nothing waits on them being in the log before the next event is (a call's start and its
+        policy decision; the last text chunk and the complete response; a response whose first
+        call is a read, with that read's record)."""
+        self._deferred.extend(events)
+        if ops:
+            self._deferred_ops.extend(ops)
 
     @property
     def has_deferred(self) -> bool:
-        return bool(self._deferred)
+        return bool(self._deferred or self._deferred_ops)
 
     async def result(self, call: ToolCallPart, ok: bool, output: str, extra: list[ev._Event] | None = None,
                      first: bool = False, limit: str | None = None) -> None:
@@ -99,7 +110,9 @@ class Recorder:
         taken off the list in the same atomic call that records it (so a rebuild agrees)."""
         t = self.turn
         raw: list[str] = []
-        if self.observed_hint or t.observed_waiting:
+        # Before the turn's first emit nothing says whether observations wait (one recorded while
+        # the session was idle rang no turn's doorbell): the list is read.
+        if self.observed_hint or t.observed_waiting or not self.emitted:
             t.observed_waiting = False
             raw = await self.deps.redis.lrange(keys.session(t.sid) + keys.OBSERVED, 0, OBSERVED_BATCH - 1)
         observed: list[dict[str, Any]] = []

@@ -70,6 +70,9 @@ class ModelStep:
         self.titled = False
         """The session has its title (or may not get one): no title request."""
         self._usage_ops: list[tuple[str, str, str, str]] = []
+        self.may_defer: Callable[[list[ToolCallPart]], bool] = lambda calls: False
+        """Whether a response asking for ``calls`` may be recorded with its first call's record
+        rather than on its own (the turn loop's :meth:`~cox_runner.loop.TurnLoop.may_defer`)."""
 
     async def run(self) -> ModelResponse:
         try:
@@ -121,12 +124,13 @@ class ModelStep:
         self.budget.add_response(response.usage.input_tokens + response.usage.output_tokens, cost)
         refs = [ev.ToolCallRef(call_id=c.tool_call_id, name=c.tool_name, args=args_for_log(c)) for c in calls]
         used = self._usage("turn", response)
-        await rec.emit(
-            used,
-            ev.AssistantMsg(**rec.e(), text=text, finish_reason=response.finish_reason, usage=usage,
-                            tool_calls=refs, provider_finish_reason=raw_finish(response)),
-            ops=[*(("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls), *self._usage_ops],
-        )
+        msg = ev.AssistantMsg(**rec.e(), text=text, finish_reason=response.finish_reason, usage=usage,
+                              tool_calls=refs, provider_finish_reason=raw_finish(response))
+        ops = [*(("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls), *self._usage_ops]
+        if calls and self.may_defer(calls):
+            rec.defer(used, msg, ops=ops)  # recorded with the read's own record: one call, not two
+        else:
+            await rec.emit(used, msg, ops=ops)
         await self.deps.clients.usage_seen(used.model_dump(include=USAGE_SAMPLE))
         rec.open = {c.tool_call_id: c for c in calls}
         rec.history.assistant(text, [r.model_dump() for r in refs], response.finish_reason)
@@ -195,6 +199,8 @@ class ModelStep:
         """Name the session once, serialised with this turn's own model requests."""
         self.titled = True
         t = self.turn
+        if self.rec.has_deferred:  # the response it names is in the log before the title is asked for
+            await self.rec.emit()
         first = _first_user_text(self.rec.history.messages) or t.text
         req = ModelRequest(parts=[UserPromptPart(content=first)], instructions=TITLE_PROMPT,
                            metadata={"cox_purpose": "title", "cox_vias": ["send"]})
