@@ -124,6 +124,9 @@ def composite(f: dict[str, Any], q: str) -> dict[str, float]:
         "tool_call": cas + js,
         # HTTP in, NATS hop, Redis script to save it, Redis script to apply it at the boundary.
         "lead": http + rr + 2 * cas,
+        # From the boundary (the in-flight action recorded) to the Lead applied: the script that
+        # takes the Leads, and its publish.
+        "lead_boundary": cas + js,
         # Redis script that ends the turn and pops the next, the publish, one Redis script
         # recording the next turn's first output.
         "handoff": 2 * cas + js,

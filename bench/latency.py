@@ -76,7 +76,7 @@ async def lead_applied(stack: Stack, pool: Pool, n: int, k: int = 4) -> dict[str
     steps = [{"tools": [{"name": "list_dir", "args": {"path": f"d{j}"}}]} for j in range(LEAD_STEPS)]
     work = session.script(steps, text="walk the folders")
     watches = await _watches(stack, sessions)
-    post, seen, server, step_gap = [], [], [], []
+    post, seen, server, step_gap, boundary = [], [], [], [], []
     refused: dict[str, int] = {}
     try:
         for i in range(n):
@@ -100,11 +100,13 @@ async def lead_applied(stack: Stack, pool: Pool, n: int, k: int = 4) -> dict[str
             def is_applied(e: dict[str, Any], lid: str = lid) -> bool:
                 return e.get("type") == "lead.applied" and lid in e["lead_ids"]
 
-            _, t2, applied = await w.wait(is_applied, TIMEOUT_S, mark)
+            at, t2, applied = await w.wait(is_applied, TIMEOUT_S, mark)
             _, _, saved = await w.wait_type("lead.saved", TIMEOUT_S, mark, lead_id=lid)
             post.append((t1 - t0) * 1000)
             seen.append((t2 - t0) * 1000)
             server.append(applied["ts"] - saved["ts"])
+            if (t_boundary := boundary_seen(w.events, at)) is not None:
+                boundary.append((t2 - t_boundary) * 1000)
             await w.idle(TIMEOUT_S)
             results = [e["ts"] for _, e in w.events[mark:] if e.get("type") == "tool.result" and e.get("turn_id") == tid]
             if len(results) > 1:
@@ -116,7 +118,25 @@ async def lead_applied(stack: Stack, pool: Pool, n: int, k: int = 4) -> dict[str
         "post_to_202_ms": summary(post), "post_to_lead_applied_seen_ms": summary(seen),
         "lead_saved_to_applied_ts_ms": summary(server),
         "boundary_interval_ts_ms": summary(step_gap),
+        "boundary_to_lead_applied_seen_ms": summary(boundary),
     }
+
+
+APPLYING = frozenset({"tool.skipped", "user.msg", "lead.applied"})
+"""What a Lead's application records at a boundary: the calls not started, skipped; the Lead as
+a user message; ``lead.applied``."""
+
+
+def boundary_seen(events: list[tuple[float, dict[str, Any]]], applied_at: int) -> float | None:
+    """When the stream brought the event that ended the action in flight as the Lead was applied
+    (the call's result, or the response at the boundary after it), or None if the log does not
+    show one right before the application."""
+    j = applied_at - 1
+    while j >= 0 and events[j][1].get("type") in APPLYING:
+        j -= 1
+    if j < 0 or events[j][1].get("type") not in ("tool.result", "assistant.msg"):
+        return None
+    return events[j][0]
 
 
 async def _stop_turn(pool: Pool, w: Watch) -> None:

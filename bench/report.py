@@ -80,6 +80,11 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                             "floor = HTTP + NATS req-reply + 2 Redis scripts"))
             out.append(_row("lead", f"lead.saved -> lead.applied ts {q}", le["lead_saved_to_applied_ts_ms"][q],
                             _r(c[q]["lead"]), "ms", "server ts"))
+            if (b := le.get("boundary_to_lead_applied_seen_ms")) and b.get(q) is not None:
+                out.append(_row("lead", f"boundary -> lead.applied seen {q}", b[q], _r(c[q]["lead_boundary"]), "ms",
+                                "client clock (µs): arrivals of the in-flight action's last event (its result, or "
+                                "the response) and of lead.applied; the wait for that action is a step's own time "
+                                "(tool calls); floor = 1 Redis script + 1 JetStream publish"))
     if h := ph.get("handoff"):
         for q in ("p50", "p99"):
             out.append(_row("hand-off", f"turn.end -> next turn's first output {q}",
