@@ -4,9 +4,11 @@ policy, tool argument checks, the script model's parser and the sandbox's argv."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
+from pydantic_ai.messages import ToolCallPart
 
 from cox_guard import policy
 from cox_judge import rules
@@ -90,13 +92,13 @@ def test_the_script_models_parsed_steps_are_shared_and_cannot_be_changed() -> No
     assert first is not None and parse_script("again:\n" + text) is first  # one parse per block
     with pytest.raises(ValidationError):
         first[0].tools[0].name = "run_command"  # type: ignore[misc]
-    parts = _parts(Plan(first[0], "s0"))
-    args = parts[0].args
-    assert isinstance(args, dict)
+    call = _parts(Plan(first[0], "s0"))[0]
+    assert isinstance(call, ToolCallPart) and isinstance(call.args, dict)
+    args = cast(dict[str, Any], call.args)
     args["n"].append(2)  # whatever the loop does to a call's arguments stays in that call
     args["path"] = "b"
-    again = _parts(Plan(first[0], "s0"))[0].args
-    assert again == {"path": "a", "content": "x", "n": [1]}
+    again = _parts(Plan(first[0], "s0"))[0]
+    assert isinstance(again, ToolCallPart) and again.args == {"path": "a", "content": "x", "n": [1]}
     for _ in range(2):  # a broken block is an error every time, not a cached None
         with pytest.raises(ScriptError):
             parse_script("```script\n[{\"finish\": 3, \"nope\": 1}]\n```")
