@@ -93,7 +93,7 @@ def test_a_read_step_is_recorded_in_order_with_its_response(stack: Stack, api: A
         assert [e["seq"] for e in got] == list(range(msg["seq"] + 1, msg["seq"] + 1 + len(expect)))
         assert [e["call_id"] for e in got[::3]] == [c["call_id"] for c in msg["tool_calls"]]
     write = one(evs, "tool.call", name="write_file")
-    assert evs[evs.index(write) - 1] is steps[2], "a write's response is in the log before the write"
+    assert evs[evs.index(write) - 1] is steps[2], "a write's call follows its response in the log"
     results = of_type(evs, "tool.result")
     assert all(r["ok"] for r in results) and "alpha" in results[0]["output"]
     assert (Path(s["workspace"]) / "b.txt").read_text() == "beta"
