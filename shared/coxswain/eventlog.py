@@ -155,7 +155,9 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
     i, retried = 0, False
     while i < len(entries):
         seq = seq_of(entries[i])
-        if pos is None or (seq != pos[0] + 1 and seq > pos[0]):
+        if pos is None and seq == 1:
+            pos = (0, 0)  # a session's first event: its subject is empty (else the publish fails: look)
+        elif pos is None or (seq != pos[0] + 1 and seq > pos[0]):
             pos = await last_in_stream(js, sid)
         if seq <= pos[0]:
             i += 1  # already in the stream (published by someone else, or before a crash)
@@ -172,7 +174,9 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
             if exc.err_code != WRONG_LAST_SEQUENCE or retried:
                 cursors.pop(sid, None)
                 raise
-            retried, pos = True, None  # another publisher moved the subject: look again
+            # Another publisher moved the subject (or the position this one had was a stale
+            # hint): look at the stream.
+            retried, pos = True, await last_in_stream(js, sid)
             continue
         retried, pos, i = False, (last, int(ack.seq)), end
     if pos is not None:

@@ -54,6 +54,7 @@ SESSION_FIELDS: Final[Mapping[str, str]] = MappingProxyType({
     "dont_ask": "'1' when the don't-ask switch is on: the runner allows what would ask a person (not security)",
     # the log and the lease
     "seq": "the seq of the last event recorded (the outbox's next is seq + 1)",
+    "pubpos": "'<event seq>:<stream seq>': where the session's JetStream subject ended when cox_pub_done last ran (a hint for the next publisher; cox_pub_done)",
     "fence": "the counter lease tokens are drawn from (HINCRBY: a token is never reused)",
     "busy": "'1' while a turn, or a person's op, holds the session; '0' idle",
     "runner": "the runner process holding the lease ('' none)",

@@ -384,9 +384,11 @@ class Fns:
         pipe.fcall("cox_claim", len(buckets), *(keys.leases(b) for b in buckets), runner, str(lease_ms), str(limit))
 
     @lua("cox_pub_done", reply=PubDone)
-    async def pub_done(self, *, sid: str, owner: str, last: int) -> list[str]:
-        """The next batch of the outbox to publish (empty: done, the lock is freed)."""
-        res = await self._raw("cox_pub_done", [keys.session(sid)], [sid, owner, str(last)])
+    async def pub_done(self, *, sid: str, owner: str, last: int, stream: int | None = None) -> list[str]:
+        """The next batch of the outbox to publish (empty: done, the lock is freed). ``stream``:
+        the stream seq of the message holding seq ``last`` (kept for the lock's next holder)."""
+        res = await self._raw("cox_pub_done", [keys.session(sid)],
+                              [sid, owner, str(last), "" if stream is None else str(stream)])
         return list(res[1:])
 
     @lua("cox_dirty")

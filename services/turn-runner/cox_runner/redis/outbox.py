@@ -28,6 +28,10 @@ PUB_LOCK_MS = 5000
 """The publish lock's lifetime (``PUB_LOCK_MS`` in the library)."""
 CONTINUED = "~"
 """The first entry of a batch that continues this process's publisher's (``CONTINUED`` in the library)."""
+POSITION = "@"
+"""The first entry of a fresh lock's batch: ``@<event seq>:<stream seq>``, where the session's
+subject ended when the lock was last freed (``POSITION`` in the library): a hint, so the
+publisher needs no look at the stream when another process published last."""
 TRIM_EVERY = 100
 """Entries a publisher publishes from batches handed on (:meth:`Outbox.go_on`) before it trims
 the outbox (``cox_pub_done``, which also renews the lock) though more keeps coming."""
@@ -127,6 +131,10 @@ class Outbox:
         try:
             since, trimmed = 0, loop.time()
             while batch:
+                if batch[0][:1] == POSITION:
+                    self._position(sid, batch[0])
+                    batch = batch[1:]
+                    continue
                 if not await self._replicated(sid):
                     # Not on a replica yet: publish nothing. The lock lapses and the sweeper
                     # tries again (the events stay in the outbox, in order).
@@ -143,7 +151,9 @@ class Outbox:
                         continue
                 # Trim, and the outbox from its head (what was handed on and is not published yet
                 # included: taken next, skipped by seq where it was).
-                batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last)
+                pos = self._cursors.get(sid)
+                batch = await self.fns.pub_done(sid=sid, owner=self.owner, last=last,
+                                                stream=pos[1] if pos is not None and pos[0] == last else None)
                 since, trimmed = 0, loop.time()
                 if not batch and mine:
                     # The lock was freed; a call here may have taken it again since (start): go
@@ -161,6 +171,17 @@ class Outbox:
                 del self._publishers[sid]
                 self._next.pop(sid, None)
                 self._fresh.pop(sid, None)
+
+    def _position(self, sid: str, entry: str) -> None:
+        """Take a fresh lock's position hint (:data:`POSITION`) unless this process knows a later one."""
+        try:
+            last, stream = (int(x) for x in entry[1:].split(":", 1))
+        except ValueError:
+            self.log.warning("outbox.bad_position", sid=sid, entry=entry[:40])
+            return
+        mine = self._cursors.get(sid)
+        if mine is None or mine[0] < last:
+            self._cursors[sid] = (last, stream)
 
     def position(self, sid: str) -> int | None:
         """The stream seq of the session's last message this process published (None: none known

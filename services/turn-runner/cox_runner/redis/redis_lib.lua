@@ -84,11 +84,19 @@ end
 -- which publishes it next without a cox_pub_done between the two (one round trip fewer, and the
 -- events out sooner). Without cont (cox_pub_claim) the caller is handed a batch only with a free lock.
 local CONTINUED = '~'
+-- A fresh lock's batch begins with where the stream was when the last holder freed it (the
+-- session hash's pubpos, '<event seq>:<stream seq>', written by cox_pub_done): the new holder,
+-- maybe another process, publishes conditionally on it with no look at the stream first. Only a
+-- hint: if the subject moved since (a publisher died between its publish and its cox_pub_done),
+-- the conditional publish fails and the publisher looks.
+local POSITION = '@'
 local function with_pub(base, owner, first, cont)
   local out = { first }
   if owner == nil or owner == '' then return out end
   if redis.call('LLEN', base .. ':outbox') == 0 then return out end
   if redis.call('SET', base .. ':publock', owner, 'NX', 'PX', PUB_LOCK_MS) then
+    local pos = redis.call('HGET', base, 'pubpos')
+    if pos then out[#out + 1] = POSITION .. pos end
     local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
     for i = 1, #batch do out[#out + 1] = batch[i] end
     handed(base, batch)
@@ -1005,12 +1013,18 @@ end
 -- ------------------------------------------------------------------ outbox publishing
 
 -- The stream now holds the session's events up to seq last (published in order, so every one
--- before it too). ARGV: sid, owner, last. Trimmed by seq, not by a count: a publisher whose
--- lock lapsed under it can never drop an entry nobody published.
+-- before it too), the last of them in the message at stream seq stream ('' if unknown: the
+-- position is dropped). ARGV: sid, owner, last, stream. Trimmed by seq, not by a count: a
+-- publisher whose lock lapsed under it can never drop an entry nobody published.
 local function cox_pub_done(keys, args)
   local base = keys[1]
-  local sid, owner, last = args[1], args[2], tonumber(args[3])
+  local sid, owner, last, stream = args[1], args[2], tonumber(args[3]), args[4]
   if redis.call('GET', base .. ':publock') ~= owner then return refuse('lost', 'publish lock lost') end
+  if stream ~= nil and string.match(stream, '^%d+$') then
+    redis.call('HSET', base, 'pubpos', last .. ':' .. stream)
+  else
+    redis.call('HDEL', base, 'pubpos')
+  end
   while true do
     local head = redis.call('LINDEX', base .. ':outbox', 0)
     if not head then break end
