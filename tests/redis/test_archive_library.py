@@ -147,3 +147,22 @@ def test_the_idle_scan_answers_only_sessions_idle_long_enough(r: redis.Redis) ->
     lib = Library(r)
     assert sid in lib.queued(lib.fns.idle, buckets=[b], idle_ms=5000, limit=100)
     assert sid not in lib.queued(lib.fns.idle, buckets=[b], idle_ms=60000, limit=100)
+
+
+def test_the_publishers_position_hint_is_no_change_a_drop_refuses_on(r: redis.Redis) -> None:
+    """The archive's own ``session.archived`` is published after the snapshot, and its publisher's
+    ``cox_pub_done`` keeps where the stream ends in the session hash (``pubpos``): a hint for the
+    next publisher, not the session's state. A drop that refused on it would never drop anything
+    (a whole-stack archive found every idle session 'changed' and kept it)."""
+    sid = new_session(r)
+    base = keys.session(sid)
+    took = take(r, sid)
+    r.set(base + keys.PUBLOCK, "o")
+    lib = Library(r)
+    lib(lib.fns.pub_done(sid=sid, owner="o", last=int(r.hget(base, "seq") or 0), stream=41))
+    assert r.hget(base, "pubpos") == f"{took['seq']}:41"
+    assert drop(r, sid, took) == {"dropped": True}
+    assert not r.exists(base)
+    loaded = load(r, sid, took)
+    assert loaded.get("restored") is True
+    assert r.hget(base, "pubpos") is None, "a restored session's publisher looks at the stream itself"

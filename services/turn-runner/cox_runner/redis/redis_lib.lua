@@ -1237,8 +1237,12 @@ local function snapshot_of(base, suffixes)
       local flat = redis.call('HGETALL', key)
       local names, by = {}, {}
       for j = 1, #flat, 2 do
-        names[#names + 1] = flat[j]
-        by[flat[j]] = flat[j + 1]
+        -- pubpos is the publisher's hint (cox_pub_done), not the session's state: it moves when
+        -- session.archived itself is published, and a session restored without it looks it up
+        if not (sfx == '' and flat[j] == 'pubpos') then
+          names[#names + 1] = flat[j]
+          by[flat[j]] = flat[j + 1]
+        end
       end
       table.sort(names)
       local vals = {}
