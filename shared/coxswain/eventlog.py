@@ -560,6 +560,8 @@ class Tail:
         self.reader: Reader | None = None
         self._cm: Any = None
         self._caught_up = False
+        self._spill: list[dict[str, Any]] = []
+        """Events of live messages beyond the last call's ``limit``, in order: given next."""
 
     async def __aenter__(self) -> Tail:
         self._cm = self.hub.reader(self.sid, self.max_bytes, self.on_overflow)
@@ -594,6 +596,11 @@ class Tail:
         ``max_bytes`` bounds what is taken of the live buffer at once (what a reader holds parsed
         while its client is slow); the backlog is bounded by ``limit`` alone."""
         assert self.reader is not None, "use Tail as an async context manager"
+        if self._spill:
+            spill, self._spill = self._spill, []
+            out = await self._accept(spill, limit)
+            if out:
+                return out
         if not self._caught_up or self.reader.overflowed:
             evs = await self._catch_up(limit)
             if evs:
@@ -603,14 +610,21 @@ class Tail:
             # Quiet for a while (or overflowed): a message lost while the connection blinked
             # would leave the reader behind until the next event; the session's seq says.
             return await self._catch_up(limit)
+        return await self._accept([e for data in raw for e in events_in(data)], limit)
+
+    async def _accept(self, evs: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+        """The events of live messages that follow the last given (at most ``limit``; a gap before
+        one is filled from the stream first). What a message held beyond ``limit`` is kept for the
+        next call: one message holds up to a publish batch (hundreds of events of a group of
+        reads), and reading those from the stream again would read the session's log from its
+        start (a consumer on its subject) for every ``limit`` of them."""
         out: list[dict[str, Any]] = []
-        for ev in (e for data in raw for e in events_in(data)):
+        for k, ev in enumerate(evs):
             seq = int(ev.get("seq", 0))
             if seq <= self.last:
                 continue
             if len(out) >= limit:
-                # A message held more than was asked for: the rest is read from the stream next.
-                self._caught_up = False
+                self._spill = evs[k:]
                 break
             if seq > self.last + 1:
                 out.extend(await self._fill(seq - 1, limit - len(out)))
