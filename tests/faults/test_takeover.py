@@ -119,6 +119,86 @@ def test_kill_9_mid_turn_the_queue_runs_in_order_and_the_dead_turn_ends_crashed(
         respawn(stack, victim)
 
 
+READS = 400
+
+
+def reading(api: Api, label: str) -> tuple[str, str]:
+    """A session whose turn is one response of :data:`READS` slow reads (a search through 600
+    files each: tens of ms), recorded as a group while the next read runs; (sid, its script)."""
+    s = api.create(label)
+    ws = Path(s["workspace"])
+    for i in range(600):
+        (ws / f"f{i:03d}.txt").write_text(f"line {i}\n" * 200)
+    calls = [{"name": "search_text", "args": {"pattern": f"absent-{k}"}} for k in range(READS)]
+    return s["id"], script({"text": "Searching.", "tools": calls}, {"text": "searched"})
+
+
+def wait_results(api: Api, sid: str, turn_id: str, n: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while sum(1 for e in log_of(api, sid) if e["type"] == "tool.result" and e.get("turn_id") == turn_id) < n:
+        assert time.monotonic() < deadline, f"fewer than {n} results"
+        time.sleep(0.05)
+
+
+def test_kill_9_during_a_group_of_reads_leaves_a_log_the_takeover_goes_on_from(stack: Stack, api: Api) -> None:
+    """Reads whose records are on their way when the runner dies: whatever reached Redis is in
+    the log in order, every call the response opened is closed once (a result, or a skip by the
+    takeover), and the queued message runs next on the other runner."""
+    sid, text = reading(api, "kill9-reads")
+    first = ok(api.send(sid, text))
+    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
+    wait_results(api, sid, start["turn_id"], 5)
+    victim, _ = holder(stack, start["turn_id"])
+    after = ok(api.send(sid, quick("after-reads", write=True), mode="queue"))
+    stack.kill(victim)
+    try:
+        end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=LEASE_MS / 1000 + 15)
+        assert end["outcome"] == "crashed", end
+        api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        evs = log_of(api, sid)
+        r = replay(evs)  # seqs by one, every opened call closed before its turn's end, no stale writer
+        assert [r.outcome_of(m) for m in r.starts] == ["crashed", "completed"]
+        mine = [e for e in evs if e.get("turn_id") == start["turn_id"] and e["type"] in ("tool.result", "tool.skipped")]
+        ids = [e["call_id"] for e in mine]
+        assert len(ids) == len(set(ids)) == READS, "each call closed exactly once"
+        done = [e for e in mine if e["type"] == "tool.result" and e["ok"]]
+        assert 5 <= len(done) < READS, "the runner died among the reads"
+        assert (Path(api.session(sid)["workspace"]) / "after-reads.txt").read_text() == "after-reads"
+    finally:
+        respawn(stack, victim)
+
+
+def test_a_runner_paused_during_a_group_of_reads_records_nothing_after_the_takeover(stack: Stack, api: Api) -> None:
+    """SIGSTOP the holder among its reads (a record on its way), until the other runner has taken
+    over and run the queued message; on SIGCONT the record the fence refuses stops it: nothing
+    of the stale turn lands, however many reads it had left."""
+    sid, text = reading(api, "sigstop-reads")
+    first = ok(api.send(sid, text))
+    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
+    wait_results(api, sid, start["turn_id"], 5)
+    victim, _ = holder(stack, start["turn_id"])
+    after = ok(api.send(sid, quick("after-pause"), mode="queue"))
+    since = len(stack.log(victim))
+    stack.signal(victim, signal.SIGSTOP)
+    try:
+        end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=LEASE_MS / 1000 + 15)
+        assert end["outcome"] == "crashed", end
+        api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        seq_before = log_of(api, sid)[-1]["seq"]
+    finally:
+        stack.signal(victim, signal.SIGCONT)
+    wait_log(stack, victim, ("lease.deadline_passed", "drive.lease_lost", "lease.lost"), timeout=20, sid=sid)
+    time.sleep(1.0)  # the reads it had left would have gone on recording by now
+    api.wait_idle(sid)
+    evs = log_of(api, sid)
+    assert evs[-1]["seq"] == seq_before, f"events after the stale runner woke: {evs[seq_before:]}"
+    r = replay(evs)
+    assert [r.outcome_of(m) for m in r.starts] == ["crashed", "completed"]
+    assert {x.get("event") for x in records(stack, victim, since) if x.get("sid") == sid}, "the runner woke"
+
+
 def test_a_runner_paused_past_its_lease_writes_nothing_after_the_takeover(stack: Stack, api: Api) -> None:
     """SIGSTOP the holder until another runner has taken over, then SIGCONT it: its deadline
     has passed, it stops its drive on waking, and nothing it held lands."""

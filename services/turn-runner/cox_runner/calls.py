@@ -60,7 +60,11 @@ class ToolRound:
                 # the person answered a checkpoint with a message: a newer instruction, before this call
                 await self.rec.skip(calls[i:], "approval")
                 break
-            malformed = await self._one_call(call) or malformed
+            self.rec.pipelined = call.tool_call_id if self._pipelines(call, calls[i + 1:i + 2]) else None
+            try:
+                malformed = await self._one_call(call) or malformed
+            finally:
+                self.rec.pipelined = None
             await self.checks.warnings()
             if b.stuck(call.tool_name, call.args_as_json_str(), self.rec.last_output):
                 n = self.limits.stuck_repeats
@@ -71,11 +75,25 @@ class ToolRound:
                     raise StopRequested(self.turn.stop_reason or "stop")
                 if await self.leads.boundary(calls[i + 1:]):
                     break
+        await self.rec.settle()
         if b.malformed_round(malformed):
             raise EndTurn(Ending("error", detail="the model sent a malformed tool call twice in a row"))
         if await self.leads.due():
             await self.leads.apply()
         self.checks.check_time()
+
+    def _pipelines(self, call: ToolCallPart, after: list[ToolCallPart]) -> bool:
+        """Whether a read's result may be recorded while the next call runs (a group commit:
+        :meth:`Recorder.result <cox_runner.recorder.Recorder.result>`): only between two reads
+        with no hook on either side (a hook is a program: it runs after what it follows is in
+        the log). The last read before anything else waits for every record before it, so a
+        write, a command, a hook, the next model request or the turn's end never goes ahead of
+        a read's record."""
+        if not after:
+            return False
+        name, nxt = call.tool_name, after[0].tool_name
+        return (name in tools.READ_ONLY and nxt in tools.READ_ONLY
+                and not self.hooks.has("PostToolUse", name) and not self.hooks.has("PreToolUse", nxt))
 
     def _is_action(self, name: str) -> bool:
         """Whether a call counts against ``[limits] actions``: a writing tool, a command, or an

@@ -150,6 +150,7 @@ class TurnLoop:
 
     async def _close(self, ending: Ending) -> None:
         rec = self.rec
+        await rec.settle()
         if rec.has_deferred:
             await rec.emit()
         if self.gate.open_approval is not None:

@@ -9,6 +9,7 @@ but not yet sent, and what Redis said waits (Leads, operator observations) on it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from typing import Any
@@ -54,6 +55,14 @@ class Recorder:
         """Events recorded with the next ``emit`` (one Redis call instead of two)."""
         self._deferred_ops: list[Op] = []
         """State writes recorded with the next ``emit``, before its own."""
+        self.pipelined: str | None = None
+        """The call whose result may be recorded behind the turn's back (:meth:`result`): a read
+        followed by another read, set by the tool round for the call it is about to run."""
+        self._ready: list[ev._Event] = []
+        self._ready_ops: list[Op] = []
+        """Pipelined results not yet sent: the next record of :meth:`_flush`."""
+        self._flushing: asyncio.Future[None] | None = None
+        """The pipelined records on their way (one Redis call at a time, in order)."""
         self.today: spending.Today | None = None
         """What the session and its principal spent today, as the last recorded cost left it
         (None until the turn's first check: :meth:`cox_runner.checkpoints.Checkpoints.daily`)."""
@@ -63,15 +72,21 @@ class Recorder:
         return {"sid": self.turn.sid, "turn_id": self.turn.turn_id}
 
     async def emit(self, *events: ev._Event, ops: list[Op] | None = None) -> None:
-        """Record events (and small state writes) fenced by this turn's token, after any deferred."""
+        """Record events (and small state writes) fenced by this turn's token, after any deferred
+        (and after every pipelined result: :meth:`settle` first)."""
+        if self._flushing is not None:
+            await self.settle()
         batch = [*self._deferred, *events]
         self._deferred.clear()
         if self._deferred_ops:
             ops = [*self._deferred_ops, *(ops or [])]
             self._deferred_ops.clear()
+        await self._record(batch, ops or [])
+
+    async def _record(self, batch: list[ev._Event], ops: list[Op]) -> None:
         t = self.turn
         try:
-            res = await self.deps.store.fns.emit(sid=t.sid, token=t.token, owner=self.deps.owner, ops=ops or [],
+            res = await self.deps.store.fns.emit(sid=t.sid, token=t.token, owner=self.deps.owner, ops=ops,
                                                  events=[ev.body(e) for e in batch])
         except Fenced as exc:
             raise LeaseLost(str(exc)) from exc
@@ -80,7 +95,43 @@ class Recorder:
         self.leads_hint = int(res.get("leads") or 0)
         self.observed_hint = int(res.get("observed") or 0)
         if "spend_day" in res:
-            await self._spent(int(res["spend_day"]), float(res.get("spend_today") or 0), spending.spend_of(ops or []))
+            await self._spent(int(res["spend_day"]), float(res.get("spend_today") or 0), spending.spend_of(ops))
+
+    def _pipeline(self, events: list[ev._Event], ops: list[Op]) -> None:
+        """Record ``events`` (with what was deferred) without waiting: they go with the next Redis
+        call of :meth:`_flush`, which sends, one call at a time and in order, whatever was
+        pipelined while the call before it was on its way (a group commit). Only a read's result
+        is recorded so: the read changed nothing, so if the record is refused (the lease passed
+        on) or lost with this process, the log is one a takeover goes on from, as if the read
+        had not run. A record refused is raised here, at the next pipelined result, or by
+        :meth:`settle`."""
+        self._ready += [*self._deferred, *events]
+        self._deferred.clear()
+        self._ready_ops += [*self._deferred_ops, *ops]
+        self._deferred_ops.clear()
+        task = self._flushing
+        if task is not None and task.done():
+            task.result()  # LeaseLost: the turn stops at this call, not after the reads to come
+            self._flushing = None
+        if self._flushing is None:
+            self._flushing = asyncio.ensure_future(self._flush())
+            self._flushing.add_done_callback(_retrieved)
+
+    async def _flush(self) -> None:
+        while self._ready or self._ready_ops:
+            batch, ops = self._ready, self._ready_ops
+            self._ready, self._ready_ops = [], []
+            await self._record(batch, ops)
+
+    async def settle(self) -> None:
+        """Wait until every pipelined result is in the log (LeaseLost if a record was refused).
+        Shielded: a turn cancelled while it waits leaves the record to finish (it is fenced)."""
+        task = self._flushing
+        if task is None:
+            return
+        await asyncio.shield(task)
+        self._flushing = None
+        task.result()
 
     async def _spent(self, day: int, session: float, cost: float) -> None:
         """A model request's cost was counted in the session's spend of ``day``: count it in its
@@ -112,7 +163,7 @@ class Recorder:
         raw: list[str] = []
         # Before the turn's first emit nothing says whether observations wait (one recorded while
         # the session was idle rang no turn's doorbell): the list is read.
-        if self.observed_hint or t.observed_waiting or not self.emitted:
+        if self.observed_hint or t.observed_waiting or not (self.emitted or self._flushing):
             t.observed_waiting = False
             raw = await self.deps.redis.lrange(keys.session(t.sid) + keys.OBSERVED, 0, OBSERVED_BATCH - 1)
         observed: list[dict[str, Any]] = []
@@ -128,7 +179,11 @@ class Recorder:
             ops.append(("hdel", keys.WRITES, call.tool_call_id, ""))  # its staged write is settled
         if raw:
             ops.append(("ltrim", keys.OBSERVED, str(len(raw)), "-1"))
-        await self.emit(*evs, ops=ops)
+        if self.pipelined == call.tool_call_id:
+            self.pipelined = None
+            self._pipeline(evs, ops)
+        else:
+            await self.emit(*evs, ops=ops)
         self.open.pop(call.tool_call_id, None)
         self.history.tool_return(call.tool_call_id, output + transcript.fold(observed), call.tool_name)
         self.last_output = output
@@ -156,6 +211,13 @@ class Recorder:
             self.history.user(text, via)
         self.pending_user.clear()
         self.notes.clear()
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """A pipelined record's failure is raised to the turn by :meth:`Recorder.settle` or the next
+    pipelined result; a turn already gone (cancelled) has nobody to raise it to."""
+    if not task.cancelled():
+        task.exception()
 
 
 def args_for_log(call: ToolCallPart) -> Any:

@@ -1,0 +1,137 @@
+"""A group of reads recorded while the turn goes on (:meth:`cox_runner.recorder.Recorder.result`
+with ``pipelined``), on a real Redis with the library loaded and a real nats-server.
+
+A response of several reads used to wait for each read's record (one Redis call and one publish
+each) before the next read ran. A read changes nothing, so its record may be on its way while
+the next read runs; what is recorded meanwhile goes with the next Redis call, in order. What
+must hold: the log reads every call's start, decision and result in order and without a gap;
+a record the fence refuses stops the turn at the next result (not after the reads to come) and
+puts nothing in the log; and anything that is not such a read waits for every record before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from pydantic_ai.messages import ToolCallPart
+
+from cox_runner.errors import LeaseLost
+from cox_runner.recorder import Recorder
+from cox_runner.redis.store import Store
+from cox_runner.turn import Turn
+from coxswain import eventlog, keys
+from coxswain import events as ev
+
+from .test_outbox_publisher import busy, drained, run
+
+
+def recorder(store: Store, r: Any, sid: str, token: str) -> Recorder:
+    turn = Turn(sid=sid, turn_id="t_1", token=token, message_id="m_1", text="go", via="send",
+                workspace=Path("/w"), model="script")
+    deps = SimpleNamespace(store=store, owner=store.owner, redis=r)
+    return Recorder(cast(Any, deps), turn)
+
+
+class HeldEmits:
+    """The store's ``emit``, counted, each call held until :meth:`release`: a record on its way."""
+
+    def __init__(self, store: Store) -> None:
+        self.real = store.fns.emit
+        self.calls: list[int] = []
+        self.gate = asyncio.Event()
+        store.fns.emit = self  # type: ignore[method-assign]
+
+    async def __call__(self, **kw: Any) -> Any:
+        self.calls.append(len(kw["events"]))
+        await self.gate.wait()
+        return await self.real(**kw)
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+async def read(rec: Recorder, k: int, pipelined: bool) -> None:
+    """One read as the tool round records it: its start deferred, its result (with its decision)."""
+    call = ToolCallPart(tool_name="list_dir", args={"path": f"d{k}"}, tool_call_id=f"c{k}")
+    rec.defer(ev.ToolCall(**rec.e(), call_id=call.tool_call_id, name="list_dir", args={"path": f"d{k}"}),
+              ev.PolicyDecision(**rec.e(), call_id=call.tool_call_id, verdict="allow", actor="policy", reason="a read"))
+    rec.pipelined = call.tool_call_id if pipelined else None
+    await rec.result(call, True, f"listing {k}")
+    await asyncio.sleep(0)  # the next read's hop to a thread: the record on its way goes out
+
+
+async def logged(js: Any, r: Any, sid: str) -> list[dict[str, Any]]:
+    """The session's log as the stream has it, once the outbox is published."""
+    await drained(r, sid)
+    return await eventlog.backlog(js, sid, 0, int(await r.hget(keys.session(sid), "seq")), timeout=5.0)
+
+
+def test_reads_recorded_on_the_way_go_out_in_order_in_fewer_calls(tmp_path: Path) -> None:
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_group"
+        token = await busy(one, sid)
+        rec = recorder(one, r, sid, token)
+        emits = HeldEmits(one)
+        for k in range(10):
+            await read(rec, k, pipelined=True)  # the first record is held: the reads go on
+        assert emits.calls == [3], "one record on its way, nine results waiting behind it"
+        emits.release()
+        await read(rec, 10, pipelined=False)  # the last read before anything else: waits for all
+        assert emits.calls == [3, 27, 3], emits.calls
+        evs = [e for e in await logged(js, r, sid) if e["type"] in ("tool.call", "policy.decision", "tool.result")]
+        assert [e["type"] for e in evs] == ["tool.call", "policy.decision", "tool.result"] * 11
+        assert [e["call_id"] for e in evs[::3]] == [f"c{k}" for k in range(11)]
+        seqs = [e["seq"] for e in evs]
+        assert seqs == list(range(seqs[0], seqs[0] + 33)), "no gap, no repeat"
+
+    run(tmp_path, go)
+
+
+def test_a_refused_record_stops_the_turn_at_the_next_read_and_logs_nothing(tmp_path: Path) -> None:
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_refused"
+        await busy(one, sid)
+        await drained(r, sid)
+        before = int(await r.hget(keys.session(sid), "seq"))
+        rec = recorder(one, r, sid, "999999")  # not the lease's token: the fence refuses it
+        emits = HeldEmits(one)
+        await read(rec, 0, pipelined=True)
+        emits.release()
+        for _ in range(100):  # the refusal comes back while the reads go on
+            await asyncio.sleep(0.01)
+            if rec._flushing is not None and rec._flushing.done():
+                break
+        assert rec._flushing is not None and rec._flushing.done(), "the refusal came back"
+        with pytest.raises(LeaseLost):
+            await read(rec, 1, pipelined=True)
+        with pytest.raises(LeaseLost):
+            await rec.settle()  # and the turn's end (which settles first) is refused too
+        assert int(await r.hget(keys.session(sid), "seq")) == before, "nothing of the stale turn in the log"
+
+    run(tmp_path, go)
+
+
+def test_anything_else_waits_for_the_reads_on_their_way(tmp_path: Path) -> None:
+    """An event recorded the usual way (a write's record, the response, the turn's end) goes
+    after every pipelined result: ``emit`` settles first."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_after"
+        token = await busy(one, sid)
+        rec = recorder(one, r, sid, token)
+        emits = HeldEmits(one)
+        for k in range(3):
+            await read(rec, k, pipelined=True)
+        other = asyncio.ensure_future(rec.emit(ev.AgentMessage(**rec.e(), text="after the reads")))
+        await asyncio.sleep(0.05)
+        assert not other.done() and emits.calls == [3], "held behind the record on its way"
+        emits.release()
+        await other
+        assert emits.calls == [3, 6, 1]
+        evs = await logged(js, r, sid)
+        assert evs[-1]["type"] == "agent.message" and evs[-2]["type"] == "tool.result" and evs[-2]["call_id"] == "c2"
+
+    run(tmp_path, go)
