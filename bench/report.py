@@ -72,6 +72,11 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                         _r(c["p50"]["tool_call"]), "ms", "floor = 1 Redis script + 1 JetStream publish (p50)"))
         out.append(_row("tool calls", "per call, marginal (one-call turn taken off)", t["marginal_per_call_ms"],
                         _r(c["p50"]["tool_call"]), "ms", "same floor"))
+        if "per_step_ms" in t:
+            out.append(_row("tool calls", f"per step, one call per response, (turn - tool) / {t['calls']}",
+                            t["per_step_ms"], _r(c["p50"]["tool_call"]), "ms",
+                            "each call its own model request, record and publish (reads in one response "
+                            "are recorded as a group); same floor"))
     if le := ph.get("lead"):
         for q in ("p50", "p99"):
             out.append(_row("lead", f"POST -> lead.applied seen {q}", le["post_to_lead_applied_seen_ms"][q],

@@ -6,7 +6,9 @@ runner's own function on the same files through ``asyncio.to_thread`` as the run
 
 Per call = (turn time - N x tool time) / N, the headline figure; "marginal" takes a one-call turn
 of the same shape off first, so the turn's fixed cost (transcript load, two model requests,
-turn end) is not spread over the calls. Turn time is server-side (turn.start -> turn.end ts).
+turn end) is not spread over the calls. Reads in a row are recorded as a group (docs/design.md),
+so the same N calls are also timed one per response ("per step"): each a model request, and a
+record and a publish of its own (the response goes with its read's record). Turn time is server-side (turn.start -> turn.end ts).
 The event ts also split each call: tool.call -> policy.decision (guard), policy.decision ->
 tool.result (tool + its record), tool.result -> next tool.call (loop). A read that guard allows
 records its call, decision and result in one call (their ts are equal), so for ``list_dir`` the
@@ -31,8 +33,12 @@ from .stats import summary
 TIMEOUT_S = 120.0
 
 
-def _steps(n: int) -> list[dict[str, Any]]:
-    return [{"tools": [{"name": "list_dir", "args": {"path": f"d{k:04d}"}} for k in range(n)]}, {"text": "done"}]
+def _steps(n: int, apart: bool = False) -> list[dict[str, Any]]:
+    """One response of ``n`` calls, or (``apart``) ``n`` responses of one call each."""
+    calls = [{"name": "list_dir", "args": {"path": f"d{k:04d}"}} for k in range(n)]
+    if apart:
+        return [*({"tools": [c]} for c in calls), {"text": "done"}]
+    return [{"tools": calls}, {"text": "done"}]
 
 
 async def tool_time_ms(ws: Path, n: int) -> float:
@@ -45,11 +51,11 @@ async def tool_time_ms(ws: Path, n: int) -> float:
     return (time.perf_counter() - t0) * 1000 / n
 
 
-async def _turn(pool: Pool, w: Watch, n: int) -> dict[str, Any]:
+async def _turn(pool: Pool, w: Watch, n: int, apart: bool = False) -> dict[str, Any]:
     await w.idle(TIMEOUT_S)
     mark = len(w.events)
     t0 = time.perf_counter()
-    res = await session.send(pool, w.sid, session.script(_steps(n), text=f"{n} calls"))
+    res = await session.send(pool, w.sid, session.script(_steps(n, apart), text=f"{n} calls"))
     _, _, start = await w.wait_type("turn.start", TIMEOUT_S, mark, message_id=res["message_id"])
     tid = start["turn_id"]
     _, t_end, end = await w.wait_type("turn.end", TIMEOUT_S, mark, turn_id=tid)
@@ -90,12 +96,13 @@ async def per_call(stack: Stack, pool: Pool, n: int, turns: int,
         (ws / f"d{k:04d}").mkdir(exist_ok=True)
     tool_ms = await tool_time_ms(ws, n)
     w = await Watch(stack.port, stack.token, s["id"]).start()
-    big, small = [], []
+    big, small, apart = [], [], []
     try:
         await _turn(pool, w, 1)  # warm-up
         for _ in range(turns):
             small.append(await _turn(pool, w, 1))
             big.append(await _turn(pool, w, n))
+            apart.append(await _turn(pool, w, n, apart=True))
         profiled = None
         if during is not None:
             profiled = await during(lambda: _turn(pool, w, n))
@@ -103,12 +110,15 @@ async def per_call(stack: Stack, pool: Pool, n: int, turns: int,
         await w.close()
     t_big = sorted(r["server_ms"] for r in big)[len(big) // 2]
     t_small = sorted(r["server_ms"] for r in small)[len(small) // 2]
+    t_apart = sorted(r["server_ms"] for r in apart)[len(apart) // 2]
     per = (t_big - n * tool_ms) / n
     marginal = ((t_big - t_small) - (n - 1) * tool_ms) / (n - 1)
     return {
         "calls": n, "turns": turns, "tool_ms": round(tool_ms, 4),
         "turn_ms_median": t_big, "one_call_turn_ms_median": t_small,
         "per_call_ms": round(per, 3), "marginal_per_call_ms": round(marginal, 3),
+        "apart_turn_ms_median": t_apart, "per_step_ms": round((t_apart - n * tool_ms) / n, 3),
+        "apart_all_ok": all(r["ok"] == n and r["outcome"] == "completed" for r in apart),
         "client_turn_ms": summary(r["client_ms"] for r in big),
         "all_ok": all(r["ok"] == n and r["outcome"] == "completed" for r in big),
         "split_ts_ms_mean": big[len(big) // 2]["split_ts_ms_mean"],

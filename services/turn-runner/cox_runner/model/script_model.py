@@ -84,11 +84,23 @@ CACHED_BLOCK_MAX = 64 * 1024
 
 def parse_script(text: str) -> tuple[ScriptStep, ...] | None:
     """The steps of the last ``script`` block in ``text``; None if it has none."""
-    blocks = SCRIPT_RE.findall(text)
-    if not blocks:
+    block = _last_block(text) if len(text) <= CACHED_BLOCK_MAX else _find_last_block(text)
+    if block is None:
         return None
-    block = blocks[-1]
     return _steps(block) if len(block) <= CACHED_BLOCK_MAX else _parse_steps(block)
+
+
+def _find_last_block(text: str) -> str | None:
+    blocks = SCRIPT_RE.findall(text)
+    return blocks[-1] if blocks else None
+
+
+@functools.lru_cache(maxsize=32)
+def _last_block(text: str) -> str | None:
+    """Every request of a turn looks for the block in the same message text (the transcript holds
+    it, so its hash is computed once): scanning a 300-step script's 18 KB was 7% of a runner's
+    time in a turn of one call per response."""
+    return _find_last_block(text)
 
 
 @functools.lru_cache(maxsize=32)
