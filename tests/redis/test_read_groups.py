@@ -36,6 +36,11 @@ def recorder(store: Store, r: Any, sid: str, token: str) -> Recorder:
     return Recorder(cast(Any, deps), turn)
 
 
+def holding(store: Store, r: Any, sid: str, token: str) -> tuple[Recorder, HeldEmits]:
+    """A turn's recorder whose every record is held on its way until released."""
+    return recorder(store, r, sid, token), HeldEmits(store)
+
+
 class HeldEmits:
     """The store's ``emit``, counted, each call held until :meth:`release`: a record on its way."""
 
@@ -73,9 +78,7 @@ async def logged(js: Any, r: Any, sid: str) -> list[dict[str, Any]]:
 def test_reads_recorded_on_the_way_go_out_in_order_in_fewer_calls(tmp_path: Path) -> None:
     async def go(one: Store, two: Store, r: Any, js: Any) -> None:
         sid = "s_group"
-        token = await busy(one, sid)
-        rec = recorder(one, r, sid, token)
-        emits = HeldEmits(one)
+        rec, emits = holding(one, r, sid, await busy(one, sid))
         for k in range(10):
             await read(rec, k, pipelined=True)  # the first record is held: the reads go on
         assert emits.calls == [3], "one record on its way, nine results waiting behind it"
@@ -97,8 +100,7 @@ def test_a_refused_record_stops_the_turn_at_the_next_read_and_logs_nothing(tmp_p
         await busy(one, sid)
         await drained(r, sid)
         before = int(await r.hget(keys.session(sid), "seq"))
-        rec = recorder(one, r, sid, "999999")  # not the lease's token: the fence refuses it
-        emits = HeldEmits(one)
+        rec, emits = holding(one, r, sid, "999999")  # not the lease's token: the fence refuses it
         await read(rec, 0, pipelined=True)
         emits.release()
         for _ in range(100):  # the refusal comes back while the reads go on
@@ -120,9 +122,7 @@ def test_anything_else_waits_for_the_reads_on_their_way(tmp_path: Path) -> None:
     after every pipelined result: ``emit`` settles first."""
     async def go(one: Store, two: Store, r: Any, js: Any) -> None:
         sid = "s_after"
-        token = await busy(one, sid)
-        rec = recorder(one, r, sid, token)
-        emits = HeldEmits(one)
+        rec, emits = holding(one, r, sid, await busy(one, sid))
         for k in range(3):
             await read(rec, k, pipelined=True)
         other = asyncio.ensure_future(rec.emit(ev.AgentMessage(**rec.e(), text="after the reads")))
