@@ -76,12 +76,13 @@ class Recorder:
         (and after every pipelined result: :meth:`settle` first)."""
         if self._flushing is not None:
             await self.settle()
-        batch = [*self._deferred, *events]
-        self._deferred.clear()
-        if self._deferred_ops:
-            ops = [*self._deferred_ops, *(ops or [])]
-            self._deferred_ops.clear()
-        await self._record(batch, ops or [])
+        await self._record(*self._with_deferred(list(events), ops or []))
+
+    def _with_deferred(self, events: list[ev._Event], ops: list[Op]) -> tuple[list[ev._Event], list[Op]]:
+        """What was deferred, then ``events`` and ``ops``; the deferred are taken."""
+        batch, self._deferred = [*self._deferred, *events], []
+        ops, self._deferred_ops = [*self._deferred_ops, *ops], []
+        return batch, ops
 
     async def _record(self, batch: list[ev._Event], ops: list[Op]) -> None:
         t = self.turn
@@ -105,10 +106,9 @@ class Recorder:
         on) or lost with this process, the log is one a takeover goes on from, as if the read
         had not run. A record refused is raised here, at the next pipelined result, or by
         :meth:`settle`."""
-        self._ready += [*self._deferred, *events]
-        self._deferred.clear()
-        self._ready_ops += [*self._deferred_ops, *ops]
-        self._deferred_ops.clear()
+        batch, ops = self._with_deferred(events, ops)
+        self._ready += batch
+        self._ready_ops += ops
         task = self._flushing
         if task is not None and task.done():
             task.result()  # LeaseLost: the turn stops at this call, not after the reads to come
@@ -129,9 +129,8 @@ class Recorder:
         task = self._flushing
         if task is None:
             return
-        await asyncio.shield(task)
+        await asyncio.shield(task)  # raises what refused a record (and it stays: raised again)
         self._flushing = None
-        task.result()
 
     async def _spent(self, day: int, session: float, cost: float) -> None:
         """A model request's cost was counted in the session's spend of ``day``: count it in its
