@@ -7,7 +7,14 @@ import asyncio
 import json
 from typing import Any
 
-from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 
 from cox_runner import compaction, transcript
 from cox_runner.model.script_model import plan_for
@@ -187,5 +194,15 @@ def test_the_kept_estimates_equal_the_whole_estimate_as_the_history_grows_is_ext
     # ones is let go, the rest stays.
     fresh: list[Any] = [ModelRequest(parts=[UserPromptPart("summary " * 100)]), *msgs[-4:]]
     assert est(fresh) == compaction.estimate(fresh)
-    assert set(est._kept) == {id(m) for m in fresh}
+    assert all(a is b for a, b in zip(est._msgs, fresh, strict=True))  # the old ones are let go
+    assert est(fresh) == compaction.estimate(fresh)
+    assert est.since(3) == compaction.estimate(fresh[3:]) - compaction.TOOLS_TOKENS
+    # One in the middle extended in place, or replaced by another object of as many parts:
+    # counted again from there.
+    fresh[2].parts.append(UserPromptPart("more " * 40))
+    assert est(fresh) == compaction.estimate(fresh)
+    fresh[1] = ModelResponse(parts=[TextPart("another answer, longer " * 30)] * len(fresh[1].parts))
+    assert est(fresh) == compaction.estimate(fresh)
+    # Shorter than the last one (a message dropped at the end) and then grown again.
+    assert est(fresh[:2]) == compaction.estimate(fresh[:2])
     assert est(fresh) == compaction.estimate(fresh)

@@ -164,6 +164,8 @@ def plan_for(messages: list[ModelMessage]) -> Plan:
             continue
         if not isinstance(msg, ModelRequest):
             continue
+        if not any(isinstance(p, UserPromptPart) for p in msg.parts):
+            continue  # a tool result: no user prompt to count from (most of a long turn)
         if (msg.metadata or {}).get("cox_purpose") == "title":
             continue
         for text, via, after in reversed(_user_parts(msg)):
