@@ -120,18 +120,21 @@ def estimate(messages: list[ModelMessage], instructions: str = "") -> int:
 
 class Estimates:
     """:func:`estimate` for a history estimated again before every request. The history of the
-    last call is kept with each message's number of parts and the running sum of its counts, so
-    a request counts only the messages after the first one that changed (not the same object, or
-    extended in place); the unchanged prefix is found by C-level comparisons (identity, then the
-    parts' lengths), with no Python step per message. Estimating all of it each time serialized
-    every tool call's arguments again (3.4 ms a request at 400 messages of file writes); a lookup
-    per message still cost 11% of a runner's time at 900 messages, one read a step. The
-    transcript owns one (``transcript.Builder.estimates``), so it lives as long as the
-    transcript: carried to the drive's next turn, kept for the session's next drive here."""
+    last call is kept with the running sum of its messages' counts, so a request counts only the
+    messages from the first one that is not the same object on (the transcript appends messages
+    and a compaction puts new objects in the place of those it rewrites), and the last message
+    of the last call again if it was extended in place (it has more parts). The unchanged prefix
+    is found by one C-level identity comparison, no Python step per message. Estimating all of
+    it each time serialized every tool call's arguments again (3.4 ms a request at 400 messages
+    of file writes); a lookup per message still cost 11% of a runner's time at 900 messages,
+    one read a step. The transcript owns one (``transcript.Builder.estimates``), so it lives as
+    long as the transcript: carried to the drive's next turn, kept for the session's next drive
+    here."""
 
     def __init__(self) -> None:
         self._msgs: list[ModelMessage] = []
-        self._lens: list[int] = []
+        self._last_parts = 0
+        """How many parts the last message of the last call had."""
         self._sums: list[int] = [0]
         """``_sums[i]``: the tokens of ``_msgs[:i]``."""
 
@@ -144,11 +147,12 @@ class Estimates:
         return self._sums[-1] - self._sums[min(max(start, 0), len(self._msgs))]
 
     def __call__(self, messages: list[ModelMessage], instructions: str = "") -> int:
-        lens = list(map(len, map(_PARTS, messages)))
         old = self._msgs
         k = min(len(old), len(messages))
-        if not (all(map(operator.is_, old, messages)) and lens[:k] == self._lens[:k]):
-            k = next(i for i in range(k) if old[i] is not messages[i] or lens[i] != self._lens[i])
+        if not all(map(operator.is_, old, messages)):
+            k = list(map(operator.is_, old, messages)).index(False)
+        if k and k == len(old) and len(old[-1].parts) != self._last_parts:
+            k -= 1  # the last one was extended in place
         sums = self._sums
         del sums[k + 1:]
         total = sums[-1]
@@ -156,11 +160,10 @@ class Estimates:
             total += message_tokens(m)
             sums.append(total)
         self._msgs = list(messages)
-        self._lens = lens
+        self._last_parts = len(messages[-1].parts) if messages else 0
         return total + text_tokens(instructions) + TOOLS_TOKENS
 
 
-_PARTS = operator.attrgetter("parts")
 
 
 # ---------------------------------------------------------------- the rewrite (pure)
