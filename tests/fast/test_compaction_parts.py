@@ -7,14 +7,8 @@ import asyncio
 import json
 from typing import Any
 
-from pydantic_ai.messages import (
-    ModelRequest,
-    ModelResponse,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
+from pydantic_ai import messages as pm
+from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart, UserPromptPart
 
 from cox_runner import compaction, transcript
 from cox_runner.model.script_model import plan_for
@@ -199,7 +193,7 @@ def test_the_kept_estimates_equal_the_whole_estimate_as_the_history_grows_is_ext
     assert est.since(3) == compaction.estimate(fresh[3:]) - compaction.TOOLS_TOKENS
     # One in the middle replaced by another object of as many parts (a compaction dropping a
     # tool output): counted again from there.
-    fresh[1] = ModelResponse(parts=[TextPart("another answer, longer " * 30)] * len(fresh[1].parts))
+    fresh[1] = ModelResponse(parts=[pm.TextPart("another answer, longer " * 30)] * len(fresh[1].parts))
     assert est(fresh) == compaction.estimate(fresh)
     # Shorter than the last one (a message dropped at the end) and then grown again.
     assert est(fresh[:2]) == compaction.estimate(fresh[:2])
