@@ -27,7 +27,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 try:
     # sync_playwright is re-exported: tests/stack/test_mcp.py skips by it as the console tests do.
-    from playwright.sync_api import BrowserContext, Page, expect
+    from playwright.sync_api import BrowserContext, Page, Request, expect
     from playwright.sync_api import sync_playwright as sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None  # type: ignore[assignment]
@@ -72,26 +72,47 @@ def open_page(ctx: BrowserContext, url: str, width: int | None = None) -> tuple[
 def login(page: Page, up: CoxUp) -> None:
     """Log in with ``up``'s token (a wrong one first: the form says so), unless already in.
 
-    When the console does not open, the failure says what the page showed and logged meanwhile:
-    twice in CI (stop 38, stop 41) ``#app`` stayed hidden for 30 s after the right token, with no
-    uncaught error, and nothing said why."""
+    The page decides what it shows once its module has run (a token saved by an earlier page of
+    the same profile opens the console, none shows the form), so this waits for either before it
+    looks: a look taken before the module ran saw neither and waited for the console that the
+    form was about to ask for.
+
+    When the console does not open, the failure says what the page showed, logged and threw
+    meanwhile and which of its requests never finished: three times in CI (stops 38, 41, 51)
+    ``#app`` stayed hidden for 30 s with the login form hidden, a token saved and no console error
+    or failed request; uncaught errors and requests still open were not reported then."""
     said: list[str] = []
+    open_requests: dict[int, str] = {}
     page.on("console", lambda m: said.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: said.append(f"uncaught: {e}"))
     page.on("requestfailed", lambda r: said.append(f"request failed: {r.method} {r.url} {r.failure}"))
-    if page.locator("#login").is_visible():
-        page.fill("#login-token", "wrong-token")
-        page.click("#login-form button")
-        expect(page.locator("#login-error")).to_contain_text("not known")
-        page.fill("#login-token", up.token)
-        page.click("#login-form button")
+
+    def opened(r: Request) -> None:
+        open_requests[id(r)] = f"{r.method} {r.url}"
+
+    def closed(r: Request) -> None:
+        open_requests.pop(id(r), None)
+
+    page.on("request", opened)
+    page.on("requestfinished", closed)
+    page.on("requestfailed", closed)
     try:
+        expect(page.locator("#login:not([hidden]), #app:not([hidden])").first).to_be_visible()
+        if page.locator("#login").is_visible():
+            page.fill("#login-token", "wrong-token")
+            page.click("#login-form button")
+            expect(page.locator("#login-error")).to_contain_text("not known")
+            page.fill("#login-token", up.token)
+            page.click("#login-form button")
         expect(page.locator("#app")).to_be_visible()
     except AssertionError as exc:
         shown = page.evaluate("""() => ({login: !document.querySelector('#login').hidden,
+            app: !document.querySelector('#app').hidden, ready: document.readyState,
             error: document.querySelector('#login-error').textContent,
             token_field: document.querySelector('#login-token').value.length,
             stored: localStorage.length})""")
-        raise AssertionError(f"the console did not open after the login: {shown}; the page said: {said[-20:]}") from exc
+        raise AssertionError(f"the console did not open after the login: {shown}; the page said: {said[-20:]}; "
+                             f"requests not finished: {list(open_requests.values())[-20:]}") from exc
 
 
 def new_session(page: Page, workspace: str, create: bool = True) -> str:
