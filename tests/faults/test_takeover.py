@@ -5,6 +5,7 @@ lease TTL (printed; run with ``-s`` to see it)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -71,6 +72,19 @@ def turn_in_command(stack: Stack, api: Api, sid: str, command: str = "sleep 30")
     api.wait_type(sid, "policy.decision", actor="judge", timeout=30)
     name, _ = holder(stack, start["turn_id"])
     return {**first, "turn_id": start["turn_id"]}, name
+
+
+def _runner_running(stack: Stack, marker: str, timeout: float = 10.0) -> tuple[str, psutil.Process]:
+    """The runner whose child's command line has ``marker``, and that child, as soon as one does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name in stack.runner_names():
+            with contextlib.suppress(psutil.Error):
+                for p in psutil.Process(stack.procs[name].pid).children(recursive=True):
+                    if marker in " ".join(p.cmdline()):
+                        return name, p
+        time.sleep(0.02)
+    raise AssertionError(f"no runner runs a command with {marker!r}")
 
 
 def _command_of(runner_pid: int, marker: str, timeout: float = 10.0) -> psutil.Process:
@@ -214,13 +228,19 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     first = ok(api.send(sid, text))
     start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
     api.wait_type(sid, "policy.decision", actor="judge", timeout=30)
-    victim, rec = holder(stack, start["turn_id"])
-    stale_token = str(rec["token"])
     after = ok(api.send(sid, quick("after", write=True), mode="queue"))
-    since = len(stack.log(victim))
-    command = _command_of(stack.procs[victim].pid, "sleep 2.5")
+    # Paused the moment its command is seen, and only then is the log read for the token: reading
+    # both runners' logs first (holder()) took long enough on a loaded CI host that the 2.5 s
+    # command, and the rest of the turn, ended before the pause (the turn ended "completed").
+    victim, command = _runner_running(stack, "sleep 2.5")
     stack.signal(victim, signal.SIGSTOP)
     try:
+        assert command.is_running() and command.status() != psutil.STATUS_ZOMBIE, \
+            "the runner was paused after its command had ended: the drill set itself up too slowly"
+        began, rec = holder(stack, start["turn_id"])
+        assert began == victim, (began, victim)
+        stale_token = str(rec["token"])
+        since = len(stack.log(victim))
         end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=lease_ms / 1000 + 15)
         assert end["outcome"] == "crashed"
         api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
