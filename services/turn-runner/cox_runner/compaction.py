@@ -138,10 +138,6 @@ class Estimates:
         self._sums: list[int] = [0]
         """``_sums[i]``: the tokens of ``_msgs[:i]``."""
 
-    @staticmethod
-    def message(m: ModelMessage) -> int:
-        return message_tokens(m)
-
     def since(self, start: int) -> int:
         """Tokens of the messages from ``start`` on, of the history the last call counted."""
         return self._sums[-1] - self._sums[min(max(start, 0), len(self._msgs))]
@@ -162,8 +158,6 @@ class Estimates:
         self._msgs = list(messages)
         self._last_parts = len(messages[-1].parts) if messages else 0
         return total + text_tokens(instructions) + TOOLS_TOKENS
-
-
 
 
 # ---------------------------------------------------------------- the rewrite (pure)
