@@ -5,17 +5,15 @@ the dead runner's run slot lapses by itself."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.support.checks import calls_closed, of_type, seqs_rise
-from tests.support.runners import holder, respawn
+from tests.support.runners import holder, respawn, running
 from tests.support.stack import CLUSTER_KINDS, Api, Stack, script, tool
 
 LEASE_MS = 4000  # as test_takeover's drill stacks: a fresh stack's first turn must not lapse a 2 s lease
@@ -33,19 +31,6 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         s.stop()
 
 
-def _command_of(runner_pid: int, marker: str, timeout: float = 15.0) -> psutil.Process:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in psutil.Process(runner_pid).children(recursive=True):
-            try:
-                if marker in " ".join(p.cmdline()):
-                    return p
-            except psutil.Error:
-                continue
-        time.sleep(0.05)
-    raise AssertionError(f"no command with {marker!r} under the runner")
-
-
 def _kill_holder(stack: Stack, api: Api, sid: str, turn_n: int, marker: str) -> str:
     """Kill -9 the runner running the run's ``turn_n``-th turn once its command runs."""
     deadline = time.monotonic() + 60
@@ -56,7 +41,7 @@ def _kill_holder(stack: Stack, api: Api, sid: str, turn_n: int, marker: str) -> 
         assert time.monotonic() < deadline, f"turn {turn_n} did not start"
         time.sleep(0.1)
     victim, _ = holder(stack, starts[turn_n - 1]["turn_id"], timeout=30)
-    _command_of(stack.procs[victim].pid, marker)
+    running(stack, marker, [victim], timeout=15)
     stack.kill(victim)
     return victim
 
@@ -124,15 +109,7 @@ def test_a_check_whose_runner_is_killed_answers_503_at_once_and_runs_again_elsew
 
     poster = threading.Thread(target=post, daemon=True)
     poster.start()
-    deadline = time.monotonic() + 30
-    victim = ""
-    while not victim:
-        assert time.monotonic() < deadline, "no runner ran the check's command"
-        for name in stack.runner_names():
-            with contextlib.suppress(AssertionError, psutil.Error):
-                _command_of(stack.procs[name].pid, marker, timeout=0.2)
-                victim = name
-                break
+    victim, _ = running(stack, marker, timeout=30)  # the runner running the check's command
     killed_at = time.monotonic()
     stack.kill(victim)
     try:

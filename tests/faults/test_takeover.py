@@ -5,7 +5,6 @@ lease TTL (printed; run with ``-s`` to see it)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
 import time
@@ -21,7 +20,7 @@ from coxswain import subjects
 from coxswain.models import KeepRequest
 from tests.support.library import Library
 from tests.support.logcheck import log_of, replay
-from tests.support.runners import holder, records, respawn, wait_log
+from tests.support.runners import holder, records, respawn, running, wait_log
 from tests.support.stack import CLUSTER_KINDS, Api, Stack, script
 
 # 4 s, not 2: in CI's drill lane a fresh stack's first turn lapsed a 2 s lease before its first
@@ -74,35 +73,11 @@ def turn_in_command(stack: Stack, api: Api, sid: str, command: str = "sleep 30")
     return {**first, "turn_id": start["turn_id"]}, name
 
 
-def _runner_running(stack: Stack, marker: str, timeout: float = 10.0) -> tuple[str, psutil.Process]:
-    """The runner whose child's command line has ``marker``, and that child, as soon as one does."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for name in stack.runner_names():
-            with contextlib.suppress(psutil.Error):
-                for p in psutil.Process(stack.procs[name].pid).children(recursive=True):
-                    if marker in " ".join(p.cmdline()):
-                        return name, p
-        time.sleep(0.02)
-    raise AssertionError(f"no runner runs a command with {marker!r}")
-
-
-def _command_of(runner_pid: int, marker: str, timeout: float = 10.0) -> psutil.Process:
-    """The process running the turn's command (a child of the runner whose command line has marker)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in psutil.Process(runner_pid).children(recursive=True):
-            if marker in " ".join(p.cmdline()):
-                return p
-        time.sleep(0.05)
-    raise AssertionError(f"no command with {marker!r} under runner {runner_pid}")
-
-
 def test_kill_9_mid_turn_the_queue_runs_in_order_and_the_dead_turn_ends_crashed(stack: Stack, api: Api) -> None:
     sid = api.create("kill9")["id"]
     first, victim = turn_in_command(stack, api, sid, command="sleep 31.7")
     queued = [ok(api.send(sid, quick(f"q{i}", write=(i == 1)), mode="queue")) for i in range(3)]
-    command = _command_of(stack.procs[victim].pid, "31.7")
+    _, command = running(stack, "31.7", [victim])
     killed_at = time.time()
     stack.kill(victim)
     try:
@@ -232,7 +207,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     # Paused the moment its command is seen, and only then is the log read for the token: reading
     # both runners' logs first (holder()) took long enough on a loaded CI host that the 2.5 s
     # command, and the rest of the turn, ended before the pause (the turn ended "completed").
-    victim, command = _runner_running(stack, "sleep 2.5")
+    victim, command = running(stack, "sleep 2.5")
     stack.signal(victim, signal.SIGSTOP)
     try:
         assert command.is_running() and command.status() != psutil.STATUS_ZOMBIE, \

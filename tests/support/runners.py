@@ -3,9 +3,12 @@ its JSON log lines), waiting for a log line, starting a runner again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
+
+import psutil
 
 from .stack import Stack
 
@@ -51,6 +54,21 @@ def holder(stack: Stack, turn_id: str, timeout: float = 10.0) -> tuple[str, dict
                 return name, rec
         time.sleep(0.05)
     raise AssertionError(f"no runner logged turn.begin of {turn_id}")
+
+
+def running(stack: Stack, marker: str, names: list[str] | None = None,
+            timeout: float = 10.0) -> tuple[str, psutil.Process]:
+    """The runner (of ``names``, default every one) with a child whose command line has
+    ``marker``, and that child, as soon as one has (a drill pauses or kills it at that moment)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name in names or stack.runner_names():
+            with contextlib.suppress(psutil.Error):  # a child that ended while it was looked at
+                for p in psutil.Process(stack.procs[name].pid).children(recursive=True):
+                    if marker in " ".join(p.cmdline()):
+                        return name, p
+        time.sleep(0.02)
+    raise AssertionError(f"no runner of {names or 'the stack'} runs a command with {marker!r}")
 
 
 def respawn(stack: Stack, instance: str, env: dict[str, str] | None = None) -> None:
