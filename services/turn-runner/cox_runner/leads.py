@@ -68,6 +68,8 @@ class Leads:
         t = self.turn
         if self.rec.pending_user:
             return True
+        if self.rec.leads_closed:  # closed by the final response's own record, nothing waiting then
+            return False
         try:
             res = await self.deps.store.fns.close_leads(sid=t.sid, token=t.token)
         except Fenced as exc:

@@ -104,6 +104,16 @@ class TurnLoop:
         self.calls = ToolRound(turn, self.rec, self.budget, self.gate, self.hooks, self.tools, self.checks,
                                self.leads)
         self.step.may_defer = self.may_defer
+        self.step.may_close = self.may_close
+
+    def may_close(self) -> bool:
+        """A response that asks for no call ends the turn unless something newer waits: its record
+        may close Lead admission (atomically with the look for a saved Lead, as
+        :meth:`Leads.close_or_apply <cox_runner.leads.Leads.close_or_apply>` would a moment later)
+        when nothing can come between the two: no Stop hook to run (it may save a Lead), no
+        message of an approval waiting, and the session's title asked for already (Leads stay
+        admitted while a first turn names its session, as before)."""
+        return self.step.titled and not self.rec.pending_user and not self.hooks.has("Stop")
 
     def may_defer(self, calls: list[ToolCallPart]) -> bool:
         """A response whose first call is a read is recorded with that read's call, decision and

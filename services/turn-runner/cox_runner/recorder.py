@@ -29,6 +29,9 @@ from .workspace import tools
 OBSERVED_BATCH = 50
 Op = tuple[str, str, str, str]
 """A small state write recorded with events: (op, key suffix, field, value); see ``cox_emit``."""
+CLOSE_LEADS: Op = ("close_leads", "", "", "")
+"""The op that closes Lead admission after the record's events, as ``cox_close_leads`` does
+(the reply says ``closed``: :attr:`Recorder.leads_closed`)."""
 
 
 class Recorder:
@@ -49,6 +52,9 @@ class Recorder:
         self.leads_hint = 0
         self.observed_hint = 0
         """What the last ``emit`` saw waiting: Leads and operator observations."""
+        self.leads_closed = False
+        """Lead admission was closed with the turn's final response (the ``close_leads`` op of its
+        record: :attr:`cox_runner.step.ModelStep.may_close`), so the turn needs no call of its own for it."""
         self.emitted = False
         """This turn has recorded through :meth:`emit`: the hints above are Redis's, not unknown."""
         self._deferred: list[ev._Event] = []
@@ -95,6 +101,8 @@ class Recorder:
         self.history.seq = max(self.history.seq, int(res.get("last") or 0))
         self.leads_hint = int(res.get("leads") or 0)
         self.observed_hint = int(res.get("observed") or 0)
+        if CLOSE_LEADS in ops:
+            self.leads_closed = bool(res.get("closed"))
         if "spend_day" in res:
             await self._spent(int(res["spend_day"]), float(res.get("spend_today") or 0), spending.spend_of(ops))
 

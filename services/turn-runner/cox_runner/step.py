@@ -37,7 +37,7 @@ from .compaction import Compactor
 from .deps import Deps
 from .errors import LeaseLost, StopRequested
 from .model import retry, usage
-from .recorder import Recorder, args_for_log
+from .recorder import CLOSE_LEADS, Recorder, args_for_log
 from .turn import Ending, EndTurn, Turn, guarded
 from .workspace import tools
 
@@ -73,6 +73,9 @@ class ModelStep:
         self.may_defer: Callable[[list[ToolCallPart]], bool] = lambda calls: False
         """Whether a response asking for ``calls`` may be recorded with its first call's record
         rather than on its own (the turn loop's :meth:`~cox_runner.loop.TurnLoop.may_defer`)."""
+        self.may_close: Callable[[], bool] = lambda: False
+        """Whether a response that asks for no call may close Lead admission in its own record (the
+        turn loop's :meth:`~cox_runner.loop.TurnLoop.may_close`)."""
 
     async def run(self) -> ModelResponse:
         try:
@@ -127,6 +130,8 @@ class ModelStep:
         msg = ev.AssistantMsg(**rec.e(), text=text, finish_reason=response.finish_reason, usage=usage,
                               tool_calls=refs, provider_finish_reason=raw_finish(response))
         ops = [*(("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls), *self._usage_ops]
+        if not calls and response.finish_reason != "length" and self.may_close():
+            ops.append(CLOSE_LEADS)  # the turn's last response: one call fewer (Leads.close_or_apply)
         if calls and self.may_defer(calls):
             rec.defer(used, msg, ops=ops)  # recorded with the read's own record: one call, not two
         else:

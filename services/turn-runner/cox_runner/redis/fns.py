@@ -113,6 +113,9 @@ class Emitted(TypedDict):
     """With a ``spend`` op: the UTC day (Redis clock) the session's spend was counted on."""
     spend_today: NotRequired[float]
     """With a ``spend`` op: the session's spend on that day, this request's included."""
+    closed: bool
+    """With the ``close_leads`` op (:data:`cox_runner.recorder.CLOSE_LEADS`): Lead admission closed
+    (as ``cox_close_leads`` closes it); false without the op."""
 
 
 class FenceOk(TypedDict):

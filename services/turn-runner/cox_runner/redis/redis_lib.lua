@@ -661,11 +661,21 @@ local function cox_renew(keys, args)
                    turn_id = redis.call('HGET', base, 'turn_id') }) }
 end
 
+-- Close Lead admission unless a Lead waits to be applied (a Stop or steer asked: closed whatever
+-- waits, it is never applied). n: the Leads waiting. True if closed.
+local function close_leads(base, n)
+  if n > 0 and redis.call('HGET', base, 'stop') == '' then return false end
+  redis.call('HSET', base, 'lead_closed', '1')
+  return true
+end
+
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
 -- then nops*4 op fields (op, suffix, field, value), then event bodies.
 -- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop) | hincrby |
 -- hincrbyfloat | spend (value: USD added to the session's spend of the day; the reply then says
--- spend_day and spend_today); suffix in the allowed set.
+-- spend_day and spend_today) | close_leads (suffix, field, value ''; with the lease: Lead admission
+-- closes as cox_close_leads closes it, after the events; the reply's closed says if it did, false
+-- without the op); suffix in the allowed set.
 local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
                   [':wip'] = true, [':att'] = true }
 local function cox_emit(keys, args)
@@ -677,16 +687,19 @@ local function cox_emit(keys, args)
   for _ = 1, nops do
     local op, suffix, field, value = args[i], args[i + 1], args[i + 2], args[i + 3]
     if not ALLOWED[suffix] then return refuse('invalid', 'suffix not allowed: ' .. suffix) end
+    if op == 'close_leads' and token == '' then return refuse('invalid', 'close_leads needs the lease') end
     i = i + 4
   end
   i = 5
   local results = {}
   local now = now_ms()
   local spent = nil
+  local close = false
   for _ = 1, nops do
     local op, suffix, field, value = args[i], args[i + 1], args[i + 2], args[i + 3]
     local key = base .. suffix
-    if op == 'hset' then redis.call('HSET', key, field, value)
+    if op == 'close_leads' then close = true
+    elseif op == 'hset' then redis.call('HSET', key, field, value)
     elseif op == 'hsetnx' then results[#results + 1] = redis.call('HSETNX', key, field, value)
     elseif op == 'hdel' then redis.call('HDEL', key, field)
     elseif op == 'del' then redis.call('DEL', key)
@@ -714,11 +727,15 @@ local function cox_emit(keys, args)
   end
   -- What waits for the holder's next boundary, so it need not ask again.
   local leads, observed = redis.call('LLEN', base .. ':leadq'), redis.call('LLEN', base .. ':observed')
+  -- The close_leads op (the turn's final response, recorded with nothing left to wait for): Lead
+  -- admission closes here as cox_close_leads closes it, with one call fewer for the turn.
+  local closed = close and close_leads(base, leads)
   if spent ~= nil then
     return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed, spend_day = spent,
-                                         spend_today = tonumber(redis.call('HGET', base, 'spend_today')) or 0 }))
+                                         spend_today = tonumber(redis.call('HGET', base, 'spend_today')) or 0,
+                                         closed = closed }))
   end
-  return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed }))
+  return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed, closed = closed }))
 end
 
 -- Is token still the lease? ARGV: sid, token[, call_id, intent]. With an intent (a staged file
@@ -775,9 +792,7 @@ local function cox_close_leads(keys, args)
   local sid, token = args[1], args[2]
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
   local n = redis.call('LLEN', base .. ':leadq')
-  if n > 0 and redis.call('HGET', base, 'stop') == '' then return { reply({ closed = false, pending = n }) } end
-  redis.call('HSET', base, 'lead_closed', '1')
-  return { reply({ closed = true, pending = n }) }
+  return { reply({ closed = close_leads(base, n), pending = n }) }
 end
 
 -- End the running turn and, atomically, start the next waiting message or go idle.
