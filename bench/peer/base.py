@@ -334,7 +334,8 @@ def rows(peer: Peer, p: dict[str, Any], ours: dict[str, Any]) -> list[dict[str, 
         row(f"S={n} queue wait p99", oq["queue_wait_ms"].get("p99"), pq["queue_wait_ms"].get("p99"), "ms",
             f"ours: queue.added -> turn.start; {them}: {peer.wait_note}")
         row(f"S={n} CPU per run", oq["cpu_ms_per_turn"], pq["cpu_ms_per_run"], "ms",
-            f"ours: every stack process incl. NATS and Redis; {them}: {peer.cpu_note}")
+            f"ours: every stack process incl. NATS and Redis, over {oq.get('turns')} turns; {them}: "
+            f"{peer.cpu_note}, over {pq.get('runs')} runs")
     if (pi := p.get("interrupt")) and (oi := ours.get("steer")):
         for q in ("p50", "p99"):
             row(f"steer vs interrupt: POST -> new run start {q}", oi["post_to_new_turn_start_ts_ms"].get(q),

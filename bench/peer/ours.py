@@ -5,7 +5,10 @@ three tool rounds and 15 ms of sleeping, as the peers' three 5 ms tool steps.
 
 - warm-up: a load that is not measured (``sweep.warm_up``), as every peer gets one.
 - queue: S sessions x 5 messages in ``mode=queue`` (the sweep's load): turns/s, hand-off, queue
-  wait, CPU per turn of every stack process, the verdict from the event log.
+  wait, CPU per turn of every stack process, the verdict from the event log. Repeated on fresh
+  sessions until at least ``sweep.MIN_TURNS`` turns, as the sweep's points: the CPU of a process
+  is read in 10 ms ticks, and S=10 once over is 50 turns in ~0.3 s, where the ticks of nine
+  processes moved CPU per turn by a tenth from run to run (a peer's S=10 runs take seconds).
 - steer: a long turn going, then a message with ``mode=steer``: latency from the POST to the new
   turn's start, the old turn stopped, no overlap in the event log.
 """
@@ -21,7 +24,7 @@ from ..client import Pool, Watch
 from ..profiles import Counts
 from ..stack import Stack
 from ..stats import summary
-from ..sweep import load, warmed
+from ..sweep import load, rounds_for, warmed
 from .base import LONG_ROUNDS, MESSAGES, TIMEOUT_S
 
 
@@ -69,7 +72,7 @@ async def measure(tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
     async with warmed(tmp / "peer-ours", 2, lambda j: script_3x5(), lambda j: "done", log) as (stack, pool):
         for n in c.peer_threads:
             r = await load(stack, pool, n, MESSAGES, lambda j: script_3x5(), TIMEOUT_S * 3, workspace=f"peer{n}",
-                           answer=lambda j: "done")
+                           answer=lambda j: "done", rounds=rounds_for(n, MESSAGES))
             out["queue"].append(r)
             log(f"  peer ours S={n}: {r['turns_per_s']} turns/s")
         out["steer"] = await steer(stack, pool, c.peer_steer_n)
