@@ -122,7 +122,7 @@ def pause_trial(stack: Stack, api: Api, trial: int) -> None:
     while not all(f.is_dir() and any(f.iterdir()) for f in folders.values()):
         assert time.monotonic() < deadline, "the paused runner's sessions are writing"
         time.sleep(0.05)
-    stack.signal(victim, signal.SIGSTOP)
+    stack.pause(victim)
     t0 = time.monotonic()
     print(f"[faults] paused {t0 - t_start:.2f}s after the first send, holding {len(mine)} sessions")
     try:

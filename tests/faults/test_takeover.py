@@ -169,7 +169,7 @@ def test_a_runner_paused_during_a_group_of_reads_records_nothing_after_the_takeo
     victim, _ = holder(stack, start["turn_id"])
     after = ok(api.send(sid, quick("after-pause"), mode="queue"))
     since = len(stack.log(victim))
-    stack.signal(victim, signal.SIGSTOP)
+    stack.pause(victim)
     try:
         end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=LEASE_MS / 1000 + 15)
         assert end["outcome"] == "crashed", end
@@ -194,28 +194,6 @@ def test_a_runner_paused_past_its_lease_writes_nothing_after_the_takeover(stack:
     paused_past_lease(stack, api, LEASE_MS, woke=("lease.deadline_passed",))
 
 
-def state(stack: Stack, name: str) -> str:
-    """The process state of a runner as the kernel has it (``stopped`` while SIGSTOPped)."""
-    try:
-        return str(psutil.Process(stack.procs[name].pid).status())
-    except psutil.Error as exc:
-        return repr(exc)
-
-
-def stop(stack: Stack, name: str, timeout: float = 5.0) -> float:
-    """SIGSTOP a runner and wait until the kernel has it stopped (the signal is sent again while it
-    is not: ``Stack.signal`` drops a failure to send without a word); the seconds that took."""
-    t0 = time.monotonic()
-    while True:
-        stack.signal(name, signal.SIGSTOP)
-        deadline = time.monotonic() + 0.2
-        while time.monotonic() < deadline:
-            if state(stack, name) == psutil.STATUS_STOPPED:
-                return time.monotonic() - t0
-            time.sleep(0.005)
-        assert time.monotonic() - t0 < timeout, f"runner {name} is not stopped: {state(stack, name)}"
-
-
 def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ...],
                       never: tuple[str, ...] = ()) -> None:
     sid = api.create(f"sigstop-{lease_ms}")["id"]
@@ -230,7 +208,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
     # both runners' logs first (holder()) took long enough on a loaded CI host that the 2.5 s
     # command, and the rest of the turn, ended before the pause (the turn ended "completed").
     victim, command = running(stack, "sleep 2.5")
-    stopped = stop(stack, victim)
+    stopped = stack.pause(victim)
     try:
         assert command.is_running() and command.status() != psutil.STATUS_ZOMBIE, \
             "the runner was paused after its command had ended: the drill set itself up too slowly"
@@ -241,7 +219,7 @@ def paused_past_lease(stack: Stack, api: Api, lease_ms: int, woke: tuple[str, ..
         end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=lease_ms / 1000 + 15)
         # (seen in CI three times: 'completed'; the state of the paused runner then says which it was)
         assert end["outcome"] == "crashed", (end, f"runner {victim} stopped after {stopped:.3f} s, now "
-                                             f"{state(stack, victim)}", stack.log(victim)[-3000:])
+                                             f"{stack.state(victim)}", stack.log(victim)[-3000:])
         api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
         api.wait_idle(sid, timeout=30)
         # the paused runner's command finishes while it sleeps: on waking it has a result to write

@@ -18,18 +18,10 @@ import redis
 
 from cox_runner.recorder import CLOSE_LEADS
 from coxswain import keys
+from tests.redis.test_idempotent_library import busy_session
 from tests.support.library import Library
 
 _n = 0
-
-
-def busy(lib: Library) -> tuple[str, str]:
-    """A session with turn t_1 running; its lease token."""
-    sid = lib.create("s_close")
-    sent = lib(lib.fns.send(sid=sid, principal="p", message_id="m_1", text="go", mode="", client_id="",
-                            runner="r_1", lease_ms=5000, turn_id="t_1", owner="", models="", agents_md=""))
-    assert sent["disposition"] == "started", sent
-    return sid, str(sent["token"])
 
 
 def lead(lib: Library, sid: str) -> dict[str, Any]:
@@ -56,7 +48,7 @@ def types(r: redis.Redis, sid: str) -> list[str]:
 
 def test_with_nothing_waiting_the_response_closes_admission_and_a_later_lead_is_refused(
         r: redis.Redis, lib: Library) -> None:
-    sid, token = busy(lib)
+    sid, token = busy_session(lib)
     res = final(lib, sid, token)
     assert res["closed"] is True and res["leads"] == 0, res
     assert closed_flag(r, sid) == "1"
@@ -67,7 +59,7 @@ def test_with_nothing_waiting_the_response_closes_admission_and_a_later_lead_is_
 
 
 def test_a_lead_saved_before_the_response_keeps_admission_open(r: redis.Redis, lib: Library) -> None:
-    sid, token = busy(lib)
+    sid, token = busy_session(lib)
     assert "error" not in lead(lib, sid)
     res = final(lib, sid, token)
     assert res["closed"] is False and res["leads"] == 1, res
@@ -79,7 +71,7 @@ def test_a_lead_saved_before_the_response_keeps_admission_open(r: redis.Redis, l
 
 
 def test_a_stop_closes_admission_whatever_waits(r: redis.Redis, lib: Library) -> None:
-    sid, token = busy(lib)
+    sid, token = busy_session(lib)
     assert "error" not in lead(lib, sid)
     assert lib(lib.fns.stop(sid=sid, principal="p", owner=""))["stopped"] is True
     res = final(lib, sid, token)
@@ -88,7 +80,7 @@ def test_a_stop_closes_admission_whatever_waits(r: redis.Redis, lib: Library) ->
 
 
 def test_a_record_without_the_op_says_nothing_of_closing(r: redis.Redis, lib: Library) -> None:
-    sid, token = busy(lib)
+    sid, token = busy_session(lib)
     res = final(lib, sid, token, ops=[])
     assert res["closed"] is False, res
     assert closed_flag(r, sid) == "0"
@@ -96,7 +88,7 @@ def test_a_record_without_the_op_says_nothing_of_closing(r: redis.Redis, lib: Li
 
 
 def test_a_refused_record_closes_nothing(r: redis.Redis, lib: Library) -> None:
-    sid, token = busy(lib)
+    sid, token = busy_session(lib)
     seq = r.hget(keys.session(sid), "seq")
     fenced = final(lib, sid, token + "0")
     assert fenced.get("error") == "fenced", fenced

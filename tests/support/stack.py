@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 import httpx
+import psutil
 
 from cox.creds import Credentials
 from cox.nats_cluster import NatsCluster
@@ -175,6 +176,27 @@ class Stack:
 
     def signal(self, instance: str, sig: int) -> None:
         self.procs[instance].send_signal(sig)
+
+    def state(self, instance: str) -> str:
+        """The process state of a service as the kernel has it (``stopped`` while SIGSTOPped)."""
+        try:
+            return str(psutil.Process(self.procs[instance].pid).status())
+        except psutil.Error as exc:
+            return repr(exc)
+
+    def pause(self, instance: str, timeout: float = 5.0) -> float:
+        """SIGSTOP a service and wait until the kernel has it stopped (the signal is sent again
+        while it is not: :meth:`signal` drops a failure to send without a word); the seconds
+        that took. A drill that pauses a runner past its lease relies on the pause having taken."""
+        t0 = time.monotonic()
+        while True:
+            self.signal(instance, signal.SIGSTOP)
+            deadline = time.monotonic() + 0.2
+            while time.monotonic() < deadline:
+                if self.state(instance) == psutil.STATUS_STOPPED:
+                    return time.monotonic() - t0
+                time.sleep(0.005)
+            assert time.monotonic() - t0 < timeout, f"{instance} is not stopped: {self.state(instance)}"
 
     def kill(self, instance: str) -> None:
         p = self.procs[instance]
