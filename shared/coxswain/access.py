@@ -148,6 +148,8 @@ _LEASES = f"{keys.LEASES_PREFIX}*"
 _DIRTY = f"{keys.DIRTY_PREFIX}*"
 _ACTIVE = f"{keys.ACTIVE_PREFIX}*"
 _PAUSED = f"{keys.PAUSED_PREFIX}*"
+_PASSES = f"{keys.PASS_PREFIX}*"
+"""The stack's takeover and sweeper passes: which runner makes this period's."""
 """The buckets' paused sessions (a daily budget reached)."""
 _WORKSPACES = f"{keys.PREFIX}:{keys.WS_TAG}:*"
 _RUNS = f"{keys.PREFIX}:runs:*"
@@ -165,7 +167,7 @@ REDIS: Final[Mapping[str, tuple[str, ...]]] = {
               "-@dangerous", *_CLUSTER),
     VERSIONS: (f"%R~{_SESSIONS}", f"~{keys.VERSIONS_MAC_KEY}", f"%R~{keys.META}", *_CONNECTION, "+@read", "+set",
                "-@dangerous", *_CLUSTER),
-    RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{_LEASES}", f"~{_DIRTY}", f"~{_ACTIVE}", f"~{_PAUSED}", f"~{keys.META}",
+    RUNNER: (f"~{_SESSIONS}", f"~{_PRINCIPALS}", f"~{_LEASES}", f"~{_DIRTY}", f"~{_ACTIVE}", f"~{_PAUSED}", f"~{_PASSES}", f"~{keys.META}",
              f"~{_WORKSPACES}", f"~{_RUNS}", f"~{_RUN_SLOTS}", *_CONNECTION,
              "+@read", "+@write", "+@transaction", "+fcall", "+function|load", "+time", "-@dangerous",
              # the runner's start-up check that Redis fsyncs every write (appendfsync always)

@@ -37,6 +37,7 @@ LEASES_PREFIX: Final = "cox:leases:"
 DIRTY_PREFIX: Final = "cox:dirty:"
 ACTIVE_PREFIX: Final = "cox:active:"
 PAUSED_PREFIX: Final = "cox:paused:"
+PASS_PREFIX: Final = "cox:pass:"
 VERSIONS_MAC_KEY: Final = "cox:versions:mac-key"
 """string: the versions service's HMAC key (hex). Index lines in a workspace's store folder are
 members only with a valid MAC; the key lives here, out of reach of the model's commands."""
@@ -186,6 +187,14 @@ def active(b: int) -> str:
     """zset sid -> ms of the session's last recorded event (bucket ``b``): what the archiver
     scans for sessions idle longer than ``[sessions] idle_days`` (docs/operations.md)."""
     return ACTIVE_PREFIX + tag(b)
+
+
+def stack_pass(what: str) -> str:
+    """string (PX one period): the runner making the stack's ``what`` pass (``claim``: takeover,
+    ``sweep``: the outbox sweeper) of the period, set NX by whichever runner comes first; and
+    ``<what>:cursor``, in a Redis Cluster the counter its passes take their share of the buckets
+    from (:meth:`cox_runner.redis.store.Store.claim`)."""
+    return PASS_PREFIX + what
 
 
 def paused(b: int) -> str:

@@ -57,6 +57,8 @@ from .workspace.sandbox import Sandbox
 
 SHUTDOWN_GRACE_S = 8.0
 STORE_RETRY_MAX_S = 10.0
+SWEEP_EVERY_MS = 1000
+"""The stack's outbox sweeper pass: one a second, by whichever runner comes first (Store.sweep)."""
 
 
 def store_retry_s(settings: Settings) -> float:
@@ -140,7 +142,7 @@ class Runner(Service):
         rc = self.settings.runner
         self.spawn(self._every(rc.renew_every_ms / 1000, self._renew), "lease-keeper", critical=True)
         self.spawn(self._every(rc.claim_interval_ms / 1000, self._claim), "claimer", critical=True)
-        self.spawn(self._every(1.0, self._sweep), "outbox-sweeper", critical=True)
+        self.spawn(self._every(SWEEP_EVERY_MS / 1000, self._sweep), "outbox-sweeper", critical=True)
         self.spawn(self.deps.run_slots.run(), "run-slots", critical=True)
         self.spawn(self._every(1.0, limits.of(self.sandbox).reap), "orphan-reaper", critical=True)
         self.spawn(self._every(self.settings.attachments.collect_every_s, a.attachments.collect),
@@ -263,7 +265,8 @@ class Runner(Service):
         rc = self.settings.runner
         # Every bucket is looked at within a quarter of a lease: a pass takes its share, not all.
         share = max(1, rc.lease_ms // 4 // rc.claim_interval_ms)
-        claims = await self.store.claim(runner=self.runner_id, lease_ms=rc.lease_ms, limit=20, share=share)
+        claims = await self.store.claim(runner=self.runner_id, lease_ms=rc.lease_ms, limit=20, share=share,
+                                        every_ms=rc.claim_interval_ms)
         for c in claims:
             sid = str(c["sid"])
             self.log.warning("lease.claimed", sid=sid, turn_id=c.get("turn_id"), old_runner=c.get("old_runner"),
@@ -271,7 +274,7 @@ class Runner(Service):
             drives_mod.start_drive(self.deps, Drive(sid=sid, token=str(c["token"]), crashed=c, acquired=sent))
 
     async def _sweep(self) -> None:
-        await self.store.sweep()
+        await self.store.sweep(every_ms=SWEEP_EVERY_MS)
 
     async def _archive(self) -> None:
         if not self.stopping:
