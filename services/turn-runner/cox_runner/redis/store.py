@@ -90,10 +90,9 @@ class Store:
         """The connection every ``FCALL`` of this process goes out on (coxswain/redismux.py): one,
         pipelined, where redis-py takes a pooled connection per command. None in a cluster or over
         TLS (redis-py's client then carries them)."""
-        self._cursor = random.randrange(1 << 16)
-        """Where the next takeover pass starts (:meth:`claim`)."""
-        self._sweep_cursor = random.randrange(1 << 16)
-        """Where the next sweeper pass starts in a cluster (:meth:`sweep`)."""
+        self._cursors = {"claim": random.randrange(1 << 16), "sweep": random.randrange(1 << 16)}
+        """Where this runner's next takeover (:meth:`claim`) and, in a cluster, sweeper
+        (:meth:`sweep`) pass starts, when it is not the stack's (:meth:`_next`)."""
         self.js = js
         self.owner = owner
         self.log = log
@@ -321,11 +320,8 @@ class Store:
         ``every_ms`` in a cluster after the stack's (one counter for every runner's passes)."""
         if every_ms > 0 and self.cluster:
             return int(await self.redis.incrby(keys.stack_pass(what + ":cursor"), count)) - count
-        start = self._cursor if what == "claim" else self._sweep_cursor
-        if what == "claim":
-            self._cursor = (start + count) % keys.buckets()
-        else:
-            self._sweep_cursor = (start + count) % keys.buckets()
+        start = self._cursors[what]
+        self._cursors[what] = (start + count) % keys.buckets()
         return start
 
     async def sweep(self, min_age_ms: int = 1000, limit: int = 50, every_ms: int = 0) -> int:
