@@ -111,34 +111,31 @@ def test_kill_9_mid_turn_the_queue_runs_in_order_and_the_dead_turn_ends_crashed(
 READS = 400
 
 
-def reading(api: Api, label: str) -> tuple[str, str]:
+def among_reads(stack: Stack, api: Api, label: str, queued: str) -> tuple[str, dict[str, Any], str, dict[str, Any]]:
     """A session whose turn is one response of :data:`READS` slow reads (a search through 600
-    files each: tens of ms), recorded as a group while the next read runs; (sid, its script)."""
+    files each: tens of ms), recorded as a group while the next read runs, five of them done,
+    and ``queued`` (a script) queued behind it: (sid, the turn's turn.start, the runner holding
+    it, the queued send's reply)."""
     s = api.create(label)
-    ws = Path(s["workspace"])
+    sid, ws = s["id"], Path(s["workspace"])
     for i in range(600):
         (ws / f"f{i:03d}.txt").write_text(f"line {i}\n" * 200)
     calls = [{"name": "search_text", "args": {"pattern": f"absent-{k}"}} for k in range(READS)]
-    return s["id"], script({"text": "Searching.", "tools": calls}, {"text": "searched"})
-
-
-def wait_results(api: Api, sid: str, turn_id: str, n: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while sum(1 for e in log_of(api, sid) if e["type"] == "tool.result" and e.get("turn_id") == turn_id) < n:
-        assert time.monotonic() < deadline, f"fewer than {n} results"
+    first = ok(api.send(sid, script({"text": "Searching.", "tools": calls}, {"text": "searched"})))
+    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
+    deadline = time.monotonic() + 30
+    while sum(1 for e in log_of(api, sid) if e["type"] == "tool.result" and e.get("turn_id") == start["turn_id"]) < 5:
+        assert time.monotonic() < deadline, "fewer than 5 results"
         time.sleep(0.05)
+    victim, _ = holder(stack, start["turn_id"])
+    return sid, start, victim, ok(api.send(sid, queued, mode="queue"))
 
 
 def test_kill_9_during_a_group_of_reads_leaves_a_log_the_takeover_goes_on_from(stack: Stack, api: Api) -> None:
     """Reads whose records are on their way when the runner dies: whatever reached Redis is in
     the log in order, every call the response opened is closed once (a result, or a skip by the
     takeover), and the queued message runs next on the other runner."""
-    sid, text = reading(api, "kill9-reads")
-    first = ok(api.send(sid, text))
-    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
-    wait_results(api, sid, start["turn_id"], 5)
-    victim, _ = holder(stack, start["turn_id"])
-    after = ok(api.send(sid, quick("after-reads", write=True), mode="queue"))
+    sid, start, victim, after = among_reads(stack, api, "kill9-reads", quick("after-reads", write=True))
     stack.kill(victim)
     try:
         end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=LEASE_MS / 1000 + 15)
@@ -162,12 +159,7 @@ def test_a_runner_paused_during_a_group_of_reads_records_nothing_after_the_takeo
     """SIGSTOP the holder among its reads (a record on its way), until the other runner has taken
     over and run the queued message; on SIGCONT the record the fence refuses stops it: nothing
     of the stale turn lands, however many reads it had left."""
-    sid, text = reading(api, "sigstop-reads")
-    first = ok(api.send(sid, text))
-    start = api.wait_type(sid, "turn.start", message_id=first["message_id"])
-    wait_results(api, sid, start["turn_id"], 5)
-    victim, _ = holder(stack, start["turn_id"])
-    after = ok(api.send(sid, quick("after-pause"), mode="queue"))
+    sid, start, victim, after = among_reads(stack, api, "sigstop-reads", quick("after-pause"))
     since = len(stack.log(victim))
     stack.pause(victim)
     try:
