@@ -357,3 +357,42 @@ def test_fork_and_rewind_from_a_turn_of_the_transcript(page: Page, up: CoxUp) ->
     assert [t.splitlines()[0] for t in user_texts(page)] == ["first"]
     expect(page.locator("#title")).to_contain_text("(fork)")
     shot(page, "fork")
+
+
+
+@pytest.mark.parametrize("fails", [1, 2])
+def test_a_module_that_does_not_load_reloads_the_page_once_then_says_which_file(browser: BrowserContext,
+                                                                                 up: CoxUp, fails: int) -> None:
+    """The console is a graph of modules: one that fails to load (a dropped connection, the
+    gateway restarting) leaves none run. The page reloads once by itself (``fails`` = 1: then it
+    opens); when the file still does not come (2), it says which one and offers a Reload, never a
+    blank page (CI saw the blank page: neither the login form nor the console shown, stop 53)."""
+    pg = browser.new_page()
+    left = [fails]
+    loads: list[str] = []
+
+    def drop(route: Any) -> None:
+        if left[0] > 0:
+            left[0] -= 1
+            route.abort("connectionreset")
+        else:
+            route.continue_()
+
+    pg.route("**/static/js/view.js", drop)
+    pg.on("load", lambda: loads.append("load"))
+    try:
+        pg.goto(up.url + "/")
+        if fails == 1:
+            expect(pg.locator("#login:not([hidden]), #app:not([hidden])").first).to_be_visible()
+            assert pg.evaluate("() => !!window.cox") and pg.locator("#boot-error").is_hidden()
+            assert pg.evaluate("() => sessionStorage.getItem('cox.boot')") is None
+        else:
+            expect(pg.locator("#boot-error")).to_be_visible()
+            expect(pg.locator("#boot-error")).to_contain_text("/static/js/view.js")
+            assert pg.locator("#login").is_hidden() and pg.locator("#app").is_hidden()
+        assert len(loads) == 2, f"one reload, not a loop: {loads}"
+        if fails == 2:
+            pg.click("#boot-error button")
+            expect(pg.locator("#login:not([hidden]), #app:not([hidden])").first).to_be_visible()
+    finally:
+        pg.close()

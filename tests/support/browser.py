@@ -57,14 +57,49 @@ def chromium(width: int = 1360, height: int = 860, init_script: str | None = Non
             ctx.close()
 
 
+class Watch:
+    """What a page logged, threw and fetched from its first request on: the console's warnings
+    and errors, uncaught errors, failed requests and answers >= 400, and the requests still open."""
+
+    def __init__(self, page: Page) -> None:
+        self.said: list[str] = []
+        self.open: dict[int, str] = {}
+        page.on("console", lambda m: self.said.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("pageerror", lambda e: self.said.append(f"uncaught: {e}"))
+        page.on("requestfailed", self.failed)
+        page.on("response", lambda r: self.said.append(f"{r.status} {r.request.method} {r.url}") if r.status >= 400 else None)
+        page.on("request", lambda r: self.open.__setitem__(id(r), f"{r.method} {r.url}"))
+        page.on("requestfinished", lambda r: self.open.pop(id(r), None))
+
+    def failed(self, r: Request) -> None:
+        self.open.pop(id(r), None)
+        self.said.append(f"request failed: {r.method} {r.url} {r.failure}")
+
+    def report(self) -> str:
+        return f"the page said: {self.said[-20:]}; requests not finished: {list(self.open.values())[-20:]}"
+
+
+_watches: dict[Page, Watch] = {}
+
+
+def watch(page: Page) -> Watch:
+    """The page's :class:`Watch`, started now if :func:`open_page` did not start it at its creation."""
+    if page not in _watches:
+        _watches[page] = Watch(page)
+        page.on("close", lambda _: _watches.pop(page, None))
+    return _watches[page]
+
+
 def open_page(ctx: BrowserContext, url: str, width: int | None = None) -> tuple[Page, list[str]]:
     """A new page at ``url`` (``width`` px wide if given), and the list its uncaught errors go to
-    (a test asserts it empty at the end)."""
+    (a test asserts it empty at the end). The page is watched (:class:`Watch`) from before its
+    first request, so a login that fails can say what happened while it loaded."""
     pg = ctx.new_page()
     if width:
         pg.set_viewport_size({"width": width, "height": 860})
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
+    watch(pg)
     pg.goto(url)
     return pg, errors
 
@@ -77,25 +112,13 @@ def login(page: Page, up: CoxUp) -> None:
     looks: a look taken before the module ran saw neither and waited for the console that the
     form was about to ask for.
 
-    When the console does not open, the failure says what the page showed, logged and threw
-    meanwhile and which of its requests never finished: three times in CI (stops 38, 41, 51)
-    ``#app`` stayed hidden for 30 s with the login form hidden, a token saved and no console error
-    or failed request; uncaught errors and requests still open were not reported then."""
-    said: list[str] = []
-    open_requests: dict[int, str] = {}
-    page.on("console", lambda m: said.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: said.append(f"uncaught: {e}"))
-    page.on("requestfailed", lambda r: said.append(f"request failed: {r.method} {r.url} {r.failure}"))
-
-    def opened(r: Request) -> None:
-        open_requests[id(r)] = f"{r.method} {r.url}"
-
-    def closed(r: Request) -> None:
-        open_requests.pop(id(r), None)
-
-    page.on("request", opened)
-    page.on("requestfinished", closed)
-    page.on("requestfailed", closed)
+    When the console does not open, the failure says what the page showed and everything it
+    logged, threw and fetched with an error since it was opened (:class:`Watch`), and whether its
+    modules ran (``window.cox``): in CI (stops 38, 41, 51, 53) ``#app`` stayed hidden for 30 s
+    with no uncaught error; at stop 53 neither the form nor the console showed on a complete
+    document, which is the modules not having run at all (index.html now reloads once when they
+    did not, and says which files did not come)."""
+    seen = watch(page)
     try:
         expect(page.locator("#login:not([hidden]), #app:not([hidden])").first).to_be_visible()
         if page.locator("#login").is_visible():
@@ -108,11 +131,11 @@ def login(page: Page, up: CoxUp) -> None:
     except AssertionError as exc:
         shown = page.evaluate("""() => ({login: !document.querySelector('#login').hidden,
             app: !document.querySelector('#app').hidden, ready: document.readyState,
+            modules_ran: !!window.cox, boot_error: !document.querySelector('#boot-error').hidden,
             error: document.querySelector('#login-error').textContent,
             token_field: document.querySelector('#login-token').value.length,
             stored: localStorage.length})""")
-        raise AssertionError(f"the console did not open after the login: {shown}; the page said: {said[-20:]}; "
-                             f"requests not finished: {list(open_requests.values())[-20:]}") from exc
+        raise AssertionError(f"the console did not open after the login: {shown}; {seen.report()}") from exc
 
 
 def new_session(page: Page, workspace: str, create: bool = True) -> str:
