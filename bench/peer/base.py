@@ -7,8 +7,9 @@ client. :func:`measure` drives the same two loads against any peer:
 
 - warm-up: :data:`WARMUP_SESSIONS` sessions x :data:`MESSAGES` runs, not measured (ours too).
 - queue: S sessions x :data:`MESSAGES` runs, each session's posted one after another (at most 64
-  in flight over all): runs/s (counted only when ordering holds), hand-off (previous run's end ->
-  next run's start), queue wait (enqueue -> start), CPU per run of the peer's server process.
+  in flight over all), in rounds on fresh sessions until some 500 runs as our side
+  (``sweep.rounds_for``): runs/s (counted only when ordering holds), hand-off (previous run's end
+  -> next run's start), queue wait (enqueue -> start), CPU per run of the peer's server process.
 - interrupt: a long run going, then a new run posted with ``interrupt``: POST -> the new run's
   start; the old one stopped and nothing of it recorded after the new one started.
 
@@ -38,6 +39,7 @@ from ..client import Pool
 from ..profiles import Counts
 from ..stack import CpuMeter
 from ..stats import ratio, summary
+from ..sweep import rounds_for
 
 MESSAGES = 5
 LONG_ROUNDS = 400
@@ -218,7 +220,7 @@ async def measure(peer: Peer, tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
         for n, measured in [(WARMUP_SESSIONS, False), *((n, True) for n in c.peer_threads)]:
             drv = peer.driver(Pool(srv.port, size=32, timeout=TIMEOUT_S))
             try:
-                r = await queue_load(drv, n, srv.procs())
+                r = await queue_load(drv, n, srv.procs(), rounds_for(n, MESSAGES) if measured else 1)
             finally:
                 drv.pool.close()
             if measured:
@@ -237,8 +239,11 @@ async def measure(peer: Peer, tmp: Path, c: Counts, log: Any) -> dict[str, Any]:
     return out
 
 
-async def queue_load(drv: Driver, n_sessions: int, procs: dict[str, psutil.Process]) -> dict[str, Any]:
-    sids = await session.gather_all([drv.session() for _ in range(n_sessions)], TIMEOUT_S)
+async def queue_load(drv: Driver, n_sessions: int, procs: dict[str, psutil.Process], rounds: int = 1) -> dict[str, Any]:
+    """``n_sessions`` sessions x :data:`MESSAGES` runs, ``rounds`` times on fresh sessions (as our
+    side's :func:`bench.sweep.load`), the figures over all of them: CPU and span are each round's,
+    summed, so the time between rounds counts for neither side."""
+    sids = await session.gather_all([drv.session() for _ in range(n_sessions * rounds)], TIMEOUT_S)
     sent: dict[str, list[dict[str, Any]]] = {s: [] for s in sids}
     sem = asyncio.Semaphore(IN_FLIGHT)
 
@@ -247,19 +252,26 @@ async def queue_load(drv: Driver, n_sessions: int, procs: dict[str, psutil.Proce
             async with sem:
                 sent[sid].append(await drv.post(sid, f"m{j}", QUEUE_TARGET, "queue"))
 
-    meter = CpuMeter(procs).start()
-    t0w = time.time()
-    await session.gather_all([feed(s) for s in sids], TIMEOUT_S)
-    await asyncio.wait_for(drv.join({s: sent[s][-1] for s in sids}), TIMEOUT_S * 3)
-    meter.stop()
+    cpu_s = 0.0
+    starts: list[tuple[list[str], float]] = []
+    for r in range(rounds):
+        group = sids[r * n_sessions:(r + 1) * n_sessions]
+        meter = CpuMeter(procs).start()
+        t0w = time.time()
+        await session.gather_all([feed(s) for s in group], TIMEOUT_S)
+        await asyncio.wait_for(drv.join({s: sent[s][-1] for s in group}), TIMEOUT_S * 3)
+        meter.stop()
+        cpu_s += meter.total
+        starts.append((group, t0w))
     logs = await session.gather_all([drv.log(s) for s in sids], TIMEOUT_S)
     created = {s: {f"m{j}": drv.created(r) for j, r in enumerate(sent[s])} for s in sids}
-    return queue_figures(dict(zip(sids, logs, strict=True)), created, t0w, meter.total)
+    return {**queue_figures(dict(zip(sids, logs, strict=True)), created, starts, cpu_s), "rounds": rounds}
 
 
-def queue_figures(logs: dict[str, list[dict[str, Any]]], created: dict[str, dict[str, float]], t0w: float,
-                  cpu_s: float) -> dict[str, Any]:
-    """The queue load's figures from each session's run log and its runs' enqueue times."""
+def queue_figures(logs: dict[str, list[dict[str, Any]]], created: dict[str, dict[str, float]],
+                  starts: list[tuple[list[str], float]], cpu_s: float) -> dict[str, Any]:
+    """The queue load's figures from each session's run log and its runs' enqueue times;
+    ``starts`` is each round's sessions and the time its first post went out."""
     ends, handoff, waits = [], [], []
     fifo = no_overlap = complete = True
     want = [f"m{j}" for j in range(MESSAGES)]
@@ -282,11 +294,14 @@ def queue_figures(logs: dict[str, list[dict[str, Any]]], created: dict[str, dict
                 last_end = e["t"]
                 ends.append(e["t"])
     runs = len(ends)
-    span = max(ends) - t0w if ends else float("nan")
+    span = 0.0
+    for group, t0w in starts:
+        last = [e["t"] for sid in group for e in logs.get(sid, []) if e["ev"] == "end"]
+        span += max(last) - t0w if last else float("nan")
     ok = fifo and no_overlap and complete
     rps = runs / span if span > 0 else 0.0
-    return {"threads": len(logs), "runs": runs, "runs_per_s": round(rps, 1),
-            "runs_per_s_counted": round(rps, 1) if ok else 0.0,
+    return {"threads": len(starts[0][0]) if starts else 0, "runs": runs,
+            "runs_per_s": round(rps, 1), "runs_per_s_counted": round(rps, 1) if ok else 0.0,
             "handoff_end_to_start_ms": summary(handoff, 2), "queue_wait_ms": summary(waits, 1),
             "cpu_ms_per_run": round(cpu_s / max(1, runs) * 1000, 2),
             "verdict": {"fifo": fifo, "no_overlap": no_overlap, "complete": complete, "ok": ok}}

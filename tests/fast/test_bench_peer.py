@@ -22,23 +22,35 @@ def runs(start: float = 100.0, gap: float = 0.01) -> list[tuple[str, float, floa
 
 def test_ordered_runs_count_with_their_hand_offs_and_queue_waits() -> None:
     created = {"a": {f"m{j}": 99.99 for j in range(MESSAGES)}}
-    f = queue_figures({"a": log_of(runs())}, created, t0w=99.99, cpu_s=0.5)
+    f = queue_figures({"a": log_of(runs())}, created, [(["a"], 99.99)], cpu_s=0.5)
     assert f["verdict"] == {"fifo": True, "no_overlap": True, "complete": True, "ok": True}
     assert f["runs"] == MESSAGES and f["runs_per_s_counted"] == f["runs_per_s"] > 0
     assert f["handoff_end_to_start_ms"]["n"] == MESSAGES - 1 and f["handoff_end_to_start_ms"]["p50"] == 10.0
     assert f["queue_wait_ms"]["min"] == 10.0 and f["cpu_ms_per_run"] == 100.0
 
 
+def test_rounds_count_their_own_spans_not_the_time_between_them() -> None:
+    """S=10 x 5 runs in rounds on fresh sessions, as our side: each round's span runs from its
+    first post to its last end, and the time between rounds (the next round's set-up) is nobody's."""
+    created = {"a": {f"m{j}": 99.99 for j in range(MESSAGES)}, "b": {f"m{j}": 199.99 for j in range(MESSAGES)}}
+    logs = {"a": log_of(runs(100.0)), "b": log_of(runs(200.0))}
+    f = queue_figures(logs, created, [(["a"], 99.99), (["b"], 199.99)], cpu_s=1.0)
+    one = runs(100.0)[-1][2] - 99.99
+    assert f["runs"] == 2 * MESSAGES and f["verdict"]["ok"]
+    assert f["runs_per_s"] == round(2 * MESSAGES / (2 * one), 1), f
+    assert f["cpu_ms_per_run"] == 100.0 and f["handoff_end_to_start_ms"]["n"] == 2 * (MESSAGES - 1)
+
+
 def test_runs_out_of_order_or_overlapping_or_missing_count_zero() -> None:
     created: dict[str, dict[str, float]] = {"a": {}}
     swapped = runs()
     swapped[1], swapped[2] = (swapped[2][0], *swapped[1][1:]), (swapped[1][0], *swapped[2][1:])
-    f = queue_figures({"a": log_of(swapped)}, created, 99.0, 0.1)
+    f = queue_figures({"a": log_of(swapped)}, created, [(["a"], 99.0)], 0.1)
     assert not f["verdict"]["fifo"] and f["verdict"]["no_overlap"] and f["runs_per_s_counted"] == 0.0
     overlap = sorted(log_of(runs(gap=-0.01)), key=lambda e: e["t"])
-    f = queue_figures({"a": overlap}, created, 99.0, 0.1)
+    f = queue_figures({"a": overlap}, created, [(["a"], 99.0)], 0.1)
     assert not f["verdict"]["no_overlap"] and f["runs_per_s_counted"] == 0.0
-    f = queue_figures({"a": log_of(runs()[:-1])}, created, 99.0, 0.1)
+    f = queue_figures({"a": log_of(runs()[:-1])}, created, [(["a"], 99.0)], 0.1)
     assert not f["verdict"]["complete"] and f["runs_per_s_counted"] == 0.0
 
 
