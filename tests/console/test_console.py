@@ -379,7 +379,7 @@ def test_a_module_that_does_not_load_reloads_the_page_once_then_says_which_file(
             route.continue_()
 
     pg.route("**/static/js/view.js", drop)
-    pg.on("load", lambda: loads.append("load"))
+    pg.on("load", lambda _: loads.append("load"))
     try:
         pg.goto(up.url + "/")
         if fails == 1:

@@ -105,7 +105,7 @@ def facade_sends(method: Callable[..., Any], tail: bool) -> tuple[list[str], lis
     return ks, argv, back
 
 
-DERIVED = {("cox_emit", "nops"): "len(ops)"}
+DERIVED = {("cox_emit", "nops"): "len(ops)", ("cox_turn_end", "nops"): "len(ops)"}
 """ARGV slots the facade computes from its arguments rather than passing one: (function, the
 Lua's name) -> how."""
 
@@ -204,7 +204,7 @@ def test_the_parser_reads_what_it_must() -> None:
     sent = lua_replies("cox_send")
     assert sent is not None and {"message_id", "disposition", "position", "replay"} in sent[0]
     ended = lua_replies("cox_turn_end")
-    assert ended is not None and len(ended[0]) == 5 and "next" in ended[1]
+    assert ended is not None and len(ended[0]) == 6 and "next" in ended[1]
     claimed = lua_replies("cox_claim")
     assert claimed is not None and claimed[2] and "old_runner" in claimed[0][0]
     assert lua_replies("cox_idle") is None and lua_keys(BODIES["cox_idle"]) == (None, False)

@@ -27,7 +27,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 
 try:
     # sync_playwright is re-exported: tests/stack/test_mcp.py skips by it as the console tests do.
-    from playwright.sync_api import BrowserContext, Page, Request, expect
+    from playwright.sync_api import BrowserContext, ConsoleMessage, Page, Request, Response, expect
     from playwright.sync_api import sync_playwright as sync_playwright
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None  # type: ignore[assignment]
@@ -64,12 +64,26 @@ class Watch:
     def __init__(self, page: Page) -> None:
         self.said: list[str] = []
         self.open: dict[int, str] = {}
-        page.on("console", lambda m: self.said.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.on("console", self.logged)
         page.on("pageerror", lambda e: self.said.append(f"uncaught: {e}"))
         page.on("requestfailed", self.failed)
-        page.on("response", lambda r: self.said.append(f"{r.status} {r.request.method} {r.url}") if r.status >= 400 else None)
-        page.on("request", lambda r: self.open.__setitem__(id(r), f"{r.method} {r.url}"))
-        page.on("requestfinished", lambda r: self.open.pop(id(r), None))
+        page.on("response", self.answered)
+        page.on("request", self.opened)
+        page.on("requestfinished", self.finished)
+
+    def logged(self, m: ConsoleMessage) -> None:
+        if m.type in ("error", "warning"):
+            self.said.append(f"{m.type}: {m.text}")
+
+    def answered(self, r: Response) -> None:
+        if r.status >= 400:
+            self.said.append(f"{r.status} {r.request.method} {r.url}")
+
+    def opened(self, r: Request) -> None:
+        self.open[id(r)] = f"{r.method} {r.url}"
+
+    def finished(self, r: Request) -> None:
+        self.open.pop(id(r), None)
 
     def failed(self, r: Request) -> None:
         self.open.pop(id(r), None)
@@ -82,11 +96,15 @@ class Watch:
 _watches: dict[Page, Watch] = {}
 
 
+def _forget(page: Page) -> None:
+    _watches.pop(page, None)
+
+
 def watch(page: Page) -> Watch:
     """The page's :class:`Watch`, started now if :func:`open_page` did not start it at its creation."""
     if page not in _watches:
         _watches[page] = Watch(page)
-        page.on("close", lambda _: _watches.pop(page, None))
+        page.on("close", lambda _: _forget(page))
     return _watches[page]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ from .errors import LeaseLost, StopRequested, StoreDown
 from .gate import running_run
 from .leases import Drive, cancel
 from .loop import TurnLoop
+from .recorder import Recorder
 from .turn import Ending, Turn, guarded
 from .workspace.mcp_servers import McpServers
 
@@ -79,8 +81,7 @@ async def run_drive(deps: Deps, d: Drive) -> None:
         if d.crashed is not None:
             nxt = await _end_crashed(deps, d)
         while nxt is not None:
-            ending, plan = await _run_turn(deps, d, nxt)
-            nxt = await _end_turn(deps, d, ending, plan)
+            nxt = await _run_turn(deps, d, nxt)
         if d.history is not None and d.files is not None:
             # The session went idle with the transcript whole: its next turn here folds in only
             # what was recorded since (logreader.LogReader.history).
@@ -112,7 +113,9 @@ async def run_drive(deps: Deps, d: Drive) -> None:
             deps.sandbox.forget(d.turn.workspace)
 
 
-async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, Plan | None]:
+async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the turn ``msg`` began, end it, and answer what starts next (None: the session is idle
+    or handed on)."""
     # The whole session once, here: the loop's load takes its plan and title from it too.
     info = msg.get("info") or await deps.redis.hgetall(keys.session(d.sid))
     turn = Turn(
@@ -147,17 +150,43 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> tuple[Ending, 
         if waited > 0.05:
             deps.log.info("run.slot_waited", sid=d.sid, turn_id=turn.turn_id, waited_s=round(waited, 3))
         turn.started = time.monotonic()  # the wait is not the turn's work time
+    ended: Ended | None = None
     try:
         loop = TurnLoop(deps, turn, carried=d.history)
         d.history = None
         deps.leases.turns_started += 1
         ending = await loop.run()
+        while loop.rec.closing:
+            # The final response is recorded by the turn's end (one call, not two); a Lead saved
+            # before it is applied and the turn goes on (still under its run slot).
+            res = await _end_turn(deps, d, ending, loop.plan.plan, loop.rec)
+            if res is not GOES_ON:
+                ended = Ended(res)
+                break
+            ending = await loop.resume()
     finally:
         if slot:
             deps.run_slots.release(d.sid)
     d.history = loop.handed_on()
     d.files = loop.files
-    return ending, loop.plan.plan
+    if ended is not None:
+        return ended.next
+    res = await _end_turn(deps, d, ending, loop.plan.plan)
+    assert res is not GOES_ON  # nothing was carried, so no close could fail
+    nxt: dict[str, Any] | None = res
+    return nxt
+
+
+@dataclasses.dataclass
+class Ended:
+    """The turn ended by the call that recorded its final response: what starts next."""
+
+    next: dict[str, Any] | None
+
+
+GOES_ON = object()
+""":func:`turn_end_call`'s answer when the final record it carried found a Lead waiting: the turn
+did not end (its Leads are applied and it goes on)."""
 
 
 def _plan_action(ending: Ending, plan: Plan | None) -> str:
@@ -174,7 +203,8 @@ OPEN_CALLS = "open_calls"
 client's error, so not one of :mod:`coxswain.errors`' codes)."""
 
 
-async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> dict[str, Any] | None:
+async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None,
+                    rec: Recorder | None = None) -> Any:
     turn = d.turn
     if turn is None:
         return None
@@ -185,13 +215,13 @@ async def _end_turn(deps: Deps, d: Drive, ending: Ending, plan: Plan | None) -> 
     try:
         # The library refuses while a call of the turn is open, so the usual end (every call
         # closed by the loop) reads nothing before it.
-        return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause)
+        return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause, rec=rec)
     except CoxError as exc:
         if exc.code != OPEN_CALLS:
             raise
     if await _close_open_calls(deps, d, turn, ending):
         d.history = None  # results the loop never saw: the next turn rebuilds from the log
-    return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause)
+    return await turn_end_call(deps, d, body, _plan_action(ending, plan), pause=ending.pause, rec=rec)
 
 
 async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) -> bool:
@@ -229,9 +259,13 @@ async def _close_open_calls(deps: Deps, d: Drive, turn: Turn, ending: Ending) ->
 
 
 async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bool = True,
-                        pause: str = "") -> dict[str, Any] | None:
+                        pause: str = "", rec: Recorder | None = None) -> Any:
     """End the turn (``body``) and take the next waiting message, or go idle (``pause``: a daily
     budget the turn reached pauses the session: nothing starts, its messages wait).
+
+    With ``rec`` holding the turn's final record (:attr:`Recorder.closing
+    <cox_runner.recorder.Recorder.closing>`), the same call records it first and closes Lead
+    admission with it; a Lead waiting then, the turn does not end: :data:`GOES_ON`.
 
     While the services a turn needs do not answer (the bus is down, guard or versions is gone),
     the next message is not started, since it could only fail: the session is held (busy, under
@@ -243,14 +277,20 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     ws = str(d.turn.workspace) if d.turn is not None else await deps.redis.hget(keys.session(d.sid), "workspace")
     agents = await instructions.agents_md_hash(ws)  # for the next turn's turn.start, if one starts
     lease_ms = deps.settings.runner.lease_ms
+    events, ops = rec.deferred() if rec is not None and rec.closing else ([], [])
     sent = time.monotonic()
     try:
         res = await deps.store.fns.turn_end(
             sid=d.sid, token=d.token, owner=deps.owner, end_body=body, next_turn_id=next_turn, lease_ms=lease_ms,
-            plan=plan, handoff=handoff, hold_next=hold, agents_md=agents, pause=pause,
+            plan=plan, handoff=handoff, hold_next=hold, agents_md=agents, pause=pause, ops=ops, events=events,
         )
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
+    if events or ops:
+        assert rec is not None
+        rec.carried(int(res.get("last") or 0), not res.get("goes_on"), int(res.get("leads") or 0))
+        if res.get("goes_on"):
+            return GOES_ON
     d.turn = None
     msg = res.get("next")
     if isinstance(msg, dict):
@@ -280,7 +320,8 @@ async def _hold(deps: Deps, d: Drive) -> dict[str, Any] | None:
         pause = min(1.0, pause * 2)
         missing = await deps.health.missing()
     deps.log.info("drive.resumed", sid=d.sid, held_s=round(time.monotonic() - t0, 3), missing=missing)
-    return await turn_end_call(deps, d, "", "", may_hold=False)
+    nxt: dict[str, Any] | None = await turn_end_call(deps, d, "", "", may_hold=False)
+    return nxt
 
 
 async def _end_crashed(deps: Deps, d: Drive) -> dict[str, Any] | None:
@@ -310,7 +351,8 @@ async def _end_crashed(deps: Deps, d: Drive) -> dict[str, Any] | None:
         detail = f"the runner {c.get('old_runner') or '?'} stopped renewing its lease"
         body = ev.body(ev.TurnEnd(sid=d.sid, turn_id=turn_id, outcome="crashed", detail=detail))
         deps.log.warning("turn.crashed", sid=d.sid, turn_id=turn_id, old_runner=c.get("old_runner"))
-    return await turn_end_call(deps, d, body, "")
+    nxt: dict[str, Any] | None = await turn_end_call(deps, d, body, "")
+    return nxt
 
 
 async def renew_all(deps: Deps) -> None:

@@ -68,6 +68,10 @@ class Leads:
         t = self.turn
         if self.rec.pending_user:
             return True
+        if self.rec.closing:
+            if not self.waiting():  # the turn's end records the response and closes (or not)
+                return False
+            await self.rec.emit()  # a Lead rang meanwhile: record the response now, its close fails
         if self.rec.leads_closed:  # closed by the final response's own record, nothing waiting then
             return False
         try:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from pydantic_ai.messages import TextPart, ToolCallPart
@@ -134,13 +134,30 @@ class TurnLoop:
         return await guarded(self.turn, aw)
 
     async def run(self) -> Ending:
-        """Run the turn to its end. Whatever ends it, every call it opened gets a result first."""
+        """Run the turn to its end. Whatever ends it, every call it opened gets a result first.
+        The final response may be left to the turn's end to record (:attr:`Recorder.closing
+        <cox_runner.recorder.Recorder.closing>`): when that finds a Lead waiting, :meth:`resume`."""
         self.log.info("turn.begin", model=self.turn.model)
+        return await self._until_end(self._begin)
+
+    async def resume(self) -> Ending:
+        """The turn's end recorded its final response but a Lead was waiting, so it did not end:
+        apply the Leads and go on to the turn's (next) end."""
+        return await self._until_end(self._apply_leads)
+
+    async def _begin(self) -> Ending:
+        await self._load()
+        await self._hooks_start()
+        await self._programs_gone()
+        return await self._loop()
+
+    async def _apply_leads(self) -> Ending:
+        await self.leads.apply()
+        return await self._loop()
+
+    async def _until_end(self, body: Callable[[], Awaitable[Ending]]) -> Ending:
         try:
-            await self._load()
-            await self._hooks_start()
-            await self._programs_gone()
-            ending = await self._loop()
+            ending = await body()
         except EndTurn as end:
             ending = end.ending
         except StopRequested as stop:
@@ -161,7 +178,7 @@ class TurnLoop:
     async def _close(self, ending: Ending) -> None:
         rec = self.rec
         await rec.settle()
-        if rec.has_deferred:
+        if rec.has_deferred and not (rec.closing and not rec.open and self.gate.open_approval is None):
             await rec.emit()
         if self.gate.open_approval is not None:
             await self.gate.dismiss(f"the turn ended ({ending.outcome})")

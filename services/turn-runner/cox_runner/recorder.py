@@ -162,6 +162,26 @@ class Recorder:
     def has_deferred(self) -> bool:
         return bool(self._deferred or self._deferred_ops)
 
+    @property
+    def closing(self) -> bool:
+        """The turn's final response waits, deferred, to be recorded with the turn's end (its
+        record closes Lead admission: :meth:`cox_runner.step.ModelStep.may_carry`)."""
+        return CLOSE_LEADS in self._deferred_ops
+
+    def deferred(self) -> tuple[list[str], list[Op]]:
+        """What was deferred, as event bodies and ops, for ``cox_turn_end`` to record first (kept
+        until it did: :meth:`carried`)."""
+        return [ev.body(e) for e in self._deferred], list(self._deferred_ops)
+
+    def carried(self, last: int, closed: bool, leads: int) -> None:
+        """``cox_turn_end`` recorded the deferred record (its last seq ``last``): Lead admission
+        closed with it, or ``leads`` wait and the turn goes on."""
+        self._deferred, self._deferred_ops = [], []
+        self.emitted = True
+        self.history.seq = max(self.history.seq, last)
+        self.leads_closed = closed
+        self.leads_hint = leads
+
     async def result(self, call: ToolCallPart, ok: bool, output: str, extra: list[ev._Event] | None = None,
                      first: bool = False, limit: str | None = None) -> None:
         """Record a call's result. Operator observations waiting in Redis are folded into it, and

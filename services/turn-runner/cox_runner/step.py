@@ -130,10 +130,16 @@ class ModelStep:
         msg = ev.AssistantMsg(**rec.e(), text=text, finish_reason=response.finish_reason, usage=usage,
                               tool_calls=refs, provider_finish_reason=raw_finish(response))
         ops = [*(("hset", keys.OPEN_CALLS, c.tool_call_id, c.tool_name) for c in calls), *self._usage_ops]
-        if not calls and response.finish_reason != "length" and self.may_close():
+        closes = not calls and response.finish_reason != "length" and self.may_close()
+        if closes:
             ops.append(CLOSE_LEADS)  # the turn's last response: one call fewer (Leads.close_or_apply)
         if calls and self.may_defer(calls):
             rec.defer(used, msg, ops=ops)  # recorded with the read's own record: one call, not two
+        elif closes and not any(op[0] == "spend" for op in ops):
+            # Nothing comes between it and the turn's end: recorded by cox_turn_end, which closes
+            # Lead admission with it (or, a Lead waiting, records it and the turn goes on).
+            # Anything recorded before then (a limit, a warning) takes it along first.
+            rec.defer(used, msg, ops=ops)
         else:
             await rec.emit(used, msg, ops=ops)
         await self.deps.clients.usage_seen(used.model_dump(include=USAGE_SAMPLE))

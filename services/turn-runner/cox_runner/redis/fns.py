@@ -148,6 +148,13 @@ class TurnEnded(TypedDict):
     """With ``next``: that turn is the session's first (a message that waited behind a person's operation)."""
     paused: NotRequired[bool]
     """A daily budget pauses the session: nothing started, its messages wait."""
+    last: int
+    """The seq of the last carried event (0: none carried)."""
+    goes_on: NotRequired[bool]
+    """The carried ops closed Lead admission but a Lead waits: the turn did not end (``next`` is
+    null, ``ended`` ''); its holder applies the Leads and goes on."""
+    leads: NotRequired[int]
+    """With ``goes_on``: the Leads waiting."""
 
 
 class BudgetResumed(TypedDict):
@@ -349,11 +356,15 @@ class Fns:
 
     @lua("cox_turn_end")
     async def turn_end(self, *, sid: str, token: str, owner: str, end_body: str, next_turn_id: str, lease_ms: int,
-                       plan: str, handoff: str, hold_next: str, agents_md: str, pause: str = "") -> TurnEnded:
+                       plan: str, handoff: str, hold_next: str, agents_md: str, pause: str = "",
+                       ops: Sequence[StateOp] = (), events: Sequence[str] = ()) -> TurnEnded:
         """``plan``: '' keep, '-' clear, else JSON; ``handoff``/``hold_next``: '1' or ''; ``pause``:
-        '' or the JSON of the daily budget the turn reached (the session pauses)."""
+        '' or the JSON of the daily budget the turn reached (the session pauses); ``ops`` and
+        ``events``: the turn's final record, carried (as :meth:`emit`'s, no ``spend`` op), recorded
+        first; with a ``close_leads`` op and a Lead waiting the turn does not end (``goes_on``)."""
         res = await self.store.call("cox_turn_end", sid, [sid, token, owner, end_body, next_turn_id, str(lease_ms),
-                                                          plan, handoff, hold_next, agents_md, pause])
+                                                          plan, handoff, hold_next, agents_md, pause, str(len(ops)),
+                                                          *(x for op in ops for x in op), *events])
         return cast(TurnEnded, res)
 
     @lua("cox_budget_resume")

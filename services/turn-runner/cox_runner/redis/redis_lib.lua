@@ -678,21 +678,22 @@ end
 -- without the op); suffix in the allowed set.
 local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
                   [':wip'] = true, [':att'] = true }
-local function cox_emit(keys, args)
-  local base = keys[1]
-  local sid, token, owner, nops = args[1], args[2], args[3], tonumber(args[4])
-  if token ~= '' and not hold(base, token) then return refuse('fenced', 'lease lost') end
-  if token == '' and redis.call('EXISTS', base) == 0 then return refuse('not_found', 'no such session') end
-  local i = 5
+-- The nops ops of args from index i (each op, suffix, field, value): nil if they may run, else the
+-- refusal. spend: whether the spend op is allowed (cox_turn_end's carried ops do without it).
+local function check_ops(args, i, nops, token, spend)
   for _ = 1, nops do
-    local op, suffix, field, value = args[i], args[i + 1], args[i + 2], args[i + 3]
+    local op, suffix = args[i], args[i + 1]
     if not ALLOWED[suffix] then return refuse('invalid', 'suffix not allowed: ' .. suffix) end
     if op == 'close_leads' and token == '' then return refuse('invalid', 'close_leads needs the lease') end
+    if op == 'spend' and not spend then return refuse('invalid', 'the spend op is cox_emit\'s only') end
     i = i + 4
   end
-  i = 5
-  local results = {}
-  local now = now_ms()
+  return nil
+end
+
+-- Run the ops checked by check_ops. Returns the index after them, the day a spend op counted on
+-- (nil without one) and whether a close_leads op was among them.
+local function run_ops(base, args, i, nops, now)
   local spent = nil
   local close = false
   for _ = 1, nops do
@@ -700,7 +701,7 @@ local function cox_emit(keys, args)
     local key = base .. suffix
     if op == 'close_leads' then close = true
     elseif op == 'hset' then redis.call('HSET', key, field, value)
-    elseif op == 'hsetnx' then results[#results + 1] = redis.call('HSETNX', key, field, value)
+    elseif op == 'hsetnx' then redis.call('HSETNX', key, field, value)
     elseif op == 'hdel' then redis.call('HDEL', key, field)
     elseif op == 'del' then redis.call('DEL', key)
     elseif op == 'sadd' then redis.call('SADD', key, value)
@@ -720,11 +721,29 @@ local function cox_emit(keys, args)
     end
     i = i + 4
   end
+  return i, spent, close
+end
+
+-- Record the event bodies args[i..n]: the seqs of the first and the last (0, 0 for none).
+local function emit_all(base, sid, args, i, n, now)
   local first, last = 0, 0
-  for j = i, #args do
+  for j = i, n do
     last = emit(base, sid, args[j], now)
     if first == 0 then first = last end
   end
+  return first, last
+end
+
+local function cox_emit(keys, args)
+  local base = keys[1]
+  local sid, token, owner, nops = args[1], args[2], args[3], tonumber(args[4])
+  if token ~= '' and not hold(base, token) then return refuse('fenced', 'lease lost') end
+  if token == '' and redis.call('EXISTS', base) == 0 then return refuse('not_found', 'no such session') end
+  local bad = check_ops(args, 5, nops, token, true)
+  if bad then return bad end
+  local now = now_ms()
+  local i, spent, close = run_ops(base, args, 5, nops, now)
+  local first, last = emit_all(base, sid, args, i, #args, now)
   -- What waits for the holder's next boundary, so it need not ask again.
   local leads, observed = redis.call('LLEN', base .. ':leadq'), redis.call('LLEN', base .. ':observed')
   -- The close_leads op (the turn's final response, recorded with nothing left to wait for): Lead
@@ -803,7 +822,13 @@ end
 --       services a turn needs do not answer; start nothing: the session stays busy under this
 --       lease with its messages waiting, and the runner calls again with no end_body once they answer),
 --       agents_md, pause ('' or the JSON of the daily budget the turn reached: {budget, limit,
---       spent, day, detail}; the session pauses, see "daily budgets" above; a Stopped turn does not)
+--       spent, day, detail}; the session pauses, see "daily budgets" above; a Stopped turn does not),
+--       then, as cox_emit's, nops, nops*4 op fields and event bodies: the turn's final record,
+--       carried (its final response: one call for the record and the end, not two). They are
+--       recorded first; with a close_leads op among them and a Lead waiting (no Stop asked), the
+--       turn does not end: the reply is { next = null, ended = '', goes_on = true, leads, last }
+--       and the holder applies the Leads and goes on, calling again at its end. Every reply's
+--       last is the seq of the last carried event (0: none).
 -- A paused session starts nothing: it goes idle with its messages waiting.
 -- A Stop answered with this turn's id promised that it ends 'stopped' (cox_stop set the flag in
 -- the same ordering as this call): a runner that decided another ending a moment before it
@@ -825,12 +850,24 @@ local function cox_turn_end(keys, args)
   local sid, token, owner, end_body, next_turn_id, lease_ms, plan, handoff, hold_next, agents_md, pause = unpack(args)
   lease_ms = tonumber(lease_ms)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
+  local nops = tonumber(args[12]) or 0
+  local bad = check_ops(args, 13, nops, token, false)
+  if bad then return bad end
   if end_body ~= '' and redis.call('EXISTS', base .. ':open') == 1 then
     -- a tool call of the turn has no result yet: the runner closes it (with the writes it left)
     -- and ends the turn again; checked here so a turn whose calls all closed reads nothing first
     return refuse('open_calls', 'a tool call of the turn is still open')
   end
   local now = now_ms()
+  local i, _, close = run_ops(base, args, 13, nops, now)
+  local _, carried = emit_all(base, sid, args, i, #args, now)
+  if close then
+    local leads = redis.call('LLEN', base .. ':leadq')
+    if not close_leads(base, leads) then
+      return with_pub(base, owner, reply({ next = cjson.null, ended = '', goes_on = true, leads = leads,
+                                           last = carried }))
+    end
+  end
   local turn_id = redis.call('HGET', base, 'turn_id')
   local stop_flag = redis.call('HGET', base, 'stop')
   if plan == '-' then redis.call('HDEL', base, 'plan')
@@ -879,19 +916,19 @@ local function cox_turn_end(keys, args)
   if b ~= nil then
     -- paused: nothing more starts (the messages wait, in order, for cox_budget_resume)
     release(base, sid, now)
-    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, paused = true }))
+    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, paused = true, last = carried }))
   end
   if handoff == '1' and waiting_count(base) > 0 then
     redis.call('DEL', base .. ':lease')
     redis.call('ZADD', leases_of(base), 0, sid)
     redis.call('HSET', base, 'runner', '', 'token', '')
-    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, handed_off = true }))
+    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, handed_off = true, last = carried }))
   end
   local waiting = waiting_count(base)
   if hold_next == '1' and waiting > 0 then
     redis.call('PEXPIRE', base .. ':lease', lease_ms)
     redis.call('ZADD', leases_of(base), now + lease_ms, sid)
-    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, held = true }))
+    return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, held = true, last = carried }))
   end
   local raw = redis.call('LPOP', base .. ':sq')
   if not raw then raw = redis.call('LPOP', base .. ':q') end
@@ -901,7 +938,7 @@ local function cox_turn_end(keys, args)
     redis.call('ZADD', leases_of(base), now + lease_ms, sid)
     local fresh = begin_turn(base, sid, msg, next_turn_id, now, agents_md)
     return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id, info = info_of(base),
-      fresh = fresh or nil }))
+      fresh = fresh or nil, last = carried }))
   end
   run = run_of(base)
   if running(run) then
@@ -910,7 +947,7 @@ local function cox_turn_end(keys, args)
     end_run(base, sid, run, stop_flag == 'stop' and 'stopped' or (run.last or 'stopped'), now)
   end
   release(base, sid, now)
-  return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id }))
+  return with_pub(base, owner, reply({ next = cjson.null, ended = turn_id, last = carried }))
 end
 
 -- A short lease for a person's write while idle (restore, undo). ARGV: sid, principal, runner, lease_ms, op
