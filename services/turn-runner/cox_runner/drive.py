@@ -163,6 +163,7 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any]
             if res is not GOES_ON:
                 ended = Ended(res)
                 break
+            deps.log.info("turn.leads_at_end", sid=d.sid, turn_id=turn.turn_id)
             ending = await loop.resume()
     finally:
         if slot:
