@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -150,7 +149,7 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any]
         if waited > 0.05:
             deps.log.info("run.slot_waited", sid=d.sid, turn_id=turn.turn_id, waited_s=round(waited, 3))
         turn.started = time.monotonic()  # the wait is not the turn's work time
-    ended: Ended | None = None
+    nxt: Any = GOES_ON  # the turn has not ended yet
     try:
         loop = TurnLoop(deps, turn, carried=d.history)
         d.history = None
@@ -159,9 +158,8 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any]
         while loop.rec.closing:
             # The final response is recorded by the turn's end (one call, not two); a Lead saved
             # before it is applied and the turn goes on (still under its run slot).
-            res = await _end_turn(deps, d, ending, loop.plan.plan, loop.rec)
-            if res is not GOES_ON:
-                ended = Ended(res)
+            nxt = await _end_turn(deps, d, ending, loop.plan.plan, loop.rec)
+            if nxt is not GOES_ON:
                 break
             deps.log.info("turn.leads_at_end", sid=d.sid, turn_id=turn.turn_id)
             ending = await loop.resume()
@@ -170,19 +168,10 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any]
             deps.run_slots.release(d.sid)
     d.history = loop.handed_on()
     d.files = loop.files
-    if ended is not None:
-        return ended.next
-    res = await _end_turn(deps, d, ending, loop.plan.plan)
-    assert res is not GOES_ON  # nothing was carried, so no close could fail
-    nxt: dict[str, Any] | None = res
-    return nxt
-
-
-@dataclasses.dataclass
-class Ended:
-    """The turn ended by the call that recorded its final response: what starts next."""
-
-    next: dict[str, Any] | None
+    if nxt is GOES_ON:  # nothing carried: the turn ends here, and no close can fail
+        nxt = await _end_turn(deps, d, ending, loop.plan.plan)
+    ended: dict[str, Any] | None = nxt
+    return ended
 
 
 GOES_ON = object()
@@ -278,7 +267,8 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     ws = str(d.turn.workspace) if d.turn is not None else await deps.redis.hget(keys.session(d.sid), "workspace")
     agents = await instructions.agents_md_hash(ws)  # for the next turn's turn.start, if one starts
     lease_ms = deps.settings.runner.lease_ms
-    events, ops = rec.deferred() if rec is not None and rec.closing else ([], [])
+    carry = rec if rec is not None and rec.closing else None
+    events, ops = carry.deferred() if carry is not None else ([], [])
     sent = time.monotonic()
     try:
         res = await deps.store.fns.turn_end(
@@ -287,9 +277,8 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
         )
     except Fenced as exc:
         raise LeaseLost(str(exc)) from exc
-    if events or ops:
-        assert rec is not None
-        rec.carried(int(res.get("last") or 0), not res.get("goes_on"), int(res.get("leads") or 0))
+    if carry is not None:
+        carry.carried(int(res.get("last") or 0), not res.get("goes_on"), int(res.get("leads") or 0))
         if res.get("goes_on"):
             return GOES_ON
     d.turn = None
