@@ -131,6 +131,14 @@ def among_reads(stack: Stack, api: Api, label: str, queued: str) -> tuple[str, d
     return sid, start, victim, ok(api.send(sid, queued, mode="queue"))
 
 
+def taken_over(api: Api, sid: str, start: dict[str, Any], after: dict[str, Any]) -> None:
+    """The takeover ended ``start``'s turn ``crashed`` and ran the queued message ``after``."""
+    end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=LEASE_MS / 1000 + 15)
+    assert end["outcome"] == "crashed", end
+    api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
+    api.wait_idle(sid, timeout=30)
+
+
 def test_kill_9_during_a_group_of_reads_leaves_a_log_the_takeover_goes_on_from(stack: Stack, api: Api) -> None:
     """Reads whose records are on their way when the runner dies: whatever reached Redis is in
     the log in order, every call the response opened is closed once (a result, or a skip by the
@@ -138,10 +146,7 @@ def test_kill_9_during_a_group_of_reads_leaves_a_log_the_takeover_goes_on_from(s
     sid, start, victim, after = among_reads(stack, api, "kill9-reads", quick("after-reads", write=True))
     stack.kill(victim)
     try:
-        end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=LEASE_MS / 1000 + 15)
-        assert end["outcome"] == "crashed", end
-        api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
-        api.wait_idle(sid, timeout=30)
+        taken_over(api, sid, start, after)
         evs = log_of(api, sid)
         r = replay(evs)  # seqs by one, every opened call closed before its turn's end, no stale writer
         assert [r.outcome_of(m) for m in r.starts] == ["crashed", "completed"]
@@ -163,10 +168,7 @@ def test_a_runner_paused_during_a_group_of_reads_records_nothing_after_the_takeo
     since = len(stack.log(victim))
     stack.pause(victim)
     try:
-        end = api.wait_type(sid, "turn.end", turn_id=start["turn_id"], timeout=LEASE_MS / 1000 + 15)
-        assert end["outcome"] == "crashed", end
-        api.wait_type(sid, "turn.start", message_id=after["message_id"], timeout=30)
-        api.wait_idle(sid, timeout=30)
+        taken_over(api, sid, start, after)
         seq_before = log_of(api, sid)[-1]["seq"]
     finally:
         stack.signal(victim, signal.SIGCONT)
