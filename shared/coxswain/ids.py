@@ -6,8 +6,10 @@ against a strict alphabet before it reaches either: no ``.``, ``*``, ``>`` or wh
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
+import threading
 import time
 
 from .errors import Invalid
@@ -15,6 +17,34 @@ from .errors import Invalid
 ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+_RANDOM = 12
+"""Random characters of an id, one byte of the OS's random source each."""
+_AHEAD = _RANDOM * 256
+"""Bytes read from the OS's random source at once: one getrandom call for 256 ids (a turn makes
+about seven; one call each was a third of a runner's system calls besides its sockets)."""
+_pool = b""
+_pos = 0
+_lock = threading.Lock()
+
+
+def _forget() -> None:
+    """After a fork the child must not hand out the bytes its parent still holds: both would make
+    the same ids (the services are forks of cox up's fork server)."""
+    global _pool, _pos, _lock
+    _pool, _pos, _lock = b"", 0, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget)
+
+
+def _random_bytes() -> bytes:
+    global _pool, _pos
+    with _lock:
+        if _pos + _RANDOM > len(_pool):
+            _pool, _pos = secrets.token_bytes(_AHEAD), 0
+        out = _pool[_pos:_pos + _RANDOM]
+        _pos += _RANDOM
+    return out
 
 
 def new_id(prefix: str) -> str:
@@ -24,10 +54,9 @@ def new_id(prefix: str) -> str:
     for _ in range(9):
         stamp = _ALPHABET[t & 31] + stamp
         t >>= 5
-    # One read of the OS's random source for all twelve characters (secrets.choice read it once
-    # per character: 12 getrandom calls per id, 4% of a runner's CPU starting runs). 256 is a
+    # Twelve bytes of the OS's random source, read ahead for many ids (_AHEAD). 256 is a
     # multiple of 32, so the low five bits of each byte are uniform.
-    rand = "".join(_ALPHABET[b & 31] for b in secrets.token_bytes(12))
+    rand = "".join(_ALPHABET[b & 31] for b in _random_bytes())
     return f"{prefix}_{stamp}{rand}"
 
 

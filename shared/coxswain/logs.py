@@ -24,7 +24,9 @@ def setup(service: str, level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write a line (PrintLogger's print wrote the line and its newline apart: two
+        # syscalls a line, six a turn on a runner).
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service)

@@ -127,7 +127,8 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any]
         d.mcp = McpServers(deps.settings, deps.sandbox, deps.log.bind(sid=d.sid))
     turn.mcp = d.mcp
     d.turn = turn
-    deps.log.info("turn.begin", sid=d.sid, turn_id=turn.turn_id, message_id=turn.message_id, token=d.token)
+    deps.log.info("turn.begin", sid=d.sid, turn_id=turn.turn_id, message_id=turn.message_id, token=d.token,
+                  model=turn.model)
     if d.shutting_down:
         turn.request_stop("shutdown")
     # The session as read above has the stop flag; a Stop or steer rung since (while no turn ran

@@ -137,7 +137,6 @@ class TurnLoop:
         """Run the turn to its end. Whatever ends it, every call it opened gets a result first.
         The final response may be left to the turn's end to record (:attr:`Recorder.closing
         <cox_runner.recorder.Recorder.closing>`): when that finds a Lead waiting, :meth:`resume`."""
-        self.log.info("turn.begin", model=self.turn.model)
         return await self._until_end(self._begin)
 
     async def resume(self) -> Ending:
