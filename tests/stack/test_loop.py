@@ -183,6 +183,22 @@ def test_title_comes_after_the_first_usable_response_and_before_its_tools(stack:
     assert len(of_type(evs, "title.set")) == 1, "named once"
 
 
+def test_a_first_turn_that_asks_for_no_call_ends_with_its_titles_usage_in_one_record(stack: Stack, api: Api) -> None:
+    """The title's usage is not recorded on its own: the turn's end records it (and closes Lead
+    admission with it), as a later turn's end records its final response."""
+    s = api.create("title-end")
+    sid = s["id"]
+    api.send(sid, "name this session for me\n" + script({"text": "Done."}, text=""))
+    end, evs = finished(api, sid)
+    title = one(evs, "title.set")
+    usage = [e for e in of_type(evs, "usage") if e["purpose"] == "title"]
+    assert len(usage) == 1
+    assert of_type(evs, "assistant.msg")[0]["seq"] < title["seq"] < usage[0]["seq"] == end["seq"] - 1
+    assert end["outcome"] == "completed"
+    late = api.http.post(f"/v1/sessions/{sid}/lead", json={"text": "too late"})
+    assert late.status_code == 409 and late.json()["error"] == "no_turn", late.text
+
+
 def test_title_after_the_first_tool_round_when_the_response_had_only_calls(stack: Stack, api: Api) -> None:
     s = api.create("title-tools")
     sid = s["id"]

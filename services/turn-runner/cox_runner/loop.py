@@ -58,7 +58,7 @@ from .errors import LeaseLost, StopRequested
 from .gate import Gate, Taint
 from .handlers import PlanState, ToolContext
 from .leads import Leads
-from .recorder import Recorder
+from .recorder import CLOSE_LEADS, Recorder
 from .step import ModelStep, raw_finish
 from .turn import SKIP_FOR_OUTCOME, STOP_OUTCOME, Ending, EndTurn, Turn, guarded
 from .workspace import tools
@@ -285,7 +285,7 @@ class TurnLoop:
                               detail="the response was cut off by the output limit; its tool calls were not run")
 
             if not self.step.titled and text.strip():
-                await self.step.title()
+                await self.title(closes=not calls)
 
             if not calls:
                 if not await self.leads.due():
@@ -303,6 +303,15 @@ class TurnLoop:
             await self.calls.run(calls)
             if not self.step.titled:
                 await self.step.title()
+
+    async def title(self, closes: bool) -> None:
+        """Name the session after its first response. When that response asked for no call
+        (``closes``) and nothing else can come before the turn's end (:meth:`may_close`, now that
+        the title is asked), Lead admission closes with the turn's end, which records what the title
+        left deferred: one Redis call and one publish for the three, as for any later turn's end."""
+        await self.step.title()
+        if closes and self.may_close() and not self.rec.closing and not self.rec.leads_closed:
+            self.rec.defer(ops=[CLOSE_LEADS])
 
     async def _hooks_start(self) -> None:
         """Load the turn's hooks; on a turn that starts on a message, its UserPromptSubmit hooks."""

@@ -224,7 +224,12 @@ class ModelStep:
             self.log.info("title.failed", error=repr(exc))
             return
         used = self._usage("title", resp)
-        await self.rec.emit(used, ops=self._usage_ops)
+        if any(op[0] == "spend" for op in self._usage_ops):
+            await self.rec.emit(used, ops=self._usage_ops)  # a cost is counted before anything else happens
+        else:
+            # Recorded with the turn's next record (the turn's end, when the response it named was
+            # the last: TurnLoop.title): nothing waits on it being in the log before that.
+            self.rec.defer(used, ops=self._usage_ops)
         await self.deps.clients.usage_seen(used.model_dump(include=USAGE_SAMPLE))
         title = _clean_title("".join(p.content for p in resp.parts if isinstance(p, TextPart)))
         if not title:
