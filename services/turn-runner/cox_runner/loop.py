@@ -310,7 +310,7 @@ class TurnLoop:
         the title is asked), Lead admission closes with the turn's end, which records what the title
         left deferred: one Redis call and one publish for the three, as for any later turn's end."""
         await self.step.title()
-        if closes and self.may_close() and not self.rec.closing and not self.rec.leads_closed:
+        if closes and self.may_close():
             self.rec.defer(ops=[CLOSE_LEADS])
 
     async def _hooks_start(self) -> None:

@@ -108,6 +108,12 @@ def spend_of(ops: Sequence[tuple[str, str, str, str]]) -> float:
     return sum(float(v) for op, _, _, v in ops if op == "spend")
 
 
+def spends(ops: Sequence[tuple[str, str, str, str]]) -> bool:
+    """Whether ``ops`` hold a ``spend`` op: its record needs ``cox_emit``'s reply (the day's spend),
+    so it cannot wait to be carried by ``cox_turn_end``, which refuses the op."""
+    return any(op == "spend" for op, _, _, _ in ops)
+
+
 async def principal_spend(fns: Any, principal: str, add: float = 0.0) -> tuple[int, float]:
     """Add ``add`` USD to the principal's spend of the day (0: only read it) and answer the day
     (Redis's clock) and what the principal spent on it. One Redis call (``cox_spend``)."""

@@ -30,7 +30,7 @@ from coxswain import events as ev
 from coxswain import keys
 from coxswain.errors import CoxError, Fenced
 
-from . import handlers
+from . import handlers, spending
 from .budget import Budget
 from .checkpoints import Checkpoints
 from .compaction import Compactor
@@ -135,7 +135,7 @@ class ModelStep:
             ops.append(CLOSE_LEADS)  # the turn's last response: one call fewer (Leads.close_or_apply)
         if calls and self.may_defer(calls):
             rec.defer(used, msg, ops=ops)  # recorded with the read's own record: one call, not two
-        elif closes and not any(op[0] == "spend" for op in ops):
+        elif closes and not spending.spends(ops):
             # Nothing comes between it and the turn's end: recorded by cox_turn_end, which closes
             # Lead admission with it (or, a Lead waiting, records it and the turn goes on).
             # Anything recorded before then (a limit, a warning) takes it along first.
@@ -224,7 +224,7 @@ class ModelStep:
             self.log.info("title.failed", error=repr(exc))
             return
         used = self._usage("title", resp)
-        if any(op[0] == "spend" for op in self._usage_ops):
+        if spending.spends(self._usage_ops):
             await self.rec.emit(used, ops=self._usage_ops)  # a cost is counted before anything else happens
         else:
             # Recorded with the turn's next record (the turn's end, when the response it named was
