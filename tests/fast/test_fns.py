@@ -216,7 +216,7 @@ def test_the_transitions_that_take_an_id_are_the_same_on_both_sides() -> None:
     """The library takes the transition id off the end of exactly the functions it registers
     through ``once``; the store appends one to exactly those (a mismatch would take a real
     argument for the id, or leave the id as one)."""
-    wrapped = set(re.findall(r"redis\.register_function\('(\w+)', once\(\w+\)\)", LUA))
+    wrapped = set(re.findall(r"redis\.register_function\('(\w+)', entry\(once\(\w+\)\)\)", LUA))
     assert len(wrapped) >= 10, "the test no longer reads the library"
     assert wrapped == set(TX_FNS)
     # Every transition of a turn's holder is idempotent but the two that may simply run again:

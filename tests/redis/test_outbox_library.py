@@ -26,6 +26,10 @@ def _ev(sid: str, text: str) -> str:
     return json.dumps({"type": "agent.message", "sid": sid, "turn_id": "t_1", "text": text})
 
 
+def _box(r: redis.Redis, sid: str) -> list[str]:
+    return [str(e) for e in r.lrange(keys.session(sid) + keys.OUTBOX, 0, -1)]
+
+
 def _published(r: redis.Redis, sid: str) -> None:
     """As if the stream held everything recorded so far and nobody published now."""
     base = keys.session(sid)
@@ -109,3 +113,59 @@ def test_a_long_tail_is_handed_on_a_batch_at_a_time(r: redis.Redis, lib: Library
     assert more[1] == CONTINUED and _seqs(more[2:]) == list(range(s0[-1] + 1, s0[-1] + 201))
     rest = emit(lib, sid, token, "o_1", [], [])
     assert rest[1] == CONTINUED and _seqs(rest[2:]) == list(range(s0[-1] + 201, s0[-1] + 252))
+
+
+def test_a_calls_events_take_consecutive_seqs_in_order_and_mark_the_session_once(r: redis.Redis, lib: Library) -> None:
+    """A call records its events together (one RPUSH, the seq moved once): each still takes the
+    next seq in the order recorded, the hash's seq ends at the last, and the session is marked
+    dirty and active as a call recording one event marks it."""
+    sid, token = busy_session(lib)
+    base = keys.session(sid)
+    b = keys.bucket(sid)
+    _published(r, sid)
+    r.zrem(keys.dirty(b), sid)
+    before = int(r.hget(base, "seq") or 0)
+    emit(lib, sid, token, "", [], [_ev(sid, f"e{k}") for k in range(7)])
+    box = _box(r, sid)
+    assert _seqs(box) == list(range(before + 1, before + 8)), box
+    assert [json.loads(e)["text"] for e in box] == [f"e{k}" for k in range(7)]
+    assert int(r.hget(base, "seq") or 0) == before + 7
+    assert r.zscore(keys.dirty(b), sid) is not None and r.zscore(keys.active(b), sid) is not None
+    # the next call goes on from there, one event or several
+    emit(lib, sid, token, "", [], [_ev(sid, "next")])
+    assert _seqs(_box(r, sid))[-1] == before + 8 == int(r.hget(base, "seq") or 0)
+
+
+def test_a_fork_of_a_long_history_records_every_event_in_order(r: redis.Redis, lib: Library) -> None:
+    """A fork records its whole copied history in one call: more events than Lua can unpack at
+    once (8,000) still all reach the outbox, in order, with consecutive seqs."""
+    sid = "s_long_fork"
+    n = 9_000
+    copied = [json.dumps({"type": "assistant.msg", "sid": sid, "turn_id": "t_0", "text": f"m{k}", "tool_calls": []})
+              for k in range(n)]
+    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
+    lib(lib.fns.fork(sid=sid, principal="p", workspace="/w", model="script", title="", owner="", body=body,
+                     events=copied))
+    base = keys.session(sid)
+    box = _box(r, sid)
+    assert len(box) == n + 1 and _seqs(box) == list(range(1, n + 2))
+    assert [json.loads(e)["text"] for e in box[1:]] == [f"m{k}" for k in range(n)]
+    assert int(r.hget(base, "seq") or 0) == n + 1
+
+
+def test_pub_done_trims_by_seq_even_when_the_outbox_skips_one(r: redis.Redis, lib: Library) -> None:
+    """``cox_pub_done`` trims up to ``last`` in one LTRIM when the outbox's seqs are consecutive;
+    should they ever not be, it still drops exactly the entries at or below ``last``."""
+    sid, token = busy_session(lib)
+    base = keys.session(sid)
+    _published(r, sid)
+    held = _seqs(emit(lib, sid, token, "o_1", [], [_ev(sid, f"e{k}") for k in range(6)])[1:])
+    # consecutive: the head's three go at once
+    lib(lib.fns.pub_done(sid=sid, owner="o_1", last=held[2]))
+    assert _seqs(_box(r, sid)) == held[3:]
+    # a gap (an entry gone from the middle): trimmed by seq, not by distance from the head
+    r.lrem(base + keys.OUTBOX, 1, _box(r, sid)[1])
+    assert _seqs(_box(r, sid)) == [held[3], held[5]]
+    r.set(base + keys.PUBLOCK, "o_1")
+    lib(lib.fns.pub_done(sid=sid, owner="o_1", last=held[4]))
+    assert _seqs(_box(r, sid)) == [held[5]]

@@ -86,7 +86,9 @@ def table_keys(ctor: str) -> tuple[set[str], set[str]]:
 BODIES = dict(re.findall(r"local function (\w+)\(keys, args\)\n(.*?)\nend\n", SRC, re.S))
 TAKES_KEYS = dict(re.findall(r"local function (\w+)\(keys, [^)]*\)\n(.*?)\nend\n", SRC, re.S))
 """Every local function handed the call's KEYS (the registered ones and the helpers they pass them to)."""
-REGISTERED = dict(re.findall(r"redis\.register_function\('(\w+)', (?:once\()?(\w+)\)?\)", SRC))
+REGISTERED = dict(re.findall(r"redis\.register_function\('(\w+)', entry\((?:once\()?(\w+)\)?\)\)", SRC))
+"""Every function the library registers -> its local function (each through ``entry``, which writes
+the events it records; the transitions through ``once`` too)."""
 
 
 def lua_argv(body: str) -> tuple[list[str], bool, list[str]]:

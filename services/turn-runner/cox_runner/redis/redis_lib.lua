@@ -46,14 +46,55 @@ end
 local function reply(tbl) return cjson.encode(tbl) end
 local function refuse(code, detail) return { cjson.encode({ error = code, detail = detail }) } end
 
--- Record one event: body is a JSON object without seq/ts.
+-- The events recorded by the running call, by session key, written by flush(): one HINCRBY of
+-- the seq, one RPUSH, one ZADD of each index a session, however many events the call records (a
+-- turn's end records five or six; four commands an event were a third of a turn's commands here).
+-- A call runs alone, so one table serves every call; it is emptied as a call begins and written
+-- before anything reads what it holds (the outbox, the seq, the indexes) and as the call returns.
+local pending, pending_order = {}, {}
+
+local function flush()
+  for i = 1, #pending_order do
+    local base = pending_order[i]
+    local p = pending[base]
+    if p.n > 1 then redis.call('HINCRBY', base, 'seq', p.n - 1) end
+    -- in slices: unpack has a limit (a fork copies a whole history in one call)
+    for j = 1, #p.evs, 1000 do
+      redis.call('RPUSH', base .. ':outbox', unpack(p.evs, j, math.min(j + 999, #p.evs)))
+    end
+    redis.call('ZADD', dirty_of(base), 'NX', p.now, p.sid)
+    redis.call('ZADD', active_of(base), p.now, p.sid)
+  end
+  if #pending_order > 0 then pending, pending_order = {}, {} end
+end
+
+-- Record one event: body is a JSON object without seq/ts. Its seq is taken now (the session's
+-- first event of the call takes it from the hash; the rest follow it here), written by flush().
 local function emit(base, sid, body, now)
-  local seq = redis.call('HINCRBY', base, 'seq', 1)
-  local ev = '{"seq":' .. seq .. ',"ts":' .. now .. ',' .. string.sub(body, 2)
-  redis.call('RPUSH', base .. ':outbox', ev)
-  redis.call('ZADD', dirty_of(base), 'NX', now, sid)
-  redis.call('ZADD', active_of(base), now, sid)
+  local p = pending[base]
+  local seq
+  if p == nil then
+    seq = redis.call('HINCRBY', base, 'seq', 1)
+    p = { sid = sid, seq = seq, n = 1, evs = {}, now = now }
+    pending[base] = p
+    pending_order[#pending_order + 1] = base
+  else
+    p.seq, p.n, p.now = p.seq + 1, p.n + 1, now
+    seq = p.seq
+  end
+  p.evs[#p.evs + 1] = '{"seq":' .. seq .. ',"ts":' .. now .. ',' .. string.sub(body, 2)
   return seq
+end
+
+-- What every function is registered through: the events it records are written when it returns
+-- (a refusal too: what it recorded before refusing is kept, as a direct write would have kept it).
+local function entry(fn)
+  return function(keys, args)
+    pending, pending_order = {}, {}
+    local res = fn(keys, args)
+    flush()
+    return res
+  end
 end
 
 local function emit_t(base, sid, tbl, now)
@@ -91,6 +132,7 @@ local CONTINUED = '~'
 -- the conditional publish fails and the publisher looks.
 local POSITION = '@'
 local function with_pub(base, owner, first, cont)
+  flush()
   local out = { first }
   if owner == nil or owner == '' then return out end
   if redis.call('LLEN', base .. ':outbox') == 0 then return out end
@@ -228,6 +270,7 @@ end
 -- The session hash as a map, for the reply of a call that began a turn: the turn reads the
 -- session from it, not with a read of its own.
 local function info_of(base)
+  flush()
   local flat = redis.call('HGETALL', base)
   local t = {}
   for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
@@ -1077,12 +1120,24 @@ local function cox_pub_done(keys, args)
   else
     redis.call('HDEL', base, 'pubpos')
   end
-  while true do
-    local head = redis.call('LINDEX', base .. ':outbox', 0)
-    if not head then break end
-    local seq = tonumber(string.match(head, '^{"seq":(%d+),'))
-    if seq == nil or seq > last then break end
-    redis.call('LPOP', base .. ':outbox')
+  -- The outbox holds consecutive seqs: the entry that holds last is as far from the head as last
+  -- is from the head's seq, and everything up to it goes in one LTRIM (an entry popped at a time
+  -- was two commands an event). Anything else, and the entries go one at a time, by their seqs.
+  local head = redis.call('LINDEX', base .. ':outbox', 0)
+  local head_seq = head and seq_of(head)
+  if head_seq ~= nil and head_seq <= last then
+    local at = redis.call('LINDEX', base .. ':outbox', last - head_seq)
+    if at and seq_of(at) == last then
+      redis.call('LTRIM', base .. ':outbox', last - head_seq + 1, -1)
+    else
+      while true do
+        head = redis.call('LINDEX', base .. ':outbox', 0)
+        if not head then break end
+        local seq = seq_of(head)
+        if seq == nil or seq > last then break end
+        redis.call('LPOP', base .. ':outbox')
+      end
+    end
   end
   if redis.call('LLEN', base .. ':outbox') > 0 then
     redis.call('PEXPIRE', base .. ':publock', PUB_LOCK_MS)
@@ -1130,26 +1185,26 @@ local function cox_pub_claim(keys, args)
   return with_pub(base, owner, reply({ claimed = true }), false)
 end
 
-redis.register_function('cox_create', once(cox_create))
-redis.register_function('cox_patch', once(cox_patch))
-redis.register_function('cox_send', once(cox_send))
-redis.register_function('cox_lead', once(cox_lead))
-redis.register_function('cox_stop', once(cox_stop))
-redis.register_function('cox_answer', once(cox_answer))
-redis.register_function('cox_renew', cox_renew)
-redis.register_function('cox_emit', once(cox_emit))
-redis.register_function('cox_auto_title', once(cox_auto_title))
-redis.register_function('cox_fence', cox_fence)
-redis.register_function('cox_take_leads', once(cox_take_leads))
-redis.register_function('cox_close_leads', once(cox_close_leads))
-redis.register_function('cox_turn_end', once(cox_turn_end))
-redis.register_function('cox_op_begin', once(cox_op_begin))
-redis.register_function('cox_budget_resume', once(cox_budget_resume))
-redis.register_function('cox_spend', once(cox_spend))
-redis.register_function('cox_claim', cox_claim)
-redis.register_function('cox_pub_done', cox_pub_done)
-redis.register_function('cox_dirty', cox_dirty)
-redis.register_function('cox_pub_claim', cox_pub_claim)
+redis.register_function('cox_create', entry(once(cox_create)))
+redis.register_function('cox_patch', entry(once(cox_patch)))
+redis.register_function('cox_send', entry(once(cox_send)))
+redis.register_function('cox_lead', entry(once(cox_lead)))
+redis.register_function('cox_stop', entry(once(cox_stop)))
+redis.register_function('cox_answer', entry(once(cox_answer)))
+redis.register_function('cox_renew', entry(cox_renew))
+redis.register_function('cox_emit', entry(once(cox_emit)))
+redis.register_function('cox_auto_title', entry(once(cox_auto_title)))
+redis.register_function('cox_fence', entry(cox_fence))
+redis.register_function('cox_take_leads', entry(once(cox_take_leads)))
+redis.register_function('cox_close_leads', entry(once(cox_close_leads)))
+redis.register_function('cox_turn_end', entry(once(cox_turn_end)))
+redis.register_function('cox_op_begin', entry(once(cox_op_begin)))
+redis.register_function('cox_budget_resume', entry(once(cox_budget_resume)))
+redis.register_function('cox_spend', entry(once(cox_spend)))
+redis.register_function('cox_claim', entry(cox_claim))
+redis.register_function('cox_pub_done', entry(cox_pub_done))
+redis.register_function('cox_dirty', entry(cox_dirty))
+redis.register_function('cox_pub_claim', entry(cox_pub_claim))
 
 -- ------------------------------------------------------------------ workspaces
 -- Who owns which workspace (docs/api.md "Workspaces"). Every workspace key carries the hash tag
@@ -1195,8 +1250,8 @@ local function cox_ws_release(keys, args)
   return { reply({ released = true }) }
 end
 
-redis.register_function('cox_ws_claim', cox_ws_claim)
-redis.register_function('cox_ws_release', cox_ws_release)
+redis.register_function('cox_ws_claim', entry(cox_ws_claim))
+redis.register_function('cox_ws_release', entry(cox_ws_release))
 
 -- ------------------------------------------------------------------ queue management
 -- A person may remove or reorder queued messages before they start. Each is one call that
@@ -1267,8 +1322,8 @@ local function cox_queue_order(keys, args)
   return with_pub(base, owner, reply({ queue = want, changed = true }))
 end
 
-redis.register_function('cox_queue_remove', once(cox_queue_remove))
-redis.register_function('cox_queue_order', once(cox_queue_order))
+redis.register_function('cox_queue_remove', entry(once(cox_queue_remove)))
+redis.register_function('cox_queue_order', entry(once(cox_queue_order)))
 
 -- ------------------------------------------------------------------ idle sessions: archive and reload
 -- An idle session's keys can be saved to the archive (a JetStream KV bucket, written by the
@@ -1280,6 +1335,7 @@ redis.register_function('cox_queue_order', once(cox_queue_order))
 -- [[suffix, type, values], ...], a hash's fields and a set's members sorted, so the same state
 -- always encodes to the same text (its sha1 tells whether anything changed since).
 local function snapshot_of(base, suffixes)
+  flush()
   local out = {}
   for i = 1, #suffixes do
     local sfx = suffixes[i]
@@ -1320,6 +1376,7 @@ end
 
 -- Why the session may not be archived now ('' = it may): something runs, waits or is unpublished.
 local function unarchivable(base)
+  flush()
   if busy(base) then return 'busy' end
   if redis.call('EXISTS', base .. ':lease') == 1 then return 'leased' end
   if redis.call('EXISTS', base .. ':plock') == 1 then return 'programs running' end
@@ -1424,10 +1481,10 @@ local function cox_idle(keys, args)
   return older_than(keys, idle_ms, limit)
 end
 
-redis.register_function('cox_idle', cox_idle)
-redis.register_function('cox_archive_take', once(cox_archive_take))
-redis.register_function('cox_archive_drop', cox_archive_drop)
-redis.register_function('cox_archive_load', cox_archive_load)
+redis.register_function('cox_idle', entry(cox_idle))
+redis.register_function('cox_archive_take', entry(once(cox_archive_take)))
+redis.register_function('cox_archive_drop', entry(cox_archive_drop))
+redis.register_function('cox_archive_load', entry(cox_archive_load))
 -- ------------------------------------------------------------------ fork
 
 -- A fork: a new session, made as cox_create makes one, whose log begins with the transcript it
@@ -1447,7 +1504,7 @@ local function cox_fork(keys, args)
   return with_pub(base, owner, res[1])
 end
 
-redis.register_function('cox_fork', once(cox_fork))
+redis.register_function('cox_fork', entry(once(cox_fork)))
 
 -- ------------------------------------------------------------------ runs
 
@@ -1477,7 +1534,7 @@ local function cox_run(keys, args)
     info = info_of(base) }))
 end
 
-redis.register_function('cox_run', once(cox_run))
+redis.register_function('cox_run', entry(once(cox_run)))
 
 -- The stack's bound on run turns driven at once ([runs] max_active): a semaphore whose slots are
 -- leased like the sessions (a slot lapses unless its holder renews it within lease_ms). A member
@@ -1530,4 +1587,4 @@ local function cox_run_slots(keys, args)
   return { reply({ granted = granted, active = n }) }
 end
 
-redis.register_function('cox_run_slots', cox_run_slots)
+redis.register_function('cox_run_slots', entry(cox_run_slots))
