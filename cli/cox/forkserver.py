@@ -39,9 +39,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-PRELOAD = ("cox_gateway.service", "cox_runner.service", "cox_guard.service", "cox_judge.service",
-           "cox_versions.service")
-"""What every fork finds imported (the rest of a service imports on its own, as it would)."""
+PRELOAD = ("cox_gateway.service", "cox_runner.service", "cox_runner.loop", "cox_guard.service",
+           "cox_judge.service", "cox_versions.service")
+"""What every fork finds imported (the rest of a service imports on its own, as it would). The
+runner's turn machinery too (``cox_runner.drive.TURNS``): a fresh runner imports it at its first
+turn, to stay small while it has run none; forks share the fork server's pages of it instead."""
 
 
 def enabled(var: str) -> bool:

@@ -6,7 +6,19 @@ import logging
 import sys
 from typing import Any
 
-import structlog
+# structlog imports rich whenever it is installed (for a console renderer's tracebacks and pretty
+# printing): 7.5 MB and ~50 ms of import in every service, which logs JSON and renders nothing for
+# a console (rich is installed for the CLI's tables). Its import of rich fails while structlog is
+# imported, so those optional parts stay off; a rich imported already (the CLI's) is left alone.
+# tests/fast/test_runner_footprint.py holds it (#23: an idle runner's size).
+_WITHOUT_RICH = "rich" not in sys.modules and "structlog" not in sys.modules
+if _WITHOUT_RICH:
+    sys.modules["rich"] = None  # type: ignore[assignment]
+try:
+    import structlog
+finally:
+    if _WITHOUT_RICH:
+        del sys.modules["rich"]
 
 
 def setup(service: str, level: str = "info") -> None:

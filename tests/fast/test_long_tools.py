@@ -11,7 +11,7 @@ import pytest
 
 from cox_guard import policy
 from cox_runner import instructions
-from cox_runner.workspace import tools, walk
+from cox_runner.workspace import tooldefs, tools, walk
 from coxswain import textedit
 from coxswain.config import ApprovalConfig, Settings
 from coxswain.errors import Invalid
@@ -248,7 +248,7 @@ def test_read_file_argument_checks() -> None:
 
 
 def test_every_tool_schema_agrees_with_the_argument_specs() -> None:
-    for t in tools.TOOLS:
+    for t in tooldefs.TOOLS:
         schema = t.parameters_json_schema
         required = {k for k, _ in tools.REQUIRED[t.name]}
         optional = {k for k, _ in tools.OPTIONAL.get(t.name, ())}

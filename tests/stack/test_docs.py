@@ -110,7 +110,7 @@ def test_every_outcome_skip_reason_and_actor_is_in_api_md() -> None:
 
 
 def test_every_tool_and_its_arguments_are_in_api_md() -> None:
-    from cox_runner.workspace.tools import TOOLS
+    from cox_runner.workspace.tooldefs import TOOLS
 
     text = api_text()
     for t in TOOLS:

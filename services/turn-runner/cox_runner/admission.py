@@ -52,12 +52,11 @@ from coxswain.models import (
     WriteOutcome,
 )
 
-from . import cmdversions, compaction, drive, instructions, spending, transcript
+from . import cmdversions, drive, instructions, spending
 from .attachments import Attachments
 from .deps import Deps
 from .errors import LeaseLost, SandboxUnavailable, StoreDown
 from .leases import Drive
-from .model import usage
 from .redis.store import as_list
 from .workspace import egress, tools
 from .workspace.egress import Request
@@ -371,39 +370,9 @@ class Admission:
         model (or ``[model] compactor``) and a ``context.compacted`` event records it, so the
         next turn's rebuild applies it. Nothing is kept verbatim but the last turn's message and
         its Leads and approval messages; a failed summary drops the oldest tool outputs."""
-        r = self.r
+        await drive.load_turns()  # the transcript and the model: a drive's machinery, off the loop
         async with self._op_lease(cmd.sid, cmd.principal, "compact") as token:
-            model = await r.redis.hget(keys.session(cmd.sid), "model") or "script"
-            b = transcript.build(await r.events.read(cmd.sid))
-            window = r.models.window(model) or compaction.DEFAULT_WINDOW
-            name = r.settings.model.compactor or model
-            used: list[dict[str, Any]] = []
-
-            async def make_summary(text: str) -> str:
-                try:
-                    s = await asyncio.wait_for(compaction.summarize(r, name, text, cmd.focus),
-                                               compaction.COMPACT_TIMEOUT_S)
-                except Exception as exc:  # noqa: BLE001 - a failed summary falls back
-                    r.log.warning("compaction.summary_failed", sid=cmd.sid, error=repr(exc))
-                    return ""
-                used.append(s.usage)
-                return s.text
-
-            target = int(r.settings.limits.compact_at * window)
-            out = await compaction.compact(b, keep_tokens=0, target=target, instructions="",
-                                           make_summary=make_summary, render_chars=window * 2)
-            if not out.changed:
-                return CompactResult(compacted=False, before_tokens=out.before, after_tokens=out.after)
-            event = ev.ContextCompacted(sid=cmd.sid, before_tokens=out.before, after_tokens=out.after,
-                                        summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
-            evs = [*(ev.Usage(sid=cmd.sid, purpose="compaction", model=name, **u) for u in used), event]
-            ops = [op for u in used for op in usage.totals_ops(u)]
-            await r.store.fns.emit(sid=cmd.sid, token=token, owner=r.owner, ops=ops, events=[ev.body(e) for e in evs])
-            for u in used:  # the gateways' metrics, and the principal's spend of the day (the session's is above)
-                await r.clients.usage_seen({"model": name, "purpose": "compaction", **u})
-                await spending.count_principal(r.store.fns, cmd.principal, float(u.get("cost") or 0))
-            return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
-                                 summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
+            return await _compact(self.r, cmd, token)
 
     @contextlib.asynccontextmanager
     async def _op_lease(self, sid: str, principal: str, op: str) -> AsyncIterator[str]:
@@ -436,6 +405,44 @@ class Admission:
             # The lease lapsed (Redis gone or this runner stalled): a takeover releases the
             # session or runs what was queued meanwhile.
             r.log.warning("op.lease_lost", sid=d.sid, op=op, error=str(exc))
+
+
+async def _compact(r: Deps, cmd: CompactCmd, token: str) -> CompactResult:
+    """:meth:`Admission.compact` under the session's lease (``token``)."""
+    from . import compaction, transcript  # loaded off the loop by drive.load_turns
+    from .model import usage
+
+    model = await r.redis.hget(keys.session(cmd.sid), "model") or "script"
+    b = transcript.build(await r.events.read(cmd.sid))
+    window = r.models.window(model) or compaction.DEFAULT_WINDOW
+    name = r.settings.model.compactor or model
+    used: list[dict[str, Any]] = []
+
+    async def make_summary(text: str) -> str:
+        try:
+            s = await asyncio.wait_for(compaction.summarize(r, name, text, cmd.focus),
+                                       compaction.COMPACT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a failed summary falls back
+            r.log.warning("compaction.summary_failed", sid=cmd.sid, error=repr(exc))
+            return ""
+        used.append(s.usage)
+        return s.text
+
+    target = int(r.settings.limits.compact_at * window)
+    out = await compaction.compact(b, keep_tokens=0, target=target, instructions="",
+                                   make_summary=make_summary, render_chars=window * 2)
+    if not out.changed:
+        return CompactResult(compacted=False, before_tokens=out.before, after_tokens=out.after)
+    event = ev.ContextCompacted(sid=cmd.sid, before_tokens=out.before, after_tokens=out.after,
+                                summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
+    evs = [*(ev.Usage(sid=cmd.sid, purpose="compaction", model=name, **u) for u in used), event]
+    ops = [op for u in used for op in usage.totals_ops(u)]
+    await r.store.fns.emit(sid=cmd.sid, token=token, owner=r.owner, ops=ops, events=[ev.body(e) for e in evs])
+    for u in used:  # the gateways' metrics, and the principal's spend of the day (the session's is above)
+        await r.clients.usage_seen({"model": name, "purpose": "compaction", **u})
+        await spending.count_principal(r.store.fns, cmd.principal, float(u.get("cost") or 0))
+    return CompactResult(compacted=True, before_tokens=out.before, after_tokens=out.after,
+                         summary=out.summary, through_seq=out.through_seq, dropped=out.dropped)
 
 
 async def _sharing(redis: Any, cmd: PatchCmd) -> list[tuple[str, str]]:

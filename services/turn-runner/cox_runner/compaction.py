@@ -49,7 +49,7 @@ from .budget import Budget
 from .errors import LeaseLost, StopRequested
 from .model import usage
 from .turn import Ending, EndTurn, Turn
-from .workspace import tools
+from .workspace import tooldefs
 
 COMPACT_MARK = "You are compacting a conversation"
 COMPACT_PROMPT = (
@@ -92,7 +92,7 @@ def text_tokens(text: str) -> int:
 
 
 def _tools_tokens() -> int:
-    return text_tokens(json.dumps([[t.name, t.description, t.parameters_json_schema] for t in tools.TOOLS]))
+    return text_tokens(json.dumps([[t.name, t.description, t.parameters_json_schema] for t in tooldefs.TOOLS]))
 
 
 TOOLS_TOKENS = _tools_tokens()

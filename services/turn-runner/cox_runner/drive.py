@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 
@@ -35,12 +37,18 @@ from coxswain.models import Plan
 from . import instructions
 from .deps import Deps
 from .errors import LeaseLost, StopRequested, StoreDown
-from .gate import running_run
 from .leases import Drive, cancel
-from .loop import TurnLoop
-from .recorder import Recorder
 from .turn import Ending, Turn, guarded
-from .workspace.mcp_servers import McpServers
+
+if TYPE_CHECKING:
+    from .recorder import Recorder
+
+TURNS = "cox_runner.loop"
+"""The turn machinery: the loop and all it imports (the steps, calls and handlers, the gate, the
+recorder, the transcript, the tools' definitions and pydantic-ai under them). A runner imports it
+when its first drive starts (:func:`load_turns`), not at start: ~35 MB and most of a fresh
+runner's start time that a runner which has run no turn does not need (#23). ``cox up``'s fork
+server imports it once for every runner it forks (``cox/forkserver.py``)."""
 
 CRASH_TEXT = ("Cancelled: the runner running this turn stopped before the call finished "
               "(the turn ended as crashed).")
@@ -52,6 +60,14 @@ def _expired(deps: Deps) -> Any:
             deps.log.error("lease.deadline_passed", sid=d.sid, token=d.token)
 
     return on_expire
+
+
+async def load_turns() -> None:
+    """Import :data:`TURNS` off the event loop, once (a no-op after). Its import takes ~0.3 s of
+    CPU, seconds on a loaded machine: on the loop it would hold the lease renewals of every drive
+    this runner holds, as the MCP SDK's did (``workspace.mcp_servers.load_sdk``)."""
+    if TURNS not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, TURNS)
 
 
 def start_drive(deps: Deps, d: Drive) -> None:
@@ -76,6 +92,7 @@ async def run_drive(deps: Deps, d: Drive) -> None:
     d.self_fence = deps.settings.runner.self_fence
     d.arm(deps.settings.runner.lease_ms, d.acquired, _expired(deps))
     try:
+        await load_turns()
         nxt = d.first
         if d.crashed is not None:
             nxt = await _end_crashed(deps, d)
@@ -115,6 +132,10 @@ async def run_drive(deps: Deps, d: Drive) -> None:
 async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any] | None:
     """Run the turn ``msg`` began, end it, and answer what starts next (None: the session is idle
     or handed on)."""
+    from .gate import running_run  # the turn machinery: loaded by run_drive (load_turns)
+    from .loop import TurnLoop
+    from .workspace.mcp_servers import McpServers
+
     # The whole session once, here: the loop's load takes its plan and title from it too.
     info = msg.get("info") or await deps.redis.hgetall(keys.session(d.sid))
     turn = Turn(

@@ -439,5 +439,5 @@ HANDLERS: dict[str, Handler] = {
     "plan_write": plan_write,
     "plan_step": plan_step,
 }
-"""One entry per tool in :data:`cox_runner.workspace.tools.TOOLS` (a no-server test checks they match); an
+"""One entry per tool in :data:`cox_runner.workspace.tooldefs.TOOLS` (a no-server test checks they match); an
 MCP server's tools (``<server>__<tool>``) all go to :func:`mcp_call`."""

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from coxswain.errors import Fenced
 
-from . import transcript
 from .errors import LeaseLost
 from .turn import Turn
 
 if TYPE_CHECKING:
+    from . import transcript
     from .redis.fns import Fns
 
 DEADLINE_SHARE = 0.9

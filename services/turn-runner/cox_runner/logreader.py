@@ -13,17 +13,21 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.exceptions
 from nats.js import JetStreamContext
 
 from coxswain import eventlog, keys
 
-from . import transcript
 from .errors import StopRequested
 from .leases import Leases
 from .redis.store import Store
+
+if TYPE_CHECKING:
+    # Imported where a transcript is built, in a drive, which loaded it off the loop first
+    # (drive.load_turns): it imports pydantic-ai, which a runner that ran no turn does not hold.
+    from . import transcript
 
 LOG_LIMIT = 10_000_000
 
@@ -73,12 +77,16 @@ class LogReader:
         """The transcript of a session's first turn, begun with a text message: its log holds
         nothing else the transcript takes (the call that began the turn said so: ``fresh``), so it
         is made of the message, with no flush of the outbox and no read of JetStream."""
+        from . import transcript
+
         self.first += 1
         return transcript.of_message(text, via, seq, files)
 
     async def history(self, sid: str, through: int | None, files: transcript.AttachmentFiles) -> transcript.Builder:
         """The transcript up to seq ``through``: a kept one with the events since folded in, else
         built from the whole log."""
+        from . import transcript
+
         kept = self._kept.pop(sid, None)
         if kept is not None and kept.images == files.images and kept.workspace == str(files.workspace):
             b = await self._extend(sid, kept, through, files)
@@ -90,6 +98,8 @@ class LogReader:
 
     async def _extend(self, sid: str, kept: Kept, through: int | None,
                       files: transcript.AttachmentFiles) -> transcript.Builder | None:
+        from . import transcript
+
         b = kept.history
         if kept.start is None:
             return None

@@ -39,7 +39,7 @@ from .errors import LeaseLost, StopRequested
 from .model import retry, usage
 from .recorder import CLOSE_LEADS, Recorder, args_for_log
 from .turn import Ending, EndTurn, Turn, guarded
-from .workspace import tools
+from .workspace import tooldefs
 
 TITLE_PROMPT = "Give this conversation a title of at most five words. Answer with the title only."
 DELTA_FLUSH_CHARS = 256
@@ -97,7 +97,7 @@ class ModelStep:
         if rec.history.synthesized:
             self.log.warning("transcript.unanswered_calls", count=rec.history.synthesized)
         model = self.deps.models.get(t.model)
-        offered = [*tools.TOOLS, *(t.mcp.tool_defs() if t.mcp is not None else [])]
+        offered = [*tooldefs.TOOLS, *(t.mcp.tool_defs() if t.mcp is not None else [])]
         params = ModelRequestParameters(function_tools=offered, allow_text_output=True)
         settings = self.deps.models.settings(t.model)
         remaining = self.limits.seconds - self.checks.elapsed()

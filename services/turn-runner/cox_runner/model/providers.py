@@ -31,15 +31,14 @@ backoff at once, and ``[model] retries`` is the one number that counts.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-from pydantic_ai.models import Model
-from pydantic_ai.settings import ModelSettings
+from typing import TYPE_CHECKING, Any, cast
 
 from coxswain.config import ModelConfig, ProviderConfig
 from coxswain.errors import NotAccepting
 
-from .script_model import ScriptModel
+if TYPE_CHECKING:
+    from pydantic_ai.models import Model
+    from pydantic_ai.settings import ModelSettings
 
 
 class Models:
@@ -105,9 +104,13 @@ class Models:
             s["max_tokens"] = p.max_tokens
         if p.temperature is not None:
             s["temperature"] = p.temperature
-        return ModelSettings(**s) if s else None  # type: ignore[typeddict-item]
+        return cast("ModelSettings", s) if s else None  # a TypedDict: the dict itself
 
     def _build(self, name: str) -> Model:
+        # pydantic-ai and a provider's SDK are imported here, by the first turn that uses the
+        # model (load: off the loop), not by a runner that ran none (#23: an idle runner's size).
+        from .script_model import ScriptModel
+
         if name == "script":
             return ScriptModel()
         p = self._by_name.get(name)

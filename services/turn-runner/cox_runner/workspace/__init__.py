@@ -4,7 +4,8 @@ sandbox (bubblewrap) with its resource limits and egress proxy, and the MCP tool
 Layers, top to bottom (as in :mod:`cox_runner`):
 
 1. Tools and tool servers
-   - ``tools``: the model's tools: their definitions and how the workspace ones run.
+   - ``tools``: the model's tools: their arguments' check and how the workspace ones run.
+   - ``tooldefs``: the tools' definitions as offered to the model (pydantic-ai's ``ToolDefinition``).
    - ``mcp_servers``: a session's MCP tool servers.
 2. The sandbox
    - ``sandbox``: every command, hook and MCP stdio server inside bubblewrap: fail closed, the

@@ -29,9 +29,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from pydantic_ai.tools import ToolDefinition
+from typing import TYPE_CHECKING, Any
 
 from coxswain.config import McpServerConfig, Settings
 from coxswain.logs import redact_url
@@ -39,6 +37,9 @@ from coxswain.logs import redact_url
 from . import limits
 from .egress import Request
 from .sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from pydantic_ai.tools import ToolDefinition
 
 SEP = "__"
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -122,6 +123,7 @@ class _Server:
         from mcp import ClientSession, StdioServerParameters
         from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
+        from pydantic_ai.tools import ToolDefinition  # a drive's: loaded with the turns (drive.load_turns)
 
         cfg = self.cfg
         box: limits.Box | None = None

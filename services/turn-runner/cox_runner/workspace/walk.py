@@ -16,11 +16,13 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from coxswain import safefs
 from coxswain.errors import CoxError, Invalid
+
+if TYPE_CHECKING:
+    import pathspec
 
 MAX_ENTRIES = 50_000
 """A walk stops after looking at this many entries (files and folders)."""
@@ -43,6 +45,8 @@ class _Rules:
         self.specs = specs
 
     def with_file(self, folder: str, text: str) -> _Rules:
+        import pathspec  # by the first walk that meets a .gitignore, not by every runner at start
+
         spec = pathspec.GitIgnoreSpec.from_lines(text.splitlines())
         return _Rules((*self.specs, (folder, spec))) if len(spec) else self
 
