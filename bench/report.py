@@ -166,13 +166,13 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append(_row("memory", f"runner start -> serving, {kind}, p50", rs[f"{kind}_s"].get("p50"), None,
                                 "s", f"{how}; into the running stack; {rs['tries']} tries, max "
                                      f"{rs[f'{kind}_s'].get('max')} s"))
-            if rss := rs.get(f"{kind}_rss_mb"):
-                out.append(_row("memory", f"runner RSS serving, no turn run yet, {kind}, p50", rss.get("p50"),
-                                60.0 if kind == "fresh" else None, "MB",
-                                "read 1 s after serving; fresh: 'floor' = #23's goal, 60 MB (the turn machinery, "
-                                "pydantic-ai, is imported at the first turn)" if kind == "fresh" else
-                                "read 1 s after serving; counts the pages shared with the fork server, which has "
-                                "the turn machinery imported (PSS below is the share)"))
+                if rss := rs.get(f"{kind}_rss_mb"):
+                    out.append(_row("memory", f"runner RSS serving, no turn run yet, {kind}, p50", rss.get("p50"),
+                                    60.0 if kind == "fresh" else None, "MB",
+                                    "read 1 s after serving; fresh: 'floor' = #23's goal, 60 MB (the turn machinery, "
+                                    "pydantic-ai, is imported at the first turn)" if kind == "fresh" else
+                                    "read 1 s after serving; counts the pages shared with the fork server, which has "
+                                    "the turn machinery imported (PSS below is the share)"))
         if ti := (rs or {}).get("turns_import_s"):
             out.append(_row("memory", "a fresh runner's first turn: the turn machinery's import, p50", ti.get("p50"),
                             None, "s", "cox_runner.loop after cox_runner.service in a fresh interpreter; a runner "
