@@ -17,6 +17,7 @@ from cox_runner.gate import standing_key
 from coxswain import events, session_view
 from coxswain.config import McpConfig, Settings
 from coxswain.models import CallSpec, GuardRequest, GuardResult, JudgeRequest, JudgeResult
+from tests.support.offloop import imports_off_the_loop
 
 SERVERS = [
     {"name": "tiny", "command": "python3 tiny.py --stdio", "read_only_tools": ["echo"], "tools": ["echo", "write"]},
@@ -136,41 +137,8 @@ def test_cox_chat_follows_the_programs_and_lists_them_for_kill() -> None:
     assert program_lines([])[0].startswith("No programs are running")
 
 
-LOAD_SDK = """
-import asyncio, sys, threading
-seen = []
-sys.addaudithook(lambda ev, args: ev == "import" and args[0] in ("mcp", "mcp.client.stdio")
-                 and seen.append((args[0], threading.get_ident())))
-from cox_runner.workspace.mcp_servers import load_sdk
-assert "mcp" not in sys.modules, "the runner's modules import the MCP SDK themselves"
-loop_thread = threading.get_ident()
-ticks = 0
-
-async def ticker():
-    global ticks
-    while True:
-        ticks += 1
-        await asyncio.sleep(0)
-
-async def main():
-    t = asyncio.create_task(ticker())
-    await load_sdk()
-    t.cancel()
-    await load_sdk()  # imported: nothing to do
-
-asyncio.run(main())
-assert "mcp.client.streamable_http" in sys.modules
-assert seen and all(ident != loop_thread for _, ident in seen), seen
-print(ticks)
-"""
-
-
 def test_the_mcp_sdk_is_imported_off_the_event_loop() -> None:
     """Its import builds a pydantic schema per MCP type (~1 s of CPU, 9 s on a loaded CI): on the
     loop it held a runner's lease renewals until the lease lapsed and the turn ended crashed."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", LOAD_SDK], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert int(out.stdout.strip()) > 0, "the loop ran while the SDK was imported"
+    imports_off_the_loop("from cox_runner.workspace.mcp_servers import load_sdk", "load_sdk()",
+                         ("mcp", "mcp.client.stdio"), "mcp.client.streamable_http")

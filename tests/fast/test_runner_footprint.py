@@ -14,6 +14,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.support.offloop import imports_off_the_loop
+
 HEAVY = ("pydantic_ai", "pydantic_graph", "griffe", "genai_prices", "mcp", "openai", "anthropic", "rich", "pygments")
 
 IDLE = f"""
@@ -22,35 +24,6 @@ import cox_runner.service
 heavy = sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))
 print(",".join(heavy))
 """
-
-LOAD = """
-import asyncio, sys, threading
-seen = []
-sys.addaudithook(lambda ev, args: ev == "import" and args[0] == "pydantic_ai"
-                 and seen.append(threading.get_ident()))
-from cox_runner import drive
-assert "pydantic_ai" not in sys.modules
-loop_thread = threading.get_ident()
-ticks = 0
-
-async def ticker():
-    global ticks
-    while True:
-        ticks += 1
-        await asyncio.sleep(0)
-
-async def main():
-    t = asyncio.create_task(ticker())
-    await drive.load_turns()
-    t.cancel()
-    await drive.load_turns()  # loaded: nothing to do
-
-asyncio.run(main())
-assert "cox_runner.loop" in sys.modules and "pydantic_ai" in sys.modules
-assert seen and all(ident != loop_thread for ident in seen), seen
-print(ticks)
-"""
-
 
 def _run(code: str) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -63,7 +36,7 @@ def test_an_idle_runner_imports_no_agent_framework_model_sdk_mcp_or_console_rend
 
 
 def test_the_turn_machinery_is_imported_off_the_event_loop() -> None:
-    assert int(_run(LOAD)) > 0, "the loop ran while the turn machinery was imported"
+    imports_off_the_loop("from cox_runner import drive", "drive.load_turns()", ("pydantic_ai",), "cox_runner.loop")
 
 
 def test_the_tool_names_are_the_definitions_names() -> None:
