@@ -29,10 +29,6 @@ from . import limits, walk
 from .egress import Request
 from .sandbox import Sandbox
 
-TOOL_NAMES = frozenset(("read_file", "list_dir", "write_file", "edit_file", "find_files", "search_text",
-                        "run_command", "start_program", "read_program", "write_program", "stop_program",
-                        "respond", "plan_write", "plan_step"))
-"""The tools' names; their definitions, offered to the model, are :data:`.tooldefs.TOOLS`."""
 REQUIRED: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "read_file": (("path", str),),
     "list_dir": (("path", str),),
@@ -57,6 +53,9 @@ OPTIONAL: dict[str, tuple[tuple[str, type | tuple[type, ...]], ...]] = {
     "start_program": (("name", str), ("network", bool), ("pty", bool)),
     "read_program": (("wait_s", (int, float)), ("since", int)),
 }
+TOOL_NAMES = frozenset(REQUIRED)
+"""The tools' names (every tool has an argument it requires, so a row above); their definitions,
+offered to the model, are :data:`.tooldefs.TOOLS`."""
 AT_LEAST_ONE: dict[str, tuple[str, ...]] = {"read_file": ("offset", "limit"), "edit_file": ("count",)}
 """Integer arguments that must be at least 1 when given."""
 ACTIONS = frozenset({"write_file", "edit_file", "run_command", "start_program", "write_program"})
