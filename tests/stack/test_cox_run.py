@@ -97,7 +97,8 @@ def test_usage_and_connection_errors_exit_2(stack: Stack, tmp_path: Path) -> Non
     assert r.returncode == 2 and "422 invalid" in r.stderr, r.stderr
     r = cox_run(stack, "--workspace", "run-bad", "--token", "wrong-token", "hi", token=False)
     assert r.returncode == 2 and "401 unauthorized" in r.stderr, r.stderr
-    r = cox_run(stack, "--workspace", "run-never", "hi", token=False)
+    # --state: a folder with no token, so a .cox/ that `./dev up` left in the checkout is not found
+    r = cox_run(stack, "--workspace", "run-never", "--state", str(tmp_path / "no-state"), "hi", token=False)
     assert r.returncode == 2 and "no token" in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "cox", "run", "--url", "http://127.0.0.1:9", "--token", TOKEN, "hi"],
                        capture_output=True, text=True, timeout=60, env=env(), stdin=subprocess.DEVNULL)
