@@ -183,16 +183,24 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 out.append(_row("memory", f"PSS {name} after {n} sessions", mb, fl, "MB",
                                 "shared pages divided among the processes that share them (the services are forks "
                                 "of cox up's fork server); floor = the bare floor process's RSS"))
-        out.append(_row("memory", "Redis bytes per idle session (used_memory delta)", m["redis_bytes_per_session"],
-                        m["redis_session_fields_bytes"], "B", "floor = bytes of the session's fields and values"))
+        raw = m["redis_session_fields_bytes"]
         if "redis_idle_bytes_per_session" in m:
-            pt = m["redis_parts_bytes_per_session"]
-            out.append(_row("memory", "Redis bytes per idle session, replies expired (used_memory delta)",
-                            m["redis_idle_bytes_per_session"], m["redis_floor_bytes_per_session"], "B",
+            # #23 item 4's floor is "the floor of its fields" in Redis's compact types: the same
+            # fields in one hash and one owner-index entry, measured on the same server. Their
+            # raw bytes (no key, no header, no index) are no floor a store can reach: shown apart.
+            pt, fl = m["redis_parts_bytes_per_session"], m["redis_floor_bytes_per_session"]
+            out.append(_row("memory", "Redis bytes per idle session (used_memory delta, transition replies expired)",
+                            m["redis_idle_bytes_per_session"], fl, "B",
                             "floor = measured on the same server: the same fields in one hash and one owner-index "
-                            f"entry per session; just created: +{pt['tx_replies']} B of transition replies "
-                            f"({pt['tx_keys_per_session']} a session, kept 60 s), principal index "
+                            f"entry per session (their raw bytes alone: {raw} B); of ours, principal index "
                             f"{pt['principal_index']} B, activity indexes {pt['active_indexes']} B"))
+            out.append(_row("memory", "Redis bytes per session just created (used_memory delta)",
+                            m["redis_bytes_per_session"], fl, "B",
+                            f"same floor; the idle figure + {pt['tx_replies']} B of transition replies "
+                            f"({pt['tx_keys_per_session']} a session, kept 60 s for a retried call)"))
+        else:
+            out.append(_row("memory", "Redis bytes per idle session (used_memory delta)", m["redis_bytes_per_session"],
+                            raw, "B", "floor = bytes of the session's fields and values"))
         out.append(_row("memory", "Redis MEMORY USAGE of a session's keys", m["redis_session_keys_bytes"],
                         m["redis_session_fields_bytes"], "B", "sample of 200"))
         a = m["after_one_turn"]

@@ -167,3 +167,34 @@ def test_server_floors_that_moved_between_the_runs_are_named() -> None:
     quiet = compare.compare([row("send", "p50", 2.0)], result(0.28, 0.37), "then.json", result(0.29, 0.37))
     text = "\n".join(compare.markdown(quiet))
     assert "The servers' floors (p50): nats_rr +4%, js_publish +0%." in text and "moved**" not in text
+
+
+def _memory(**extra: object) -> dict[str, object]:
+    return {"sessions": 100, "rss_mb_after": {}, "rss_kb_per_session": {}, "redis_bytes_per_session": 969.0,
+            "redis_session_fields_bytes": 190.5, "redis_session_keys_bytes": 344,
+            "after_one_turn": {"redis_session_keys_bytes": 600, "redis_session_fields_bytes": 368,
+                               "jetstream_bytes_per_turn": 2219.6},
+            "jetstream_bytes_per_session": 360, **extra}
+
+
+def test_redis_bytes_per_session_are_held_to_the_fields_stored_compactly_once_that_floor_is_measured() -> None:
+    floors = {**{k: _floor(0.25, 0.5) for k in ("http_post", "nats_rr", "redis_cas", "js_publish")},
+              "rss_mb": {"asgi-app": 30.0, "responder": 40.0}}
+
+    def redis_rows(m: dict[str, object]) -> dict[str, dict[str, object]]:
+        rows = report.rows({"floors": floors, "phases": {"memory": m}})
+        return {r["figure"]: r for r in rows if r["figure"].startswith("Redis bytes")}
+
+    # #23 item 4: "≤ 2x the floor of its fields (encodings that fit Redis's compact types)": the
+    # floor is those fields in one hash, measured on the server; their raw bytes are named beside it.
+    measured = redis_rows(_memory(redis_idle_bytes_per_session=603.0, redis_floor_bytes_per_session=489.0,
+                                  redis_parts_bytes_per_session={"tx_replies": 232.0, "tx_keys_per_session": 1.0,
+                                                                 "principal_index": 129.3, "active_indexes": 40.3}))
+    idle = measured["Redis bytes per idle session (used_memory delta, transition replies expired)"]
+    created = measured["Redis bytes per session just created (used_memory delta)"]
+    assert (idle["value"], idle["floor"], idle["ratio"]) == (603.0, 489.0, 1.23)
+    assert (created["value"], created["floor"], created["ratio"]) == (969.0, 489.0, 1.98)
+    assert "190.5 B" in str(idle["note"]) and "232.0 B of transition replies" in str(created["note"])
+    # A run without that floor (an older result) keeps the one row, against the raw bytes.
+    (only,) = redis_rows(_memory()).values()
+    assert (only["floor"], only["ratio"]) == (190.5, 5.09)
