@@ -416,28 +416,55 @@ async def tail(js: JetStreamContext, sid: str, start: int, after: int, until: in
     return out + rest
 
 
+class Shared(dict[str, Any]):
+    """An event of a live message, parsed once and shared by every reader of its session in the
+    process: read it, never change it. ``sse`` is a slot for what a reader renders of it once for
+    all of them (the gateway's SSE frame)."""
+
+    __slots__ = ("sse",)
+    sse: bytes
+
+
+class Message:
+    """One live message of a session, as every reader of it is offered it: its bytes, and its
+    events parsed by the first reader that asks (:class:`Shared`). With 200 readers of one
+    session, parsing it for each was most of the gateway's CPU (a 60 KB tool result, 200 times)."""
+
+    __slots__ = ("_events", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._events: list[Shared] | None = None
+
+    def events(self) -> list[Shared]:
+        if self._events is None:
+            self._events = [Shared(e) for e in events_in(self.data)]
+        return self._events
+
+
 class Reader:
     """One reader's share of a session's live events: a buffer bounded in bytes.
 
     :class:`Hub` hands every message to every reader with :meth:`offer`, which never waits: a
     reader whose buffer would pass ``max_bytes`` is marked ``overflowed`` (its buffer emptied,
     ``on_overflow`` called) and takes nothing more until :meth:`reset`. One event larger than the
-    bound is taken when the buffer is empty. The buffered bytes are the message's own, shared by
-    every reader of the session, so readers that fall behind together cost one copy.
+    bound is taken when the buffer is empty. The buffered messages are shared by every reader of
+    the session (:class:`Message`), so readers that fall behind together cost one copy, and one
+    parse.
     """
 
     def __init__(self, max_bytes: int, on_overflow: Callable[[Reader], None] | None = None) -> None:
         self.max_bytes = max_bytes
         self.on_overflow = on_overflow
         self.overflowed = False
-        self._buf: collections.deque[bytes] = collections.deque()
+        self._buf: collections.deque[Message] = collections.deque()
         self._bytes = 0
         self._wake = asyncio.Event()
 
-    def offer(self, data: bytes) -> None:
+    def offer(self, msg: Message) -> None:
         if self.overflowed:
             return
-        if self._buf and self._bytes + len(data) > self.max_bytes:
+        if self._buf and self._bytes + len(msg.data) > self.max_bytes:
             self.overflowed = True
             self._buf.clear()
             self._bytes = 0
@@ -445,15 +472,15 @@ class Reader:
             if self.on_overflow is not None:
                 self.on_overflow(self)
             return
-        self._buf.append(data)
-        self._bytes += len(data)
+        self._buf.append(msg)
+        self._bytes += len(msg.data)
         self._wake.set()
 
     def reset(self) -> None:
         """Take events again after an overflow (the caller reads what it missed from the stream)."""
         self.overflowed = False
 
-    async def take(self, timeout: float, limit: int, max_bytes: int | None = None) -> list[bytes]:
+    async def take(self, timeout: float, limit: int, max_bytes: int | None = None) -> list[Message]:
         """Up to ``limit`` buffered messages (and about ``max_bytes``), waiting up to ``timeout``
         s for the first."""
         if not self._buf and not self.overflowed:
@@ -461,13 +488,13 @@ class Reader:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
-        out: list[bytes] = []
+        out: list[Message] = []
         size = 0
         while self._buf and len(out) < limit and (max_bytes is None or size < max_bytes):
-            data = self._buf.popleft()
-            self._bytes -= len(data)
-            size += len(data)
-            out.append(data)
+            msg = self._buf.popleft()
+            self._bytes -= len(msg.data)
+            size += len(msg.data)
+            out.append(msg)
         return out
 
 
@@ -479,8 +506,9 @@ class _Channel:
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def deliver(self, msg: Any) -> None:
+        shared = Message(msg.data)
         for r in tuple(self.readers):
-            r.offer(msg.data)
+            r.offer(shared)
 
 
 class Hub:
@@ -610,7 +638,7 @@ class Tail:
             # Quiet for a while (or overflowed): a message lost while the connection blinked
             # would leave the reader behind until the next event; the session's seq says.
             return await self._catch_up(limit)
-        return await self._accept([e for data in raw for e in events_in(data)], limit)
+        return await self._accept([e for msg in raw for e in msg.events()], limit)
 
     async def _accept(self, evs: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
         """The events of live messages that follow the last given (at most ``limit``; a gap before

@@ -365,6 +365,13 @@ def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack
         ws.mkdir(parents=True, exist_ok=True)
         for i in range(FILES):
             (ws / f"big{i}.txt").write_text((f"line {i} " + "x" * 90 + "\n") * (FILE_BYTES // 100))
+        # The floor, in the same run: a small turn of the other session before the slow readers.
+        t_floor = time.monotonic()
+        first = ok(api.send(other, "a small turn first"))
+        st = api.wait_type(other, "turn.start", message_id=first["message_id"], timeout=60)
+        api.wait_type(other, "turn.end", turn_id=st["turn_id"], timeout=60)
+        floor_s = time.monotonic() - t_floor
+        measured("streams.other_session_turn_alone_s", floor_s)
         before = metric(streams, "cox_event_streams")
         base_rss = psutil.Process(streams.procs["gateway"].pid).memory_info().rss / 2**20
         measured("streams.gateway_rss_before_mb", base_rss)
@@ -425,7 +432,10 @@ def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack
         assert reader.seqs == want, (f"the normal reader got {len(reader.seqs)} events "
                                      f"{reader.seqs[:3]}..{reader.seqs[-3:]}, want {want[0]}..{want[-1]}")
         assert reader_s < 20, f"the normal reader had every event {reader_s:.1f}s after the send"
-        assert other_s < 3, f"another session's turn took {other_s:.1f}s"
+        # Not held up by the slow readers: within 3 s, or, on a machine busy with more than this
+        # test (CI runs lanes side by side), within 10 times the same turn alone a moment before.
+        assert other_s < max(3.0, 10 * floor_s), (f"another session's turn took {other_s:.1f}s "
+                                                  f"({floor_s:.2f}s alone before the slow readers)")
         bad = [h for h in sampler.health if h != 200]
         assert not bad, f"/healthz answered {bad} ({len(bad)} of {len(sampler.health)}): {sampler.unhealthy}"
         peak = max(sampler.rss) / 2**20

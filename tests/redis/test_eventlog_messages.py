@@ -9,6 +9,7 @@ with publishers that race (a lapsed publish lock), start from a stale cursor, or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import Awaitable, Callable
@@ -185,6 +186,42 @@ def test_a_reader_asking_for_fewer_events_than_a_message_holds_gets_that_many_an
             assert seqs_of(await tail.next(timeout=5, limit=2)) == [3, 4]
             assert seqs_of(await tail.next(timeout=5, limit=2)) == [5]
         assert reads == [], f"read from the stream again: {reads}"
+
+    run(tmp_path, go)
+
+
+def test_readers_of_one_session_share_each_live_message_parsed_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reader of a session in a process is offered the same message; parsing it for each
+    one was most of the gateway's CPU while 200 SSE readers that never read held one session
+    (a 60 KB tool result parsed 200 times, then each event rendered 200 times): another session's
+    small turn waited 3 s on a loaded machine. One parse a message, the events shared (read-only)."""
+    parses: list[int] = []
+    real = eventlog.events_in
+
+    def counted(data: bytes) -> list[dict[str, Any]]:
+        parses.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(eventlog, "events_in", counted)
+
+    async def go(nc: Any, js: Any) -> None:
+        hub = eventlog.Hub(nc)
+        last = 0
+
+        async def seq_now() -> int:
+            return last
+
+        async with contextlib.AsyncExitStack() as stack:
+            tails = [await stack.enter_async_context(eventlog.Tail(hub, js, SID, 0, seq_now)) for _ in range(20)]
+            for t in tails:
+                assert await t.next(timeout=0.05) == []
+            last = 3
+            await eventlog.publish(js, SID, [entry(s, output="x" * 1000) for s in range(1, 4)])
+            got = [await t.next(timeout=5) for t in tails]
+        assert all(seqs_of(g) == [1, 2, 3] for g in got), [seqs_of(g) for g in got]
+        assert len(parses) == 1, f"the message was parsed {len(parses)} times for 20 readers"
+        assert all(a is b for g in got[1:] for a, b in zip(got[0], g, strict=True)), "each event is one object"
 
     run(tmp_path, go)
 
