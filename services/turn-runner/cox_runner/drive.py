@@ -92,10 +92,14 @@ async def run_drive(deps: Deps, d: Drive) -> None:
     d.self_fence = deps.settings.runner.self_fence
     d.arm(deps.settings.runner.lease_ms, d.acquired, _expired(deps))
     try:
-        await load_turns()
         nxt = d.first
         if d.crashed is not None:
+            # Before the machinery's import: a takeover that only ends a dead turn or operation
+            # (a check whose runner died) releases the session at once, not after seconds of it
+            # on a loaded machine while a person's "send it again" met 409 busy.
             nxt = await _end_crashed(deps, d)
+        if nxt is not None:
+            await load_turns()
         while nxt is not None:
             nxt = await _run_turn(deps, d, nxt)
         if d.history is not None and d.files is not None:
