@@ -5,6 +5,7 @@ the dead runner's run slot lapses by itself."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from coxswain import keys
 from tests.support.checks import calls_closed, of_type, seqs_rise
 from tests.support.runners import holder, respawn, running
 from tests.support.stack import CLUSTER_KINDS, Api, Stack, script, tool
@@ -120,4 +122,50 @@ def test_a_check_whose_runner_is_killed_answers_503_at_once_and_runs_again_elsew
         r = api.http.post(f"/v1/sessions/{sid}/check", json={"command": "echo again"}, timeout=60)
         assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
     finally:
+        respawn(stack, victim)
+
+
+def test_a_check_whose_runner_died_is_answered_503_only_once_sending_it_again_can_run(
+        stack: Stack, api: Api) -> None:
+    """The 503 says "send it again": it must not come while the dead check still holds the session
+    busy (its lease lapsed, nobody has taken it over yet), or the check sent again is 409 ``busy``
+    "a turn is running" with no turn anywhere (CI, a loaded machine: the cluster drill). Here the
+    other runner is paused past the lapse, so no takeover can come; resumed, it takes the session
+    over, and the 503 follows."""
+    sid = api.create("check-kill-paused")["id"]
+    marker = f"sleep 28.{int(time.monotonic() * 1000) % 1000:03d}"
+    answer: dict[str, Any] = {}
+
+    def post() -> None:
+        with stack.client() as own:
+            r = own.http.post(f"/v1/sessions/{sid}/check", json={"command": marker, "timeout_s": 60}, timeout=120)
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
+        answer.update(status=r.status_code, body=body, at=time.monotonic())
+
+    poster = threading.Thread(target=post, daemon=True)
+    poster.start()
+    victim, _ = running(stack, marker, timeout=30)
+    survivor = next(n for n in stack.runner_names() if n != victim)
+    stack.pause(survivor)
+    stack.kill(victim)
+    redis = stack.redis_client()
+    try:
+        lease = keys.session(sid) + keys.LEASE
+        deadline = time.monotonic() + LEASE_MS / 1000 * 2 + 5
+        while redis.exists(lease):
+            assert time.monotonic() < deadline, "the dead runner's lease did not lapse"
+            time.sleep(0.05)
+        assert redis.hget(keys.session(sid), "busy") == "1", "nobody can have taken it over yet"
+        time.sleep(LEASE_MS / 2000 + 2.0)  # past the gateway's next look at the lease, and its 1 s grace
+        assert not answer, f"answered while the session was still held by the dead check: {answer}"
+        resumed_at = time.monotonic()
+        stack.signal(survivor, signal.SIGCONT)
+        poster.join(60)
+        assert answer.get("status") == 503 and answer["body"]["error"] == "unavailable", answer
+        assert answer["at"] - resumed_at < LEASE_MS / 1000 + 5, answer
+        r = api.http.post(f"/v1/sessions/{sid}/check", json={"command": "echo again"}, timeout=60)
+        assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+    finally:
+        stack.signal(survivor, signal.SIGCONT)
+        redis.close()
         respawn(stack, victim)

@@ -61,23 +61,36 @@ async def check(sid: Sid, body: CheckBody, services: ServicesDep, reads: ReadsDe
 
 REPLY_GRACE_S = 1.0
 """A reply that was on its way as the lease went (the check just ended and let it go) still wins."""
+GONE_STEP_S = 0.05
+"""How often :func:`holder_gone` looks whether a takeover has freed the session."""
 
 
 async def holder_gone(redis: Any, sid: str, lease_ms: int) -> None:
-    """Return once the lease the operation took is gone or another's: its runner died (or lost it).
+    """Return once the lease the operation took is gone or another's: its runner died (or lost it),
+    and the session is free for the check to be sent again.
 
     A check runs under the session's lease (its runner renews it); the request itself has no one
     left to answer it when that runner dies, and would wait for its bound (600 s). Read every
     half lease: the first token seen is the operation's; none within two leases of the request
-    means no runner took it. Redis unreachable reads as no news (the call fails by itself then)."""
+    means no runner took it. Once the token is gone, the session stays busy until another runner
+    takes it over (within a quarter lease) and ends the dead operation: the 503 waits for that
+    (read every ``GONE_STEP_S``, for at most two leases), so that sending the check again is not
+    met by 409 ``busy``. A turn that the takeover started (a message queued meanwhile) is a
+    real ``busy``. Redis unreachable reads as no news (the call fails by itself then)."""
     key = keys.session(sid) + keys.LEASE
     step = max(0.1, lease_ms / 2000)
     loop = asyncio.get_running_loop()
     since = loop.time()
     seen: str | None = None
+    gone_at: float | None = None
     while True:
-        await asyncio.sleep(step)
+        await asyncio.sleep(step if gone_at is None else GONE_STEP_S)
         try:
+            if gone_at is not None:
+                busy, turn_id = await redis.hmget(keys.session(sid), "busy", "turn_id")
+                if busy != "1" or turn_id or loop.time() - gone_at > 2 * lease_ms / 1000:
+                    return
+                continue
             cur = await redis.get(key)
         except redis_errors.RedisError:
             continue
@@ -87,7 +100,7 @@ async def holder_gone(redis: Any, sid: str, lease_ms: int) -> None:
             elif loop.time() - since > 2 * lease_ms / 1000:
                 return
         elif cur != seen:
-            return
+            gone_at = loop.time()
 
 
 async def while_held(call: Awaitable[T], gone: Awaitable[None]) -> T:
