@@ -357,6 +357,15 @@ def metric(stack: Stack, name: str) -> float:
                if line.startswith(name) and (line[len(name)] in " {"))
 
 
+def small_turn(api: Api, sid: str, text: str) -> float:
+    """Seconds from sending ``text`` to ``sid`` to its turn's end, as the client sees them."""
+    t0 = time.monotonic()
+    sent = ok(api.send(sid, text))
+    st = api.wait_type(sid, "turn.start", message_id=sent["message_id"], timeout=60)
+    api.wait_type(sid, "turn.end", turn_id=st["turn_id"], timeout=60)
+    return time.monotonic() - t0
+
+
 def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack) -> None:
     with streams.client(timeout=60) as api:
         sid = api.create("streams-big")["id"]
@@ -366,11 +375,7 @@ def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack
         for i in range(FILES):
             (ws / f"big{i}.txt").write_text((f"line {i} " + "x" * 90 + "\n") * (FILE_BYTES // 100))
         # The floor, in the same run: a small turn of the other session before the slow readers.
-        t_floor = time.monotonic()
-        first = ok(api.send(other, "a small turn first"))
-        st = api.wait_type(other, "turn.start", message_id=first["message_id"], timeout=60)
-        api.wait_type(other, "turn.end", turn_id=st["turn_id"], timeout=60)
-        floor_s = time.monotonic() - t_floor
+        floor_s = small_turn(api, other, "a small turn first")
         measured("streams.other_session_turn_alone_s", floor_s)
         before = metric(streams, "cox_event_streams")
         base_rss = psutil.Process(streams.procs["gateway"].pid).memory_info().rss / 2**20
@@ -395,11 +400,7 @@ def test_readers_that_never_read_are_dropped_and_hurt_no_one_else(streams: Stack
                 {"tools": [{"name": "read_file", "args": {"path": f"big{i}.txt"}} for i in range(FILES)]},
                 {"text": "read them all"})))
             api.wait_type(sid, "tool.call", after=start, timeout=30)  # the big turn is under way: now another's
-            t_other = time.monotonic()
-            other_sent = ok(api.send(other, "a small turn"))
-            st = api.wait_type(other, "turn.start", message_id=other_sent["message_id"], timeout=60)
-            api.wait_type(other, "turn.end", turn_id=st["turn_id"], timeout=60)
-            other_s = time.monotonic() - t_other
+            other_s = small_turn(api, other, "a small turn")
             measured("streams.other_session_turn_s", other_s)
             assert reader.done.wait(60), f"the normal reader got {len(reader.seqs)} events, then nothing"
             reader_s = time.monotonic() - t_send
