@@ -92,6 +92,23 @@ def test_a_run_whose_runner_is_killed_twice_goes_on_with_one_continue_each_time(
         client.close()
 
 
+def check_in_background(stack: Stack, sid: str, command: str) -> tuple[threading.Thread, dict[str, Any]]:
+    """``POST .../check`` of ``command`` in a thread (started): the thread, and the dict that gets
+    the answer's status, body, when it came (``at``) and how long it took."""
+    answer: dict[str, Any] = {}
+
+    def post() -> None:
+        t0 = time.monotonic()
+        with stack.client() as own:  # a client of its own: httpx's is not for two threads
+            r = own.http.post(f"/v1/sessions/{sid}/check", json={"command": command, "timeout_s": 60}, timeout=120)
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
+        answer.update(status=r.status_code, body=body, at=time.monotonic(), took=time.monotonic() - t0)
+
+    poster = threading.Thread(target=post, daemon=True)
+    poster.start()
+    return poster, answer
+
+
 def test_a_check_whose_runner_is_killed_answers_503_at_once_and_runs_again_elsewhere(
         stack: Stack, api: Api) -> None:
     """A check runs under the session's lease on whichever runner took the request. Killed there,
@@ -100,17 +117,7 @@ def test_a_check_whose_runner_is_killed_answers_503_at_once_and_runs_again_elsew
     the check holds: gone, it answers 503 and the check can be sent again."""
     sid = api.create("check-kill")["id"]
     marker = f"sleep 29.{int(time.monotonic() * 1000) % 1000:03d}"
-    answer: dict[str, Any] = {}
-
-    def post() -> None:
-        t0 = time.monotonic()
-        with stack.client() as own:  # a client of its own: httpx's is not for two threads
-            r = own.http.post(f"/v1/sessions/{sid}/check", json={"command": marker, "timeout_s": 60}, timeout=120)
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
-        answer.update(status=r.status_code, body=body, at=time.monotonic(), took=time.monotonic() - t0)
-
-    poster = threading.Thread(target=post, daemon=True)
-    poster.start()
+    poster, answer = check_in_background(stack, sid, marker)
     victim, _ = running(stack, marker, timeout=30)  # the runner running the check's command
     killed_at = time.monotonic()
     stack.kill(victim)
@@ -134,16 +141,7 @@ def test_a_check_whose_runner_died_is_answered_503_only_once_sending_it_again_ca
     over, and the 503 follows."""
     sid = api.create("check-kill-paused")["id"]
     marker = f"sleep 28.{int(time.monotonic() * 1000) % 1000:03d}"
-    answer: dict[str, Any] = {}
-
-    def post() -> None:
-        with stack.client() as own:
-            r = own.http.post(f"/v1/sessions/{sid}/check", json={"command": marker, "timeout_s": 60}, timeout=120)
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {"text": r.text}
-        answer.update(status=r.status_code, body=body, at=time.monotonic())
-
-    poster = threading.Thread(target=post, daemon=True)
-    poster.start()
+    poster, answer = check_in_background(stack, sid, marker)
     victim, _ = running(stack, marker, timeout=30)
     survivor = next(n for n in stack.runner_names() if n != victim)
     stack.pause(survivor)
