@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import socket
 import threading
 import time
@@ -129,7 +128,7 @@ def pause_trial(stack: Stack, api: Api, trial: int) -> None:
         time.sleep(8.0)  # the pause: past the lease (5 s), so the others take over
     finally:
         since = len(stack.log(victim))
-        stack.signal(victim, signal.SIGCONT)
+        stack.resume(victim)
     measured("pause.sigstop_s", time.monotonic() - t0)
     for sid in sids:
         api.wait_idle(sid, timeout=120)

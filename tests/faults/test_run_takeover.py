@@ -5,7 +5,6 @@ the dead runner's run slot lapses by itself."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -157,13 +156,13 @@ def test_a_check_whose_runner_died_is_answered_503_only_once_sending_it_again_ca
         time.sleep(LEASE_MS / 2000 + 2.0)  # past the gateway's next look at the lease, and its 1 s grace
         assert not answer, f"answered while the session was still held by the dead check: {answer}"
         resumed_at = time.monotonic()
-        stack.signal(survivor, signal.SIGCONT)
+        stack.resume(survivor)
         poster.join(60)
         assert answer.get("status") == 503 and answer["body"]["error"] == "unavailable", answer
         assert answer["at"] - resumed_at < LEASE_MS / 1000 + 5, answer
         r = api.http.post(f"/v1/sessions/{sid}/check", json={"command": "echo again"}, timeout=60)
         assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
     finally:
-        stack.signal(survivor, signal.SIGCONT)
+        stack.resume(survivor)
         redis.close()
         respawn(stack, victim)

@@ -75,6 +75,7 @@ def respawn(stack: Stack, instance: str, env: dict[str, str] | None = None) -> N
     """Start a runner again under the same instance name (after it was killed)."""
     old = stack.procs.get(instance)
     if old is not None and old.poll() is None:
+        stack.resume(instance)  # a paused process would not act on its SIGTERM
         old.terminate()
         old.wait(30)
     if env:

@@ -31,7 +31,7 @@ from cox.servers import NatsServer, RedisServer, free_port
 from coxswain import events
 from coxswain.proc import dies_with_me, foreign_env
 
-from . import zygote
+from . import freezer, zygote
 from .containers import NatsContainer, RedisContainer, docker_available
 
 Proc: TypeAlias = "subprocess.Popen[bytes] | zygote.Forked"
@@ -81,6 +81,8 @@ class Stack:
             self.nats = NatsCluster(tmp / "nats-cluster", credentials=self.credentials)
             self.extra_env = {"COX_NATS__STREAM_REPLICAS": "3", **self.extra_env}
         self.procs: dict[str, Proc] = {}
+        self._frozen: dict[str, freezer.Frozen] = {}
+        """The services :meth:`pause` froze, until :meth:`resume`."""
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
 
@@ -150,6 +152,8 @@ class Stack:
         raise RuntimeError(f"stack not healthy after {timeout}s: {last}\n{self.all_logs()[-4000:]}")
 
     def stop(self) -> None:
+        for name in list(self._frozen):
+            self.resume(name)
         for p in self.procs.values():
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -175,20 +179,35 @@ class Stack:
         return [n for n in self.procs if n.startswith("turn-runner")]
 
     def signal(self, instance: str, sig: int) -> None:
+        if sig == signal.SIGCONT and instance in self._frozen:
+            self.resume(instance)
+            return
         self.procs[instance].send_signal(sig)
 
     def state(self, instance: str) -> str:
-        """The process state of a service as the kernel has it (``stopped`` while SIGSTOPped)."""
+        """The process state of a service as the kernel has it (``stopped`` while SIGSTOPped,
+        ``frozen`` while :meth:`pause` has it frozen)."""
+        frozen = self._frozen.get(instance)
+        if frozen is not None and frozen.frozen():
+            return "frozen"
         try:
             return str(psutil.Process(self.procs[instance].pid).status())
         except psutil.Error as exc:
             return repr(exc)
 
     def pause(self, instance: str, timeout: float = 5.0) -> float:
-        """SIGSTOP a service and wait until the kernel has it stopped (the signal is sent again
-        while it is not: :meth:`signal` drops a failure to send without a word); the seconds
-        that took. A drill that pauses a runner past its lease relies on the pause having taken."""
+        """Pause a service until :meth:`resume`, and wait until the kernel has it paused; the
+        seconds that took. A drill that pauses a runner past its lease relies on the pause having
+        taken, and holding: frozen in a cgroup of its own (:mod:`tests.support.freezer`), which
+        nothing but the thaw wakes, where this process may make cgroups (root); else SIGSTOP,
+        which any SIGCONT ends (sent again while the kernel does not have it stopped:
+        :meth:`signal` drops a failure to send without a word)."""
         t0 = time.monotonic()
+        if kind := freezer.available():
+            frozen = freezer.Frozen(self.procs[instance].pid, kind)
+            frozen.freeze(timeout)
+            self._frozen[instance] = frozen
+            return time.monotonic() - t0
         while True:
             self.signal(instance, signal.SIGSTOP)
             deadline = time.monotonic() + 0.2
@@ -198,9 +217,20 @@ class Stack:
                 time.sleep(0.005)
             assert time.monotonic() - t0 < timeout, f"{instance} is not stopped: {self.state(instance)}"
 
+    def resume(self, instance: str) -> None:
+        """End :meth:`pause` (a SIGCONT to a service that was not paused changes nothing)."""
+        frozen = self._frozen.pop(instance, None)
+        if frozen is not None:
+            frozen.thaw()
+        else:
+            self.procs[instance].send_signal(signal.SIGCONT)
+
     def kill(self, instance: str) -> None:
         p = self.procs[instance]
         p.kill()
+        frozen = self._frozen.pop(instance, None)
+        if frozen is not None:
+            frozen.thaw()  # killed first: it never runs again
         p.wait(10)
 
     def log(self, instance: str) -> str:
