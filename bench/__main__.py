@@ -107,15 +107,6 @@ def meta(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def cpu_floor(f: dict[str, Any]) -> Any:
-    """CPU a turn needs at least: the HTTP request in, one NATS hop, three Redis scripts, and one
-    JetStream publish per event the turn records."""
-    fixed = floors.cpu_per_op(f, "http_post", with_client=False) + floors.cpu_per_op(f, "nats_rr") + \
-        3 * floors.cpu_per_op(f, "redis_cas")
-    per_event = floors.cpu_per_op(f, "js_publish")
-    return lambda events: (fixed + events * per_event) * 1000
-
-
 class Run:
     def __init__(self, counts: Counts, only: set[str], profile: bool, peers: list[str], tmp: Path,
                  cluster: bool = False) -> None:
@@ -155,7 +146,7 @@ class Run:
             servers.stop()
         f = self.res.get("floors")
         if self.want("sweep"):
-            floor_fn = cpu_floor(f) if f else (lambda events: float("nan"))
+            floor_fn = floors.turn_cpu_floor(f) if f else (lambda events: float("nan"))
             self.res["phases"]["sweep"] = await self.phase("sweep", sweep.sweep(
                 self.tmp, c.sweep_sessions, c.sweep_runners, c.sweep_messages, c.sweep_delay_ms, c.sweep_timeout_s,
                 floor_fn, log, kinds=("single", "cluster") if self.cluster else ("single",)))
@@ -163,7 +154,7 @@ class Run:
                 self.res["phases"]["sweep_cluster_vs_single"] = sweep.cluster_vs_single(
                     self.res["phases"]["sweep"] or [])
         if self.want("runs"):
-            floor_fn = cpu_floor(f) if f else (lambda events: float("nan"))
+            floor_fn = floors.turn_cpu_floor(f) if f else (lambda events: float("nan"))
             self.res["phases"]["runs"] = await self.phase("runs", runs.runs(
                 self.tmp, c.runs_tasks, c.runs_runners, c.runs_delay_ms, c.runs_interactive_n, c.runs_timeout_s,
                 floor_fn, log))

@@ -137,3 +137,21 @@ def cpu_per_op(f: dict[str, Any], kind: str, with_client: bool = True) -> float:
     """CPU seconds one floor operation costs across its processes (servers, plus the probe)."""
     server = float(sum(f[kind]["server_cpu_us_per_op"].values()))
     return (server + (float(f[kind]["client_cpu_us"]) if with_client else 0.0)) / 1e6
+
+
+def turn_cpu_floor(f: dict[str, Any]) -> Any:
+    """CPU a turn needs at least, in ms, as a function of the events it records: the HTTP request
+    in, one NATS hop, three Redis scripts, and one JetStream publish per event."""
+    fixed = cpu_per_op(f, "http_post", with_client=False) + cpu_per_op(f, "nats_rr") + 3 * cpu_per_op(f, "redis_cas")
+    per_event = cpu_per_op(f, "js_publish")
+    return lambda events: (fixed + events * per_event) * 1000
+
+
+def run_cpu_floor(f: dict[str, Any], tool_calls: int) -> float:
+    """CPU in ms that a run of ``tool_calls`` tool calls needs at least, whoever builds it: the
+    send's (HTTP in, one NATS hop, the three Redis scripts of its admission, its end and its trim)
+    and, for each call, what the tool-call figure's floor is (one Redis script that records it,
+    one JetStream publish). Nothing for the model's own output, so it is lower than any run that
+    records what the model said."""
+    return (cpu_per_op(f, "http_post", with_client=False) + cpu_per_op(f, "nats_rr")
+            + 3 * cpu_per_op(f, "redis_cas") + tool_calls * (cpu_per_op(f, "redis_cas") + cpu_per_op(f, "js_publish"))) * 1000

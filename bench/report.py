@@ -13,6 +13,7 @@ from typing import Any
 from . import floors
 from .compare import is_peer
 from .peer import PEERS
+from .peer.base import QUEUE_TARGET
 from .stats import ratio
 
 HERE = Path(__file__).resolve().parent
@@ -216,7 +217,43 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                         cp["serving_s"].get("p50"), None, "s",
                         f"N = 1..{cp['adds']}, max {cp['serving_s'].get('max')} s; of which the command itself "
                         f"(container created and started) p50 {cp['command_s'].get('p50')} s"))
+    out.extend(_peer_run_rows(res, f))
     out.extend(res.get("peer_rows") or [])
+    return out
+
+
+PEER_RUN = "peers' load"
+"""Our side of the peers' load against the floor of such a run, and #23's goal against what that
+floor allows on this machine (not a peer's section: the floor column is a floor)."""
+
+
+def _peer_run_rows(res: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
+    peer = (res.get("phases") or {}).get("peer") or {}
+    ours = (peer.get("ours") or {}).get("queue") or []
+    if not ours:
+        return []
+    cores = (res.get("meta") or {}).get("cores") or 1
+    floor_ms = floors.run_cpu_floor(f, QUEUE_TARGET)
+    ceiling = cores * 1000.0 / floor_ms
+    out = []
+    for oq in ours:
+        n = oq["sessions"]
+        out.append(_row(PEER_RUN, f"S={n} CPU per run, against the floor of a run of {QUEUE_TARGET} tool calls",
+                        oq["cpu_ms_per_turn"], _r(floor_ms), "ms",
+                        f"ours: every stack process, the peers' load ({oq['events_per_turn']} events a run); floor = "
+                        f"HTTP + NATS req-reply + 3 Redis scripts + {QUEUE_TARGET} x (1 Redis script + 1 JetStream "
+                        "publish), nothing for the model's output"))
+        # #23's goal names LangGraph's server: 10x its runs/s at S=10 and S=100.
+        p = PEERS["langgraph"]
+        pq = next((q for q in (peer.get("langgraph") or {}).get("queue") or [] if q.get("threads") == n), None)
+        if pq and pq.get("runs_per_s"):
+            goal = round(10 * pq["runs_per_s"], 1)
+            out.append(_row(PEER_RUN, f"S={n} 10x {p.column}'s runs/s (#23's goal), against the most that floor allows "
+                            f"on {cores} cores", goal, round(ceiling, 1), "runs/s",
+                            f"ceiling = {cores} cores / {floor_ms:.2f} ms (the floor above); ratio > 1: beyond what "
+                            f"the floor's own CPU allows here; ours measured {oq['turns_per_s_counted']} runs/s at "
+                            f"{oq['cpu_ms_per_turn']} ms a run, {p.column} {pq['runs_per_s']} at {pq['cpu_ms_per_run']} "
+                            f"ms a run"))
     return out
 
 
@@ -228,7 +265,7 @@ def stat_or_none(f: dict[str, Any], kind: str, q: str) -> float | None:
 
 
 def largest(rs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    scored = [r for r in rs if isinstance(r.get("ratio"), (int, float)) and r["section"] not in ("memory", "cluster")
+    scored = [r for r in rs if isinstance(r.get("ratio"), (int, float)) and r["section"] not in ("memory", "cluster", PEER_RUN)
               and not is_peer(r["section"])]
     return max(scored, key=lambda r: r["ratio"]) if scored else None
 

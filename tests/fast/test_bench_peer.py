@@ -100,3 +100,32 @@ def test_the_report_has_one_table_per_peer_titled_with_what_ran() -> None:
     assert "| figure | coxswain | DBOS | coxswain / DBOS | unit | note |" in text
     assert "LangGraph" not in text
     assert report.largest(rs) is None, "a peer's ratio is no distance to a floor"
+
+
+def floor_op(client_us: float, server_us: float) -> dict[str, Any]:
+    return {"ms": {"p50": 0.1, "p99": 0.2}, "client_cpu_us": client_us, "server_cpu_us_per_op": {"server": server_us}}
+
+
+def test_our_side_of_the_peers_load_is_held_to_the_floor_of_such_a_run_and_the_goal_to_what_that_floor_allows() -> None:
+    # HTTP 100 µs (the app's), NATS req-reply 300, a Redis script 200, a JetStream publish 300:
+    # a run of 3 tool calls needs 100 + 300 + 3 x 200 + 3 x (200 + 300) = 2.5 ms at least.
+    f = {"http_post": floor_op(90, 100), "nats_rr": floor_op(100, 200), "redis_cas": floor_op(100, 100),
+         "js_publish": floor_op(100, 200)}
+    ours = ours_result()
+    ours["queue"][0].update(sessions=10, events_per_turn=22.0, cpu_ms_per_turn=5.0)
+    lg = peer_result()
+    lg["queue"][0]["runs_per_s"] = 100.0
+    res: dict[str, Any] = {"meta": {**META, "cores": 2}, "counts": {"name": "full"}, "floors": f,
+                           "phases": {"peer": {"langgraph": lg, "ours": ours}}}
+    rs = [r for r in report.rows(res) if r["section"] == "peers' load"]
+    cpu, goal = rs
+    assert (cpu["value"], cpu["floor"], cpu["ratio"]) == (5.0, 2.5, 2.0)
+    # 10x LangGraph's 100 runs/s against 2 cores / 2.5 ms = 800 runs/s: beyond what the floor allows
+    assert (goal["value"], goal["floor"], goal["ratio"]) == (1000.0, 800.0, 1.25)
+    assert not compare.is_peer("peers' load"), "a floor's column, not a peer's"
+    assert "| peers' load | S=10 10x LangGraph's runs/s" in report.markdown(res, report.rows(res))
+    assert report.largest(rs) is None, "the goal's distance to a ceiling is no distance of ours to a floor"
+
+
+META = {"date": "d", "commit": "c", "cpu": "c", "mem_gb": 1, "python": "3", "nats_server": "n", "redis_server": "r", "libraries": {},
+        "command": "x"}
