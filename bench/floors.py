@@ -139,19 +139,23 @@ def cpu_per_op(f: dict[str, Any], kind: str, with_client: bool = True) -> float:
     return (server + (float(f[kind]["client_cpu_us"]) if with_client else 0.0)) / 1e6
 
 
+def _admission_cpu(f: dict[str, Any]) -> float:
+    """CPU seconds of a turn's own round: the HTTP request in, one NATS hop, three Redis scripts
+    (its admission, its end and its trim)."""
+    return cpu_per_op(f, "http_post", with_client=False) + cpu_per_op(f, "nats_rr") + 3 * cpu_per_op(f, "redis_cas")
+
+
 def turn_cpu_floor(f: dict[str, Any]) -> Any:
-    """CPU a turn needs at least, in ms, as a function of the events it records: the HTTP request
-    in, one NATS hop, three Redis scripts, and one JetStream publish per event."""
-    fixed = cpu_per_op(f, "http_post", with_client=False) + cpu_per_op(f, "nats_rr") + 3 * cpu_per_op(f, "redis_cas")
+    """CPU a turn needs at least, in ms, as a function of the events it records: its own round
+    (:func:`_admission_cpu`) and one JetStream publish per event."""
+    fixed = _admission_cpu(f)
     per_event = cpu_per_op(f, "js_publish")
     return lambda events: (fixed + events * per_event) * 1000
 
 
 def run_cpu_floor(f: dict[str, Any], tool_calls: int) -> float:
-    """CPU in ms that a run of ``tool_calls`` tool calls needs at least, whoever builds it: the
-    send's (HTTP in, one NATS hop, the three Redis scripts of its admission, its end and its trim)
-    and, for each call, what the tool-call figure's floor is (one Redis script that records it,
-    one JetStream publish). Nothing for the model's own output, so it is lower than any run that
-    records what the model said."""
-    return (cpu_per_op(f, "http_post", with_client=False) + cpu_per_op(f, "nats_rr")
-            + 3 * cpu_per_op(f, "redis_cas") + tool_calls * (cpu_per_op(f, "redis_cas") + cpu_per_op(f, "js_publish"))) * 1000
+    """CPU in ms that a run of ``tool_calls`` tool calls needs at least, whoever builds it: its own
+    round (:func:`_admission_cpu`) and, for each call, what the tool-call figure's floor is (one
+    Redis script that records it, one JetStream publish). Nothing for the model's own output, so
+    it is lower than any run that records what the model said."""
+    return (_admission_cpu(f) + tool_calls * (cpu_per_op(f, "redis_cas") + cpu_per_op(f, "js_publish"))) * 1000

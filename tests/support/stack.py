@@ -179,9 +179,6 @@ class Stack:
         return [n for n in self.procs if n.startswith("turn-runner")]
 
     def signal(self, instance: str, sig: int) -> None:
-        if sig == signal.SIGCONT and instance in self._frozen:
-            self.resume(instance)
-            return
         self.procs[instance].send_signal(sig)
 
     def state(self, instance: str) -> str:
