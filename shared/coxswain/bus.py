@@ -4,10 +4,11 @@ A reply is ``{"ok": true, "result": {...}}`` or an error envelope (:mod:`coxswai
 Transport failures (no responders, timeout, closed connection) become :class:`Unavailable`, so
 the gateway answers 503 instead of 500 when a service or NATS is down.
 
-A request whose connection is lost is answered at once: nats-py keeps its reply future until the
-timeout (30 s for the gateway's calls), though no reply can come on a connection that is gone.
-A client made by :func:`coxswain.service.connect_nats` has a :class:`Link` that fails every call
-in flight with :class:`Unavailable` the moment nats-py reports the disconnect.
+A client made by :func:`coxswain.service.connect_nats` has a :class:`Link`: its requests' replies
+reach their callers in two passes of the event loop, not nats-py's five, and a request whose
+connection is lost fails with :class:`Unavailable` the moment nats-py reports the disconnect
+(nats-py would keep its reply future until the timeout, 30 s for the gateway's calls, though no
+reply can come on a connection that is gone).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from pydantic import BaseModel
 
 from .errors import CoxError, Unavailable, from_wire
@@ -27,22 +29,77 @@ T = TypeVar("T", bound=BaseModel)
 
 
 class Link:
-    """Calls in flight on one NATS client, failed together when its connection is lost."""
+    """A client's requests: their replies come through one wildcard subscription of its own, and
+    every request in flight fails with :class:`Unavailable` the moment the connection is lost.
+
+    nats-py's own ``request`` hands a reply to its caller five passes of the event loop after it
+    reads it (the subscription's task, ``wait_for``'s callback, its task, and the race with the
+    lost connection in two more); whatever else is ready runs before each pass, and in the gateway
+    that is the session's events, which come in the same read as the reply to the send that
+    recorded them. Here the subscription's task completes the caller's future: two passes.
+    """
 
     def __init__(self) -> None:
-        self._lost: asyncio.Future[str] | None = None
-
-    def lost(self) -> asyncio.Future[str]:
-        """A future that completes (with the reason) when the connection is next lost."""
-        if self._lost is None or self._lost.done():
-            self._lost = asyncio.get_running_loop().create_future()
-        return self._lost
+        self._prefix: str | None = None
+        self._starting: asyncio.Lock | None = None
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._n = 0
 
     def disconnected(self, why: str = "the message bus connection was lost") -> None:
         """nats-py's disconnected callback: every call waiting for a reply fails now."""
-        if self._lost is not None and not self._lost.done():
-            self._lost.set_result(why)
-        self._lost = None
+        waiting, self._waiting = self._waiting, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_exception(_Lost(why))
+
+    async def _start(self, nc: Client) -> str:
+        """The subscription (on the client's own inbox prefix, which its NATS user may read),
+        made by the first request; nats-py makes it again on every reconnect."""
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._prefix is None:
+                prefix = nc.new_inbox() + "."
+                await nc.subscribe(prefix + "*", cb=self._reply)
+                self._prefix = prefix
+        return self._prefix
+
+    async def _reply(self, msg: Msg) -> None:
+        fut = self._waiting.pop(msg.subject[len(self._prefix or ""):], None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    async def request(self, nc: Client, subject: str, payload: bytes, timeout: float) -> Msg:
+        """``payload`` to ``subject``; the reply, or nats-py's own errors for no responders and a
+        timeout (as its ``request`` raises them), or :class:`Unavailable` when the connection is lost."""
+        prefix = self._prefix or await self._start(nc)
+        self._n += 1
+        token = str(self._n)
+        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = fut
+        try:
+            await nc.publish(subject, payload, reply=prefix + token)
+            async with asyncio.timeout(timeout):
+                msg = await fut
+        except TimeoutError as exc:
+            raise nats.errors.TimeoutError from exc
+        except _Lost as exc:
+            raise Unavailable(f"{exc} while waiting for {subject}") from None
+        finally:
+            self._waiting.pop(token, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # a loss that came with a cancellation from outside: the cancellation wins
+        if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
+            raise nats.errors.NoRespondersError
+        return msg
+
+
+class _Lost(Exception):
+    pass
+
+
+NO_RESPONDERS_STATUS = "503"
+"""The status of the reply the server sends itself when nobody listens on a request's subject."""
 
 
 _links: weakref.WeakKeyDictionary[Client, Link] = weakref.WeakKeyDictionary()
@@ -101,20 +158,8 @@ async def _raw_call_once(nc: Client, subject: str, payload: bytes, timeout: floa
         raise Unavailable("the message bus is not connected")
     try:
         ln = _links.get(nc)
-        if ln is None:
-            msg = await nc.request(subject, payload, timeout=timeout)
-        else:
-            lost = ln.lost()
-            req = asyncio.ensure_future(nc.request(subject, payload, timeout=timeout))
-            try:
-                await asyncio.wait((req, lost), return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                req.cancel()
-                raise
-            if not req.done():
-                req.cancel()
-                raise Unavailable(f"{lost.result()} while waiting for {subject}")
-            msg = req.result()
+        msg = await (nc.request(subject, payload, timeout=timeout) if ln is None
+                     else ln.request(nc, subject, payload, timeout))
     except nats.errors.NoRespondersError as exc:
         raise _NoResponders() from exc
     except nats.errors.TimeoutError as exc:
