@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
@@ -63,6 +64,26 @@ def _version(cmd: list[str]) -> str:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
     except Exception as exc:  # noqa: BLE001 - a missing tool is reported as such
         return f"unknown ({exc!r})"
+
+
+QUIET_WAIT_S = 180.0
+"""How long a run waits at most for the machine to be quiet before it starts (``--quiet-wait``)."""
+
+
+def wait_quiet(cores: int, limit_s: float, read: Callable[[], tuple[float, float, float]] = os.getloadavg,
+               sleep: Callable[[float], None] = time.sleep, step_s: float = 5.0) -> float:
+    """Wait (up to ``limit_s``) until the 1-minute load average is at most half the cores: the
+    mark a run is flagged "loaded" by. The average decays over a minute, so a run started right
+    after tests or a build was flagged though it ran alone. Returns the seconds waited."""
+    waited = 0.0
+    while read()[0] > cores * 0.5 and waited < limit_s:
+        if waited == 0:
+            log(f"load average {read()[0]:.2f} on {cores} cores: waiting up to {limit_s:g} s for it to fall "
+                f"to {cores * 0.5:g} (--quiet-wait 0 starts at once)")
+        pause = min(step_s, limit_s - waited)
+        sleep(pause)
+        waited += pause
+    return waited
 
 
 def meta(argv: list[str]) -> dict[str, Any]:
@@ -271,6 +292,9 @@ def main() -> int:
     p.add_argument("--note", action="append", default=[], help="a note to print in RESULTS.md (repeatable)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="override a count of bench/profiles.py, e.g. --set sweep_sessions=100,300 (repeatable)")
+    p.add_argument("--quiet-wait", type=float, default=QUIET_WAIT_S, metavar="S",
+                   help="wait up to S seconds for the load average to fall to half the cores before "
+                        "starting (default %(default)g; 0: start at once)")
     p.add_argument("--compare", nargs="?", const="", metavar="FILE",
                    help="set every ratio beside those of FILE (default: the last committed full run) and "
                         "list each that grew by more than 20%%")
@@ -296,9 +320,11 @@ def main() -> int:
         counts = override(counts, a.set)
     except ValueError as exc:
         p.error(str(exc))
+    waited = wait_quiet(os.cpu_count() or 1, max(0.0, a.quiet_wait))
     tmp = Path(tempfile.mkdtemp(prefix="cox-bench-"))
     run = Run(counts, only, not a.no_profile, peers, tmp, a.cluster)
     run.res["meta"] = meta(sys.argv[1:])
+    run.res["meta"]["quiet_wait_s"] = round(waited, 1)
     run.res["counts"] = asdict(counts)
     run.res["notes"] += a.note
     log(f"bench ({counts.name}) in {tmp}; load average {run.res['meta']['loadavg_start']}")
