@@ -76,9 +76,9 @@ def wait_quiet(cores: int, limit_s: float, read: Callable[[], tuple[float, float
     mark a run is flagged "loaded" by. The average decays over a minute, so a run started right
     after tests or a build was flagged though it ran alone. Returns the seconds waited."""
     waited = 0.0
-    while read()[0] > cores * 0.5 and waited < limit_s:
+    while (load := read()[0]) > cores * 0.5 and waited < limit_s:
         if waited == 0:
-            log(f"load average {read()[0]:.2f} on {cores} cores: waiting up to {limit_s:g} s for it to fall "
+            log(f"load average {load:.2f} on {cores} cores: waiting up to {limit_s:g} s for it to fall "
                 f"to {cores * 0.5:g} (--quiet-wait 0 starts at once)")
         pause = min(step_s, limit_s - waited)
         sleep(pause)

@@ -41,7 +41,7 @@ class Link:
 
     def __init__(self) -> None:
         self._prefix: str | None = None
-        self._starting: asyncio.Lock | None = None
+        self._starting = asyncio.Lock()
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
         self._n = 0
 
@@ -55,8 +55,6 @@ class Link:
     async def _start(self, nc: Client) -> str:
         """The subscription (on the client's own inbox prefix, which its NATS user may read),
         made by the first request; nats-py makes it again on every reconnect."""
-        if self._starting is None:
-            self._starting = asyncio.Lock()
         async with self._starting:
             if self._prefix is None:
                 prefix = nc.new_inbox() + "."
