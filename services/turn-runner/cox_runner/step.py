@@ -101,10 +101,16 @@ class ModelStep:
         params = ModelRequestParameters(function_tools=offered, allow_text_output=True)
         settings = self.deps.models.settings(t.model)
         remaining = self.limits.seconds - self.checks.elapsed()
+        # The turn's time limit as a deadline on this task (asyncio.timeout), not wait_for's task
+        # of its own: the request runs in the turn's task, under its guard (#23).
+        deadline = asyncio.timeout(max(remaining, 0.001))
         try:
-            request = self._request(model, messages, params, settings)
-            response = await guarded(t, asyncio.wait_for(request, max(remaining, 0.001)))
-        except TimeoutError:
+            async with deadline:
+                response = await guarded(t, self._request(model, messages, params, settings))
+        except TimeoutError as exc:
+            if not deadline.expired():  # the provider's own time-out, not the turn's limit
+                self.log.warning("model.failed", error=repr(exc))
+                raise EndTurn(Ending("error", detail=f"model request failed: {exc!r}")) from exc
             await rec.emit(ev.LimitHard(**rec.e(), limit="seconds", value=round(self.checks.elapsed(), 3)))
             raise EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s "
                                                         "reached while the model was answering")) from None
@@ -216,8 +222,8 @@ class ModelStep:
         req = ModelRequest(parts=[UserPromptPart(content=first)], instructions=TITLE_PROMPT,
                            metadata={"cox_purpose": "title", "cox_vias": ["send"]})
         try:
-            resp = await guarded(t, asyncio.wait_for(model_request(self.deps.models.get(t.model), [req]),
-                                                     TITLE_TIMEOUT_S))
+            async with asyncio.timeout(TITLE_TIMEOUT_S):
+                resp = await guarded(t, model_request(self.deps.models.get(t.model), [req]))
         except (StopRequested, LeaseLost, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - a failed title never ends the turn

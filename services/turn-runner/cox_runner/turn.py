@@ -9,7 +9,6 @@ one renewal period, it never loses it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
@@ -65,8 +64,11 @@ class Turn:
     transcript needs but this message, so the turn does not read it."""
     started: float = field(default_factory=time.monotonic)
     bell: asyncio.Event = field(default_factory=asyncio.Event)
-    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     stop_reason: str | None = None
+    _guarding: dict[asyncio.Task[Any], int] = field(default_factory=dict, repr=False)
+    """The tasks awaiting under :func:`guarded` (how deeply): Stop and steer cancel each once."""
+    _stopped: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)
+    """Guarded tasks cancelled by a stop whose guard has not yet turned it into ``StopRequested``."""
     leads_waiting: bool = False
     observed_waiting: bool = False
     policy_inputs: tuple[frozenset[str], bool] | None = None
@@ -82,8 +84,18 @@ class Turn:
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None or reason == "stop":
             self.stop_reason = reason
-        self.stop_event.set()
         self.bell.set()
+        try:
+            me = asyncio.current_task()
+        except RuntimeError:  # no loop running (a test's own call)
+            me = None
+        for task in self._guarding:
+            # The running task itself (a stop asked from inside its own guarded await) is not
+            # cancelled: its cancellation would land at whatever it awaits next, maybe outside
+            # the guard; it sees ``stopping`` at its next look instead.
+            if task is not me and task not in self._stopped:
+                self._stopped.add(task)
+                task.cancel()
 
     def ring(self) -> None:
         self.policy_inputs = None
@@ -99,27 +111,47 @@ class Turn:
 
 
 async def guarded(turn: Turn, aw: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
-    """Await ``aw`` unless Stop/steer comes first; then cancel it and raise StopRequested."""
+    """Await ``aw`` unless Stop/steer comes first; then cancel it and raise StopRequested.
+
+    ``aw`` runs in the caller's own task: a stop cancels that task (:meth:`Turn.request_stop`), and
+    the cancellation it caused, once ``aw`` has let it through (its cleanup ran), becomes
+    ``StopRequested`` here and leaves nothing on the task (the ``uncancel`` of ``asyncio.timeout``'s
+    own protocol). A cancellation from anywhere else stays a cancellation. Racing ``aw`` in a task
+    of its own against a waiter on the stop, as this did before, cost two tasks, an
+    ``asyncio.wait`` and two more passes of the event loop for every model request (#23)."""
     if turn.stopping:
         if asyncio.iscoroutine(aw):
             aw.close()
         raise StopRequested(turn.stop_reason or "stop")
-    task: asyncio.Future[T] = asyncio.ensure_future(aw)
-    stopper = asyncio.ensure_future(turn.stop_event.wait())
+    task = asyncio.current_task()
+    assert task is not None, "guarded runs in a task"
+    guarding = turn._guarding
+    guarding[task] = guarding.get(task, 0) + 1
+    before = task.cancelling()  # cancellations already asked of the task are not the stop's
     try:
-        racing: list[asyncio.Future[Any]] = [task, stopper]
-        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        stopper.cancel()
-        raise
-    stopper.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
-    raise StopRequested(turn.stop_reason or "stop")
+        result = await aw
+    except BaseException as exc:
+        if task not in turn._stopped:
+            raise
+        # The stop's cancellation reached ``aw`` (it is always delivered where the task waits),
+        # whatever ``aw`` made of it (a library may raise its own error instead): it is taken off
+        # the task here, or the drive's next turn would meet a cancellation nobody asked for.
+        turn._stopped.discard(task)
+        if task.uncancel() > before and isinstance(exc, asyncio.CancelledError):
+            raise  # a cancellation from outside came as well (the lease lost, shutdown): it wins
+        raise StopRequested(turn.stop_reason or "stop") from None
+    finally:
+        depth = guarding[task] - 1
+        if depth:
+            guarding[task] = depth
+        else:
+            del guarding[task]
+    if task in turn._stopped:
+        # ``aw`` caught the cancellation and answered anyway: the turn still stops here.
+        turn._stopped.discard(task)
+        task.uncancel()
+        raise StopRequested(turn.stop_reason or "stop")
+    return result
 
 
 def stopped_by(reason: str | None) -> str:
