@@ -27,6 +27,15 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def stop_once_started(t: Turn, started: asyncio.Event, reason: str) -> asyncio.Future[None]:
+    """Stop ``t`` (``reason``) from another task as soon as the guarded work has ``started``."""
+    async def stopper() -> None:
+        await started.wait()
+        t.request_stop(reason)
+
+    return asyncio.ensure_future(stopper())
+
+
 def test_a_guarded_await_answers_what_it_awaited() -> None:
     async def main() -> Any:
         t = _turn()
@@ -73,13 +82,10 @@ def test_a_stop_during_the_await_ends_it_with_its_cleanup_and_leaves_the_task_cl
             finally:
                 seen.append("cleanup")
 
-        async def stopper() -> None:
-            await started.wait()
-            t.request_stop(reason)
-
-        asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(stopper()))
+        s = stop_once_started(t, started, reason)
         with pytest.raises(StopRequested) as exc:
             await guarded(t, work())
+        await s
         assert exc.value.reason == reason
         me = asyncio.current_task()
         assert me is not None and me.cancelling() == 0  # nothing of the stop left on the task
@@ -162,11 +168,7 @@ def test_an_await_that_swallows_the_stop_still_ends_as_stopped() -> None:
                 return "finished anyway"
             return "slept"
 
-        async def stopper() -> None:
-            await started.wait()
-            t.request_stop("stop")
-
-        s = asyncio.ensure_future(stopper())
+        s = stop_once_started(t, started, "stop")
         with pytest.raises(StopRequested):
             await guarded(t, stubborn())
         await s
@@ -193,11 +195,7 @@ def test_a_guard_inside_a_guard_ends_both_and_the_outer_sees_the_stop() -> None:
         async def outer() -> None:
             await guarded(t, inner())
 
-        async def stopper() -> None:
-            await started.wait()
-            t.request_stop("steer")
-
-        s = asyncio.ensure_future(stopper())
+        s = stop_once_started(t, started, "steer")
         with pytest.raises(StopRequested):
             await guarded(t, outer())
         await s
@@ -247,11 +245,7 @@ def test_an_await_that_turns_the_stop_into_another_error_still_ends_as_stopped_a
                 except asyncio.CancelledError as exc:
                     raise Wrapped("the stream was torn down") from exc
 
-            async def stopper(turn: Turn = t, started: asyncio.Event = started, reason: str = reason) -> None:
-                await started.wait()
-                turn.request_stop(reason)
-
-            s = asyncio.ensure_future(stopper())
+            s = stop_once_started(t, started, reason)
             with pytest.raises(StopRequested):
                 await guarded(t, converting())
             await s

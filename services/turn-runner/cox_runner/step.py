@@ -107,16 +107,13 @@ class ModelStep:
         try:
             async with deadline:
                 response = await guarded(t, self._request(model, messages, params, settings))
-        except TimeoutError as exc:
-            if not deadline.expired():  # the provider's own time-out, not the turn's limit
-                self.log.warning("model.failed", error=repr(exc))
-                raise EndTurn(Ending("error", detail=f"model request failed: {exc!r}")) from exc
-            await rec.emit(ev.LimitHard(**rec.e(), limit="seconds", value=round(self.checks.elapsed(), 3)))
-            raise EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s "
-                                                        "reached while the model was answering")) from None
         except (StopRequested, LeaseLost, asyncio.CancelledError, EndTurn, CoxError):
             raise
         except Exception as exc:  # any provider failure ends the turn with its reason
+            if deadline.expired():  # the turn's time limit (a provider's own time-out is a failure)
+                await rec.emit(ev.LimitHard(**rec.e(), limit="seconds", value=round(self.checks.elapsed(), 3)))
+                raise EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s "
+                                                            "reached while the model was answering")) from None
             if not last_try and retry.too_long(exc):
                 self.log.warning("model.too_long", error=repr(exc))
                 raise _TooLong from exc
