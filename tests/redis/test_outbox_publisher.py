@@ -208,6 +208,7 @@ def test_a_publisher_finishing_goes_on_with_the_next_tenure_after_another_proces
         await drained(r, sid)
         real_pub_done = one.fns.pub_done
         armed = True
+        handed = asyncio.Event()
 
         async def pub_done(**kw: Any) -> list[str]:
             nonlocal armed
@@ -218,10 +219,14 @@ def test_a_publisher_finishing_goes_on_with_the_next_tenure_after_another_proces
                 await drained(r, sid, timeout=2.0)
                 await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "one again")])
                 assert one.outbox._fresh.get(sid), "handed to the publisher still finishing"
+                handed.set()
             return res
 
         one.fns.pub_done = pub_done  # type: ignore[method-assign]
         await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "one")])
+        # The outbox looks drained for a moment inside the stand-in (the lock freed, before the
+        # other process's call): wait for the stand-in's last call before looking.
+        await asyncio.wait_for(handed.wait(), 10.0)
         await drained(r, sid, timeout=2.0)
         assert not armed
         last = int(await r.hget(keys.session(sid), "seq") or 0)
