@@ -227,6 +227,18 @@ def without_paths(text: str, *roots: str | os.PathLike[str]) -> str:
     return _ABS_PATH.sub("<path>", text)
 
 
+def logged(exc: BaseException) -> str:
+    """An exception for a log line: its repr, and its message where the repr leaves it out
+    (redis-py's errors are ``network:ConnectionError`` whatever went wrong, and a script's
+    ``server:ResponseError`` without the script's words)."""
+    shown = repr(exc)
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not break the log line
+        return shown
+    return shown if not text or text in shown else f"{shown}: {text}"
+
+
 def describe(exc: BaseException) -> str:
     """An unexpected exception as a client may read it: its type and message, never a host path
     (an OSError's file names are left out; other absolute paths are replaced)."""

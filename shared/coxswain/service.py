@@ -34,6 +34,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, SecretStr, ValidationError
 
+from coxswain.errors import logged
+
 from . import __version__, bus, keys, logs, redisfix, rpc, subjects
 from .config import Settings
 from .errors import CoxError, Invalid, Unavailable, describe
@@ -69,7 +71,7 @@ async def connect_nats(
     ln = bus.Link()
 
     async def on_error(exc: Exception) -> None:
-        log.warning("nats.error", error=repr(exc))
+        log.warning("nats.error", error=logged(exc))
 
     async def on_disconnect() -> None:
         ln.disconnected()
@@ -94,7 +96,7 @@ async def connect_nats(
             return nc
         except Exception as exc:  # noqa: BLE001 - any failure to connect is retried, then reported
             last = exc
-            log.warning("nats.connect_failed", url=shown, attempt=attempt, error=repr(exc))
+            log.warning("nats.connect_failed", url=shown, attempt=attempt, error=logged(exc))
             # nats-py leaves the socket of a refused connection (Authorization Violation) open
             await close_quietly(nc)
             await asyncio.sleep(CONNECT_WAIT_S)
@@ -146,7 +148,7 @@ async def connect_redis(
             return client
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             last = exc
-            log.warning("redis.connect_failed", url=shown, attempt=attempt, error=repr(exc))
+            log.warning("redis.connect_failed", url=shown, attempt=attempt, error=logged(exc))
             await asyncio.sleep(CONNECT_WAIT_S)
     await client.aclose()
     raise Unavailable(f"could not connect to Redis at {shown}: {last!r}")
@@ -252,7 +254,7 @@ async def _connect_cluster(url: str, shown: str, log: Any, auth: dict[str, str])
             return client
         except (redis.exceptions.RedisError, OSError) as exc:
             last = exc
-            log.warning("redis.connect_failed", url=shown, cluster=True, attempt=attempt, error=repr(exc))
+            log.warning("redis.connect_failed", url=shown, cluster=True, attempt=attempt, error=logged(exc))
             await client.aclose()
             await asyncio.sleep(CONNECT_WAIT_S)
     raise Unavailable(f"could not connect to the Redis Cluster at {shown}: {last!r}")
@@ -441,7 +443,7 @@ class Service:
                 return
             exc = t.exception()
             if exc is not None:
-                self.log.error("task.failed", task=name, error=repr(exc), exc_info=exc)
+                self.log.error("task.failed", task=name, error=logged(exc), exc_info=exc)
                 if critical and not self.fatal.done() and not self._stopping:
                     self.fatal.set_result(exc)
 
@@ -506,14 +508,14 @@ class Service:
             except CoxError as exc:
                 reply = bus.err(exc)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                self.log.warning("rpc.redis_down", op=op, error=repr(exc))
+                self.log.warning("rpc.redis_down", op=op, error=logged(exc))
                 reply = bus.err(Unavailable(f"redis is unavailable: {exc}"))
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     await msg.respond(bus.err(Unavailable("service is stopping")))
                 raise
             except Exception as exc:
-                self.log.error("rpc.failed", op=op, error=repr(exc), exc_info=exc)
+                self.log.error("rpc.failed", op=op, error=logged(exc), exc_info=exc)
                 reply = bus.err(CoxError(f"internal error in {self.name}.{op}: {describe(exc)}"))
             if msg.reply:
                 with contextlib.suppress(Exception):

@@ -13,6 +13,7 @@ import nats.js.errors
 from nats.js import JetStreamContext, api
 
 from coxswain import subjects
+from coxswain.errors import logged
 
 RESUBSCRIBE_S = 1.0
 """How long a consumer waits before it is set up again after a failure."""
@@ -64,10 +65,10 @@ class Consuming:
                 seen, self.error = self.error, type(exc).__name__
                 self.state = "retrying"
                 (self._log.debug if seen == self.error else self._log.warning)(
-                    f"{what}.consumer_failed", error=repr(exc))
+                    f"{what}.consumer_failed", error=logged(exc))
             except Exception as exc:  # noqa: BLE001 - a bug: seen, and the consumer carries on
                 self.state, self.error = "retrying", type(exc).__name__
-                self._log.error(f"{what}.consumer_failed", error=repr(exc), exc_info=exc)
+                self._log.error(f"{what}.consumer_failed", error=logged(exc), exc_info=exc)
             finally:
                 if sub is not None:
                     with contextlib.suppress(Exception):

@@ -32,6 +32,7 @@ from nats.js import JetStreamContext, api
 
 from coxswain import __version__, eventlog, notify, subjects
 from coxswain.config import NotifyConfig, WebhookConfig
+from coxswain.errors import logged
 
 from . import consumers, metrics
 
@@ -153,9 +154,9 @@ class Webhook(consumers.Consuming):
             self._log.info("notify.retry", last=detail, delay_s=delay, **where)
         except nats.errors.Error as exc:
             # The answer did not reach JetStream (NATS away): it redelivers after the ack wait.
-            self._log.warning("notify.ack_lost", error=repr(exc), **where)
+            self._log.warning("notify.ack_lost", error=logged(exc), **where)
         except Exception as exc:  # noqa: BLE001 - a bug here must not go unseen, nor end the loop
-            self._log.error("notify.delivery_failed", error=repr(exc), exc_info=exc, **where)
+            self._log.error("notify.delivery_failed", error=logged(exc), exc_info=exc, **where)
 
     async def _post(self, body: bytes, type_: str, delivery: str) -> tuple[str, str]:
         """One attempt: ``ok``, ``refused`` (answered, not 2xx) or ``error`` (no answer), and a

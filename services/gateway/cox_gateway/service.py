@@ -20,6 +20,7 @@ from redis.backoff import ExponentialBackoff
 
 from coxswain import eventlog, subjects
 from coxswain.config import Settings
+from coxswain.errors import logged
 from coxswain.service import Service
 
 from . import metrics
@@ -84,7 +85,7 @@ class Gateway(Service):
                 if isinstance(sample, dict):
                     metrics.count_usage(sample)
         except ValueError as exc:
-            self.log.warning("metrics.bad_usage_sample", error=repr(exc))
+            self.log.warning("metrics.bad_usage_sample", error=logged(exc))
 
     async def health(self) -> dict[str, Any]:
         await self.redis.ping()

@@ -38,6 +38,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from coxswain import __version__, eventlog, subjects, traces
 from coxswain.config import Settings
+from coxswain.errors import logged
 
 from . import consumers, metrics
 
@@ -260,11 +261,11 @@ class Tracer(consumers.Consuming):
             else:
                 result = SpanExportResult.SUCCESS  # nothing to send (the caller's trace is not sampled)
         except (nats.errors.Error, OSError) as exc:  # TimeoutError included
-            self._log.warning("traces.reread_failed", error=repr(exc), **where)
+            self._log.warning("traces.reread_failed", error=logged(exc), **where)
             result = SpanExportResult.FAILURE
             spans = []
         except Exception as exc:  # noqa: BLE001 - a bug: seen once, and the turn is not tried forever
-            self._log.error("traces.failed", error=repr(exc), exc_info=exc, **where)
+            self._log.error("traces.failed", error=logged(exc), exc_info=exc, **where)
             with contextlib.suppress(nats.errors.Error):
                 await msg.term()
             return
@@ -284,7 +285,7 @@ class Tracer(consumers.Consuming):
             await msg.nak(delay=delay)
             self._log.info("traces.retry", delay_s=delay, **where)
         except nats.errors.Error as exc:
-            self._log.warning("traces.ack_lost", error=repr(exc), **where)
+            self._log.warning("traces.ack_lost", error=logged(exc), **where)
 
     async def health(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "turns_open": len(self._turns)}

@@ -27,6 +27,7 @@ from coxswain.errors import (
     TooManyPrograms,
     Unavailable,
     WorkspaceInvalid,
+    logged,
 )
 from coxswain.ids import new_id
 from coxswain.models import (
@@ -423,7 +424,7 @@ async def _compact(r: Deps, cmd: CompactCmd, token: str) -> CompactResult:
             s = await asyncio.wait_for(compaction.summarize(r, name, text, cmd.focus),
                                        compaction.COMPACT_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a failed summary falls back
-            r.log.warning("compaction.summary_failed", sid=cmd.sid, error=repr(exc))
+            r.log.warning("compaction.summary_failed", sid=cmd.sid, error=logged(exc))
             return ""
         used.append(s.usage)
         return s.text
@@ -511,5 +512,5 @@ async def resume_all(r: Deps, by: str) -> int:
         try:
             n += await resume(r, sid, by)
         except Exception as exc:  # noqa: BLE001 - one session's failure does not stop the others
-            r.log.warning("budget.resume_failed", sid=sid, error=repr(exc))
+            r.log.warning("budget.resume_failed", sid=sid, error=logged(exc))
     return n

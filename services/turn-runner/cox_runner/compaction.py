@@ -43,7 +43,7 @@ from pydantic_ai.messages import (
 )
 
 from coxswain import events as ev
-from coxswain.errors import CoxError
+from coxswain.errors import CoxError, logged
 
 from .budget import Budget
 from .errors import LeaseLost, StopRequested
@@ -484,7 +484,7 @@ class Compactor:
             except (StopRequested, LeaseLost, asyncio.CancelledError, EndTurn):
                 raise
             except (Exception, CoxError) as exc:  # noqa: BLE001 - a failed summary falls back
-                self.log.warning("compaction.summary_failed", error=repr(exc))
+                self.log.warning("compaction.summary_failed", error=logged(exc))
                 return ""
             self.budget.add_response(s.tokens, s.cost)
             await self.rec.emit(ev.Usage(**self.rec.e(), purpose="compaction", model=name, **s.usage),

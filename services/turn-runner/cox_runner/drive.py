@@ -30,7 +30,7 @@ import redis.exceptions
 
 from coxswain import events as ev
 from coxswain import keys, safefs
-from coxswain.errors import CoxError, Fenced, describe
+from coxswain.errors import CoxError, Fenced, describe, logged
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
@@ -113,13 +113,13 @@ async def run_drive(deps: Deps, d: Drive) -> None:
         log.warning("drive.lease_lost", detail=str(exc))
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
         # Redis failed under a read: write nothing more; the lease lapses and a takeover ends the turn.
-        log.warning("drive.store_down", error=repr(exc))
+        log.warning("drive.store_down", error=logged(exc))
         await deps.store.drop_idle()
     except asyncio.CancelledError:
         log.info("drive.cancelled")
         raise
     except Exception as exc:
-        log.error("drive.failed", error=repr(exc), exc_info=exc)
+        log.error("drive.failed", error=logged(exc), exc_info=exc)
         if d.turn is not None:
             # A bug in the turn, not an unknown outcome of turn_end: end it as an error, once.
             with contextlib.suppress(Exception):
@@ -397,7 +397,7 @@ async def renew_all(deps: Deps) -> None:
                 return list(await asyncio.wait_for(pipe.execute(raise_on_error=False),
                                                    timeout=rc.renew_every_ms / 1000))
         except Exception as exc:  # noqa: BLE001 - Redis down or slow: the deadlines decide
-            deps.log.warning("lease.renew_failed", error=repr(exc), drives=len(group))
+            deps.log.warning("lease.renew_failed", error=logged(exc), drives=len(group))
             await deps.store.drop_idle()
             return [None] * len(group)
 
@@ -459,7 +459,7 @@ async def _settle_writes(deps: Deps, sid: str, turn_id: str, outcome: str) -> tu
             path, tmp = str(w["path"]), str(w["tmp"])
             aborted = await asyncio.to_thread(safefs.abort, ws, path, tmp)
         except Exception as exc:  # noqa: BLE001 - unreadable intent or folder: it did not land as far as we can tell
-            deps.log.error("write.unsettled", sid=sid, call_id=call_id, error=repr(exc))
+            deps.log.error("write.unsettled", sid=sid, call_id=call_id, error=logged(exc))
             continue
         staged.append((path, tmp))
         deps.log.warning("write.settled", sid=sid, call_id=call_id, path=path, landed=not aborted)

@@ -19,6 +19,7 @@ import redis.exceptions
 from nats.js import JetStreamContext
 
 from coxswain import eventlog, keys
+from coxswain.errors import logged
 
 from .errors import StopRequested
 from .leases import Leases
@@ -113,7 +114,7 @@ class LogReader:
         except (asyncio.CancelledError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             raise
         except Exception as exc:  # noqa: BLE001 - the whole read below retries and waits
-            self.log.info("log.tail_unread", sid=sid, error=repr(exc))
+            self.log.info("log.tail_unread", sid=sid, error=logged(exc))
             return None
         if tail is None or not transcript.foldable(tail):
             return None
@@ -150,6 +151,6 @@ class LogReader:
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                 raise
             except Exception as exc:  # noqa: BLE001 - NATS down or restarting: wait for it
-                self.log.warning("log.unreadable", sid=sid, error=repr(exc))
+                self.log.warning("log.unreadable", sid=sid, error=logged(exc))
             await asyncio.sleep(pause)
             pause = min(1.0, pause * 2)

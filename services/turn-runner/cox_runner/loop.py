@@ -44,7 +44,7 @@ from pydantic_ai.messages import TextPart, ToolCallPart
 from coxswain import attachments as att
 from coxswain import events as ev
 from coxswain import hookspec, keys
-from coxswain.errors import CoxError, describe
+from coxswain.errors import CoxError, describe, logged
 from coxswain.ids import new_id
 from coxswain.models import Plan
 
@@ -164,7 +164,7 @@ class TurnLoop:
         except (LeaseLost, asyncio.CancelledError):
             raise
         except Exception as exc:  # an internal failure still closes the turn's calls
-            self.log.error("turn.failed", error=repr(exc), exc_info=exc)
+            self.log.error("turn.failed", error=logged(exc), exc_info=exc)
             ending = Ending("error", detail=f"internal error: {describe(exc)}")
         await self._close(ending)
         return ending

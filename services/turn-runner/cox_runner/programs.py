@@ -36,7 +36,7 @@ from typing import Any
 
 from coxswain import events as ev
 from coxswain import keys
-from coxswain.errors import Conflict, CoxError
+from coxswain.errors import Conflict, CoxError, logged
 from coxswain.ids import new_id
 from coxswain.models import PROGRAM_TAIL_CHARS
 from coxswain.proc import dies_with_me
@@ -321,7 +321,7 @@ class Programs:
         try:
             await self.books.record_end(p)
         except Exception as exc:  # noqa: BLE001 - Redis or versions gone: the log says so
-            self.log.warning("program.end_unrecorded", sid=p.sid, program_id=p.program_id, error=repr(exc))
+            self.log.warning("program.end_unrecorded", sid=p.sid, program_id=p.program_id, error=logged(exc))
         finally:
             p.ended.set()
             self.of(p.sid).pop(p.program_id, None)

@@ -21,6 +21,7 @@ import itertools
 from typing import Any
 
 from coxswain.config import Settings
+from coxswain.errors import logged
 
 from .redis.store import Store, as_list
 
@@ -88,7 +89,7 @@ class RunSlots:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # noqa: BLE001 - Redis down: the slots lapse, the turns wait
-                    self.log.warning("run_slots.failed", error=repr(exc), held=len(self._held),
+                    self.log.warning("run_slots.failed", error=logged(exc), held=len(self._held),
                                      waiting=len(self._waiting))
                     await self.store.drop_idle()
             self._wake.clear()

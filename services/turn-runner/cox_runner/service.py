@@ -30,6 +30,7 @@ from redis.backoff import NoBackoff
 
 from coxswain import config, eventlog, rpc, subjects
 from coxswain.config import Settings
+from coxswain.errors import logged
 from coxswain.ids import new_id
 from coxswain.service import Service
 
@@ -160,7 +161,7 @@ class Runner(Service):
         try:
             fresh = await asyncio.to_thread(config.load)
         except Exception as exc:  # noqa: BLE001 - a bad file keeps the running settings
-            self.log.error("config.reload_failed", error=repr(exc))
+            self.log.error("config.reload_failed", error=logged(exc))
             return
         self.settings.limits = fresh.limits
         self.log.info("config.reloaded", session_spend=fresh.limits.session_spend,
@@ -215,7 +216,7 @@ class Runner(Service):
             if msg.reply:  # Doorbell.ask waits for it
                 await msg.respond(b"ok")
         except Exception as exc:  # noqa: BLE001 - a bad doorbell is logged, never fatal
-            self.log.warning("control.bad_message", error=repr(exc))
+            self.log.warning("control.bad_message", error=logged(exc))
 
     async def _drive_here(self, sid: str, data: dict[str, Any]) -> None:
         """A send admitted by another runner to a session whose programs run here: run its turn."""
@@ -250,7 +251,7 @@ class Runner(Service):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Redis/NATS hiccups must not kill the loop
-                self.log.warning("loop.error", loop=fn.__name__, error=repr(exc))
+                self.log.warning("loop.error", loop=fn.__name__, error=logged(exc))
                 if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
                     await self.store.drop_idle()
             await asyncio.sleep(period)

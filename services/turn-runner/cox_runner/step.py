@@ -28,7 +28,7 @@ from pydantic_ai.models import ModelRequestParameters
 
 from coxswain import events as ev
 from coxswain import keys
-from coxswain.errors import CoxError, Fenced
+from coxswain.errors import CoxError, Fenced, logged
 
 from . import handlers, spending
 from .budget import Budget
@@ -115,9 +115,9 @@ class ModelStep:
                 raise EndTurn(Ending("hard_budget", detail=f"hard time limit of {self.limits.seconds:g}s "
                                                             "reached while the model was answering")) from None
             if not last_try and retry.too_long(exc):
-                self.log.warning("model.too_long", error=repr(exc))
+                self.log.warning("model.too_long", error=logged(exc))
                 raise _TooLong from exc
-            self.log.warning("model.failed", error=repr(exc))
+            self.log.warning("model.failed", error=logged(exc))
             raise EndTurn(Ending("error", detail=f"model request failed: {exc}")) from exc
 
         calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
@@ -224,7 +224,7 @@ class ModelStep:
         except (StopRequested, LeaseLost, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - a failed title never ends the turn
-            self.log.info("title.failed", error=repr(exc))
+            self.log.info("title.failed", error=logged(exc))
             return
         used = self._usage("title", resp)
         if spending.spends(self._usage_ops):

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from coxswain.errors import CoxError
+from coxswain.errors import CoxError, logged
 from coxswain.models import (
     CollectRequest,
     CollectResult,
@@ -44,7 +44,7 @@ class Collector(Base):
                     raise
                 # One workspace whose store folder was tampered with must not stop the others.
                 total.failed.append(f"{ws.name}: {exc.detail if isinstance(exc, CoxError) else exc}")
-                self.log.warning("versions.collect_failed", workspace=str(ws), error=repr(exc))
+                self.log.warning("versions.collect_failed", workspace=str(ws), error=logged(exc))
                 continue
             total.workspaces += 1
             total.versions_kept += st.kept
@@ -79,4 +79,4 @@ class Collector(Base):
             try:
                 await self.collect(CollectRequest())
             except Exception as exc:  # noqa: BLE001 - a failed round must not stop the next one
-                self.log.warning("versions.collect_failed", error=repr(exc))
+                self.log.warning("versions.collect_failed", error=logged(exc))

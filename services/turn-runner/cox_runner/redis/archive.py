@@ -41,7 +41,7 @@ from nats.js.kv import KeyValue
 from coxswain import archive, eventlog, keys
 from coxswain import events as ev
 from coxswain.config import Settings
-from coxswain.errors import CoxError, NotFound
+from coxswain.errors import CoxError, NotFound, logged
 
 from .store import Store
 
@@ -112,7 +112,7 @@ class Archiver:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one session's failure leaves it in Redis, as it was
-                self.log.warning("archive.failed", sid=sid, error=repr(exc))
+                self.log.warning("archive.failed", sid=sid, error=logged(exc))
         return dropped
 
     async def archive(self, sid: str, limit_ms: int) -> bool:

@@ -20,6 +20,7 @@ import redis.exceptions
 from nats.js import JetStreamContext
 
 from coxswain import eventlog, keys
+from coxswain.errors import logged
 
 from .fns import Fns
 from .replicas import Replicas
@@ -170,7 +171,7 @@ class Outbox:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the lock expires and the sweeper republishes
-            self.log.warning("outbox.publish_failed", sid=sid, error=repr(exc))
+            self.log.warning("outbox.publish_failed", sid=sid, error=logged(exc))
         finally:
             if mine and self._publishers.get(sid) is me:
                 # No await from the last look at _next to here: whatever start or go_on added

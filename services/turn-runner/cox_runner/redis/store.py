@@ -32,6 +32,7 @@ import redis.exceptions
 from nats.js import JetStreamContext
 
 from coxswain import errors, keys
+from coxswain.errors import logged
 from coxswain.ids import new_id
 from coxswain.redismux import Mux
 
@@ -190,13 +191,13 @@ class Store:
                 # reply needs; a drive's own deadline still stops it within the lease.
                 if attempt >= RETRY_ATTEMPTS or (attempt > 1 and waited >= self.retry_s):
                     self.log.warning("redis.call_failed", fn=fn, sid=sid, tx=tx or None, attempts=attempt,
-                                     error=repr(exc))
+                                     error=logged(exc))
                     if fn in HOLDER_FNS and not (fn == "cox_emit" and argv[1] == ""):
                         raise StoreDown(f"redis did not answer {fn}: {exc!r}") from exc
                     raise
                 pause = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
                 self.log.warning("redis.call_retry", fn=fn, sid=sid, tx=tx or None, attempt=attempt,
-                                 error=repr(exc))
+                                 error=logged(exc))
                 await self.drop_idle()
                 await asyncio.sleep(min(pause, max(0.0, self.retry_s - waited)))
         head = json.loads(res[0])
