@@ -3,10 +3,11 @@ with ``pipelined``), on a real Redis with the library loaded and a real nats-ser
 
 A response of several reads used to wait for each read's record (one Redis call and one publish
 each) before the next read ran. A read changes nothing, so its record may be on its way while
-the next read runs; what is recorded meanwhile goes with the next Redis call, in order. What
-must hold: the log reads every call's start, decision and result in order and without a gap;
-a record the fence refuses stops the turn at the next result (not after the reads to come) and
-puts nothing in the log; and anything that is not such a read waits for every record before it.
+the next read runs; what is recorded meanwhile goes with the next Redis call, in order, and
+results wait a moment (the linger) for the ones behind them. What must hold: the log reads every
+call's start, decision and result in order and without a gap; a record the fence refuses stops
+the turn at the next result (not after the reads to come) and puts nothing in the log; anything
+that is not such a read waits for every record before it, and does not wait out the linger.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, cast
 import pytest
 from pydantic_ai.messages import ToolCallPart
 
+from cox_runner import recorder as recorder_module
 from cox_runner.errors import LeaseLost
 from cox_runner.recorder import Recorder
 from cox_runner.redis.store import Store
@@ -59,14 +61,14 @@ class HeldEmits:
         self.gate.set()
 
 
-async def read(rec: Recorder, k: int, pipelined: bool) -> None:
+async def read(rec: Recorder, k: int, pipelined: bool, output: str = "") -> None:
     """One read as the tool round records it: its start deferred, its result (with its decision)."""
     call = ToolCallPart(tool_name="list_dir", args={"path": f"d{k}"}, tool_call_id=f"c{k}")
     rec.defer(ev.ToolCall(**rec.e(), call_id=call.tool_call_id, name="list_dir", args={"path": f"d{k}"}),
               ev.PolicyDecision(**rec.e(), call_id=call.tool_call_id, verdict="allow", actor="policy", reason="a read"))
     rec.pipelined = call.tool_call_id if pipelined else None
-    await rec.result(call, True, f"listing {k}")
-    await asyncio.sleep(0)  # the next read's hop to a thread: the record on its way goes out
+    await rec.result(call, True, output or f"listing {k}")
+    await asyncio.sleep(0)  # the next read's hop to a thread: a record due goes out
 
 
 async def logged(js: Any, r: Any, sid: str) -> list[dict[str, Any]]:
@@ -80,16 +82,49 @@ def test_reads_recorded_on_the_way_go_out_in_order_in_fewer_calls(tmp_path: Path
         sid = "s_group"
         rec, emits = holding(one, r, sid, await busy(one, sid))
         for k in range(10):
-            await read(rec, k, pipelined=True)  # the first record is held: the reads go on
-        assert emits.calls == [3], "one record on its way, nine results waiting behind it"
+            await read(rec, k, pipelined=True)
+        assert emits.calls == [], "the results linger for the ones behind them"
+        await asyncio.sleep(recorder_module.PIPELINE_LINGER_S * 10)
+        assert emits.calls == [30], "one record of the ten reads, on its way (held)"
+        for k in range(10, 15):
+            await read(rec, k, pipelined=True)  # the reads go on while it is on its way
+        assert emits.calls == [30]
         emits.release()
-        await read(rec, 10, pipelined=False)  # the last read before anything else: waits for all
-        assert emits.calls == [3, 27, 3], emits.calls
+        await read(rec, 15, pipelined=False)  # the last read before anything else: waits for all
+        assert emits.calls == [30, 15, 3], emits.calls
         evs = [e for e in await logged(js, r, sid) if e["type"] in ("tool.call", "policy.decision", "tool.result")]
-        assert [e["type"] for e in evs] == ["tool.call", "policy.decision", "tool.result"] * 11
-        assert [e["call_id"] for e in evs[::3]] == [f"c{k}" for k in range(11)]
+        assert [e["type"] for e in evs] == ["tool.call", "policy.decision", "tool.result"] * 16
+        assert [e["call_id"] for e in evs[::3]] == [f"c{k}" for k in range(16)]
         seqs = [e["seq"] for e in evs]
-        assert seqs == list(range(seqs[0], seqs[0] + 33)), "no gap, no repeat"
+        assert seqs == list(range(seqs[0], seqs[0] + 48)), "no gap, no repeat"
+
+    run(tmp_path, go)
+
+
+def test_a_group_past_its_size_goes_out_without_the_linger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Results that make a record big enough (events, or read output) go out at once; a linger
+    longer than the test shows nothing else sends them."""
+    monkeypatch.setattr(recorder_module, "PIPELINE_LINGER_S", 60.0)
+    monkeypatch.setattr(recorder_module, "PIPELINE_MAX_EVENTS", 9)
+    monkeypatch.setattr(recorder_module, "PIPELINE_MAX_CHARS", 1000)
+
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_full"
+        rec, emits = holding(one, r, sid, await busy(one, sid))
+        emits.release()
+        await read(rec, 0, pipelined=True)
+        await read(rec, 1, pipelined=True)
+        await asyncio.sleep(0.05)
+        assert emits.calls == [], "two reads (six events) linger"
+        await read(rec, 2, pipelined=True)  # nine events
+        await asyncio.sleep(0.05)
+        assert emits.calls == [9]
+        await read(rec, 3, pipelined=True, output="x" * 1000)  # one read of much output
+        await asyncio.sleep(0.05)
+        assert emits.calls == [9, 3]
+        await rec.settle()
+        evs = [e for e in await logged(js, r, sid) if e["type"] in ("tool.call", "policy.decision", "tool.result")]
+        assert [e["call_id"] for e in evs[::3]] == ["c0", "c1", "c2", "c3"] and len(evs) == 12
 
     run(tmp_path, go)
 
@@ -117,20 +152,25 @@ def test_a_refused_record_stops_the_turn_at_the_next_read_and_logs_nothing(tmp_p
     run(tmp_path, go)
 
 
-def test_anything_else_waits_for_the_reads_on_their_way(tmp_path: Path) -> None:
+def test_anything_else_waits_for_the_reads_on_their_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An event recorded the usual way (a write's record, the response, the turn's end) goes
-    after every pipelined result: ``emit`` settles first."""
+    after every pipelined result: ``emit`` settles first, and sends what lingers at once (a
+    linger longer than the test: only the settle sends it)."""
+    monkeypatch.setattr(recorder_module, "PIPELINE_LINGER_S", 60.0)
+
     async def go(one: Store, two: Store, r: Any, js: Any) -> None:
         sid = "s_after"
         rec, emits = holding(one, r, sid, await busy(one, sid))
         for k in range(3):
             await read(rec, k, pipelined=True)
+        await asyncio.sleep(0.05)
+        assert emits.calls == [], "lingering"
         other = asyncio.ensure_future(rec.emit(ev.AgentMessage(**rec.e(), text="after the reads")))
         await asyncio.sleep(0.05)
-        assert not other.done() and emits.calls == [3], "held behind the record on its way"
+        assert not other.done() and emits.calls == [9], "held behind the reads' record, sent at once"
         emits.release()
         await other
-        assert emits.calls == [3, 6, 1]
+        assert emits.calls == [9, 1]
         evs = await logged(js, r, sid)
         assert evs[-1]["type"] == "agent.message" and evs[-2]["type"] == "tool.result" and evs[-2]["call_id"] == "c2"
 

@@ -27,6 +27,15 @@ from .turn import Turn
 from .workspace import tools
 
 OBSERVED_BATCH = 50
+PIPELINE_LINGER_S = 0.005
+"""How long pipelined read results wait for the results behind them before their record goes
+out (a group commit's linger): a response of many reads makes a record of the reads of about
+this long, not one of each read and the next. The group's last read, and anything after it,
+does not wait for it: :meth:`Recorder.settle` sends at once."""
+PIPELINE_MAX_EVENTS = 96
+PIPELINE_MAX_CHARS = 256 * 1024
+"""Waiting results go out without the linger once they are this many events or this much read
+output (one Redis call stays small)."""
 Op = tuple[str, str, str, str]
 """A small state write recorded with events: (op, key suffix, field, value); see ``cox_emit``."""
 CLOSE_LEADS: Op = ("close_leads", "", "", "")
@@ -66,7 +75,12 @@ class Recorder:
         followed by another read, set by the tool round for the call it is about to run."""
         self._ready: list[ev._Event] = []
         self._ready_ops: list[Op] = []
-        """Pipelined results not yet sent: the next record of :meth:`_flush`."""
+        self._ready_chars = 0
+        """Pipelined results not yet sent: the next record of :meth:`_flush` (and their output's size)."""
+        self._wake = asyncio.Event()
+        """Cuts the linger short: set when the waiting results are enough for a record."""
+        self._hurry = False
+        """:meth:`settle` waits: no linger until it has returned."""
         self._flushing: asyncio.Future[None] | None = None
         """The pipelined records on their way (one Redis call at a time, in order)."""
         self.today: spending.Today | None = None
@@ -106,10 +120,11 @@ class Recorder:
         if "spend_day" in res:
             await self._spent(int(res["spend_day"]), float(res.get("spend_today") or 0), spending.spend_of(ops))
 
-    def _pipeline(self, events: list[ev._Event], ops: list[Op]) -> None:
+    def _pipeline(self, events: list[ev._Event], ops: list[Op], chars: int = 0) -> None:
         """Record ``events`` (with what was deferred) without waiting: they go with the next Redis
         call of :meth:`_flush`, which sends, one call at a time and in order, whatever was
-        pipelined while the call before it was on its way (a group commit). Only a read's result
+        pipelined while the call before it was on its way or lingered (a group commit:
+        :data:`PIPELINE_LINGER_S`). Only a read's result
         is recorded so: the read changed nothing, so if the record is refused (the lease passed
         on) or lost with this process, the log is one a takeover goes on from, as if the read
         had not run. A record refused is raised here, at the next pipelined result, or by
@@ -117,6 +132,9 @@ class Recorder:
         batch, ops = self._with_deferred(events, ops)
         self._ready += batch
         self._ready_ops += ops
+        self._ready_chars += chars
+        if self._full():
+            self._wake.set()
         task = self._flushing
         if task is not None and task.done():
             task.result()  # LeaseLost: the turn stops at this call, not after the reads to come
@@ -125,19 +143,34 @@ class Recorder:
             self._flushing = asyncio.ensure_future(self._flush())
             self._flushing.add_done_callback(_retrieved)
 
+    def _full(self) -> bool:
+        return len(self._ready) >= PIPELINE_MAX_EVENTS or self._ready_chars >= PIPELINE_MAX_CHARS
+
     async def _flush(self) -> None:
         while self._ready or self._ready_ops:
+            if not (self._hurry or self._full()):
+                # Linger for the results behind these (the next reads run meanwhile).
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(PIPELINE_LINGER_S):
+                        await self._wake.wait()
             batch, ops = self._ready, self._ready_ops
-            self._ready, self._ready_ops = [], []
+            self._ready, self._ready_ops, self._ready_chars = [], [], 0
             await self._record(batch, ops)
 
     async def settle(self) -> None:
-        """Wait until every pipelined result is in the log (LeaseLost if a record was refused).
-        Shielded: a turn cancelled while it waits leaves the record to finish (it is fenced)."""
+        """Wait until every pipelined result is in the log (LeaseLost if a record was refused):
+        what lingers goes out now. Shielded: a turn cancelled while it waits leaves the record to
+        finish (it is fenced)."""
         task = self._flushing
         if task is None:
             return
-        await asyncio.shield(task)  # raises what refused a record (and it stays: raised again)
+        self._hurry = True
+        self._wake.set()
+        try:
+            await asyncio.shield(task)  # raises what refused a record (and it stays: raised again)
+        finally:
+            self._hurry = False
         self._flushing = None
 
     async def _spent(self, day: int, session: float, cost: float) -> None:
@@ -208,7 +241,7 @@ class Recorder:
             ops.append(("ltrim", keys.OBSERVED, str(len(raw)), "-1"))
         if self.pipelined == call.tool_call_id:
             self.pipelined = None
-            self._pipeline(evs, ops)
+            self._pipeline(evs, ops, len(output))
         else:
             await self.emit(*evs, ops=ops)
         self.open.pop(call.tool_call_id, None)
