@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fnmatch
+import functools
 import os
+import re
 import stat
 import uuid
 from collections.abc import Iterator
@@ -39,8 +41,23 @@ CREDENTIAL_DENYLIST: tuple[str, ...] = (
 """Never read, written or versioned, whatever the settings (docs/design.md, Policy: refused outright)."""
 
 
+@functools.lru_cache(maxsize=16)
+def _compiled(patterns: tuple[str, ...]) -> tuple[tuple[str, ...], re.Pattern[str] | None]:
+    """``patterns``' paths (a ``/`` in them), and one expression for the names: any part matches."""
+    names = [p for p in patterns if "/" not in p]
+    rx = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in names)) if names else None
+    return tuple(p for p in patterns if "/" in p), rx
+
+
 def _matches(rel: str, patterns: tuple[str, ...]) -> str | None:
-    parts = PurePosixPath(rel).parts
+    """The first of ``patterns`` that ``rel`` falls under: a path pattern (with ``/``) matches it
+    or a folder above it, a name pattern any of its parts (``fnmatch``, case-sensitive)."""
+    paths, rx = _compiled(patterns)
+    # The usual answer (no entry) from one expression over the parts; which entry, the loop below.
+    parts = PurePosixPath(rel).parts if rel.startswith("/") else [p for p in rel.split("/") if p and p != "."]
+    if not any(rel == p or rel.startswith(p + "/") for p in paths) and (
+            rx is None or not any(rx.match(part) for part in parts)):
+        return None
     for pat in patterns:
         if "/" in pat:
             if rel == pat or rel.startswith(pat + "/"):
@@ -102,9 +119,9 @@ def resolve(root: Path | str, path: str) -> str:
         raise Refused(f"{path!r} changed while it was resolved") from exc
     if real != real_root and not real.startswith(real_root + os.sep):
         raise Refused(f"{path!r} is outside the workspace")
-    rel = os.path.relpath(real, real_root)
-    rel = "" if rel == "." else rel.replace(os.sep, "/")
-    if len(PurePosixPath(rel).parts) > MAX_DEPTH:
+    # Both are real paths (absolute, normalised): what follows the root is the relative path.
+    rel = real[len(real_root) + 1:] if real != real_root else ""
+    if rel.count("/") + 1 > MAX_DEPTH:
         raise Invalid("path is too deep")
     return rel
 
@@ -342,9 +359,9 @@ def listdir(root: Path | str, rel: str, limit: int = 1000) -> list[Entry]:
 def real_under(root: Path | str, path: Path | str) -> Path | None:
     """The real path of ``path`` (every link resolved) if it is ``root``'s real path or lies
     beneath it; None otherwise. The one check behind "a workspace must be under the root"."""
-    real_root = Path(realpath(root))
-    real = Path(realpath(path))
-    return real if real == real_root or real_root in real.parents else None
+    real_root, real = realpath(root), realpath(path)
+    inside = real_root if real_root.endswith("/") else real_root + "/"
+    return Path(real) if real == real_root or real.startswith(inside) else None
 
 
 def write_if_missing(root: Path | str, rel: str, data: bytes) -> bool:
