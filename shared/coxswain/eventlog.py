@@ -418,10 +418,12 @@ async def tail(js: JetStreamContext, sid: str, start: int, after: int, until: in
 
 class Shared(dict[str, Any]):
     """An event of a live message, parsed once and shared by every reader of its session in the
-    process: read it, never change it. ``sse`` is a slot for what a reader renders of it once for
-    all of them (the gateway's SSE frame)."""
+    process: read it, never change it. ``raw`` is its JSON as the stream holds it (one line of
+    the message); ``sse`` is a slot for what a reader renders of it once for all of them (the
+    gateway's SSE frame, made of ``raw``)."""
 
-    __slots__ = ("sse",)
+    __slots__ = ("raw", "sse")
+    raw: bytes
     sse: bytes
 
 
@@ -438,7 +440,13 @@ class Message:
 
     def events(self) -> list[Shared]:
         if self._events is None:
-            self._events = [Shared(e) for e in events_in(self.data)]
+            out = []
+            for line in self.data.split(b"\n"):
+                if line:
+                    ev = Shared(json.loads(line))
+                    ev.raw = line
+                    out.append(ev)
+            self._events = out
         return self._events
 
 

@@ -114,8 +114,13 @@ def frame(ev: dict[str, Any]) -> bytes:
     done = getattr(ev, "sse", None)
     if done is not None:
         return done  # type: ignore[no-any-return]
-    data = json.dumps(ev, ensure_ascii=False, separators=(",", ":"))
-    out = f"id: {ev['seq']}\nevent: {ev['type']}\ndata: {data}\n\n".encode()
+    raw = getattr(ev, "raw", None)
+    if raw is not None:
+        # Its JSON as the stream holds it (one line, compact, UTF-8): not parsed and dumped again.
+        out = b"id: %d\nevent: %s\ndata: %s\n\n" % (int(ev["seq"]), str(ev["type"]).encode(), raw)
+    else:
+        data = json.dumps(ev, ensure_ascii=False, separators=(",", ":"))
+        out = f"id: {ev['seq']}\nevent: {ev['type']}\ndata: {data}\n\n".encode()
     if isinstance(ev, eventlog.Shared):
         ev.sse = out
     return out
