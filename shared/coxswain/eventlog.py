@@ -441,11 +441,11 @@ class Message:
     def events(self) -> list[Shared]:
         if self._events is None:
             out = []
-            for line in self.data.split(b"\n"):
-                if line:
-                    ev = Shared(json.loads(line))
-                    ev.raw = line
-                    out.append(ev)
+            lines = [line for line in self.data.split(b"\n") if line]
+            for line, parsed in zip(lines, events_in(self.data), strict=True):
+                ev = Shared(parsed)
+                ev.raw = line
+                out.append(ev)
             self._events = out
         return self._events
 
