@@ -34,11 +34,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from coxswain.errors import logged
-
 from . import __version__, bus, keys, logs, redisfix, rpc, subjects
 from .config import Settings
-from .errors import CoxError, Invalid, Unavailable, describe
+from .errors import CoxError, Invalid, Unavailable, describe, logged
 from .models import Health
 from .stalls import StallWatch
 
