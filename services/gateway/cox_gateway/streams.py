@@ -114,13 +114,12 @@ def frame(ev: dict[str, Any]) -> bytes:
     done = getattr(ev, "sse", None)
     if done is not None:
         return done  # type: ignore[no-any-return]
-    raw = getattr(ev, "raw", None)
-    if raw is not None:
-        # Its JSON as the stream holds it (one line, compact, UTF-8): not parsed and dumped again.
-        out = b"id: %d\nevent: %s\ndata: %s\n\n" % (int(ev["seq"]), str(ev["type"]).encode(), raw)
-    else:
-        data = json.dumps(ev, ensure_ascii=False, separators=(",", ":"))
-        out = f"id: {ev['seq']}\nevent: {ev['type']}\ndata: {data}\n\n".encode()
+    # A live event's data is its JSON as the stream holds it (one line, compact, UTF-8), not parsed
+    # and dumped again; an event read from the backlog is dumped compactly.
+    data: bytes | None = getattr(ev, "raw", None)
+    if data is None:
+        data = json.dumps(ev, ensure_ascii=False, separators=(",", ":")).encode()
+    out = b"id: %s\nevent: %s\ndata: %s\n\n" % (str(ev["seq"]).encode(), str(ev["type"]).encode(), data)
     if isinstance(ev, eventlog.Shared):
         ev.sse = out
     return out
