@@ -253,3 +253,43 @@ def test_an_await_that_turns_the_stop_into_another_error_still_ends_as_stopped_a
             assert me is not None and me.cancelling() == 0
 
     run(main())
+
+
+
+def test_a_stop_while_a_provider_loads_ends_the_wait_and_a_later_load_finds_the_model() -> None:
+    """A provider's first use builds it in a thread (its SDK imported: seconds on a loaded
+    machine). The turn's loop awaits that under its guard, so a Stop ends the turn while the build
+    is still running (it was awaited unguarded, and a Stop waited for the import: past the stop's
+    bounded wait on CI's loaded lane); a later load still gets the model."""
+    import threading
+
+    from cox_runner.model.providers import Models
+    from coxswain.config import ModelConfig
+
+    release = threading.Event()
+    built = threading.Event()
+
+    class Slow(Models):
+        def _build(self, name: str) -> Any:
+            release.wait(10)
+            built.set()
+            return f"model {name}"
+
+    async def main() -> None:
+        t = _turn()
+        models = Slow(ModelConfig())
+        started = asyncio.Event()
+
+        async def load() -> Any:
+            started.set()
+            return await models.load("script")
+
+        s = stop_once_started(t, started, "stop")
+        with pytest.raises(StopRequested):
+            await guarded(t, load())
+        await s
+        assert not built.is_set(), "the stop waited for the build"
+        release.set()
+        assert await models.load("script") == "model script"
+
+    run(main())

@@ -225,7 +225,9 @@ class TurnLoop:
                 f"not_accepting: model {t.model!r} does not take images ({', '.join(pictured)}); the session's "
                 "model was changed after this message was queued. Nothing was sent to the model; the message "
                 "and its attachments are kept: choose a model that takes images and send them again")))
-        await self.deps.models.load(t.model)
+        # A provider's first use imports its SDK (seconds on a loaded machine): a Stop or steer
+        # meanwhile ends the turn at once, not when the import is done.
+        await self.guarded(self.deps.models.load(t.model))
         found = await instructions.agents_md(t.workspace)
         if found is not None:
             self.agents, digest = found
