@@ -139,7 +139,7 @@ async def last_in_stream(js: JetStreamContext, sid: str) -> tuple[int, int]:
 
 
 async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: float = 5.0,
-                  cursors: Cursors | None = None) -> int:
+                  cursors: Cursors | None = None, sent: Callable[[int, int, int], None] | None = None) -> int:
     """Publish outbox entries (JSON strings holding ``seq``) in order; the last seq now in the stream.
 
     Consecutive entries go out as one message (:func:`_message`). Each publish is conditional
@@ -148,6 +148,8 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
     then run at once; unconditioned, they interleaved and the stream held 465 before 448 (a
     reader skipping back never saw 448..464). Now the second one finds the subject moved, stops
     (:class:`OutOfOrder`), and the log is in seq order, gap-free.
+
+    ``sent(first, last, stream_seq)`` is told of each message the stream acknowledged.
     """
     subject = subjects.events(sid)
     cursors = {} if cursors is None else cursors
@@ -179,6 +181,8 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
             retried, pos = True, await last_in_stream(js, sid)
             continue
         retried, pos, i = False, (last, int(ack.seq)), end
+        if sent is not None:
+            sent(seq, last, pos[1])
     if pos is not None:
         if len(cursors) >= CURSORS_MAX:
             cursors.clear()

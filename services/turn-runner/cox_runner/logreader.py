@@ -108,9 +108,14 @@ class LogReader:
         if target < b.seq:
             return None
         try:
-            if not await self.store.outbox.flush(sid, timeout=2.0):
+            if not await self.store.outbox.flush(sid, timeout=2.0, through=target):
                 return None
-            tail = await eventlog.tail(self.js, sid, kept.start, b.seq, target)
+            # From the message holding the first event the transcript lacks, when this process
+            # published it: the position kept with the transcript was taken as the drive ended,
+            # often before its last turn's events were published, and the walk from there cost a
+            # direct get per message since (8 ms a turn start, five sends queued behind it).
+            start = self.store.outbox.holding(sid, b.seq + 1) or kept.start
+            tail = await eventlog.tail(self.js, sid, start, b.seq, target)
         except (asyncio.CancelledError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             raise
         except Exception as exc:  # noqa: BLE001 - the whole read below retries and waits
@@ -140,7 +145,7 @@ class LogReader:
             if d is not None and d.turn is not None and d.turn.stopping:
                 raise StopRequested(d.turn.stop_reason or "stop")
             try:
-                await self.store.outbox.flush(sid, timeout=2.0)
+                await self.store.outbox.flush(sid, timeout=2.0, through=target)
                 out.extend(await eventlog.backlog(self.js, sid, out[-1]["seq"] if out else 0, target,
                                                   limit=LOG_LIMIT, timeout=2.0))
                 if (out[-1]["seq"] if out else 0) >= target:

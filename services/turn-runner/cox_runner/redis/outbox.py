@@ -13,6 +13,7 @@ what follows that publisher's batches (:meth:`Outbox.go_on`): the publisher take
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from typing import Any
 
@@ -38,6 +39,8 @@ TRIM_EVERY = 100
 the outbox (``cox_pub_done``, which also renews the lock) though more keeps coming."""
 TRIM_EVERY_S = 1.0
 """The same bound in time: the lock (``PUB_LOCK_MS``) is renewed well before it lapses."""
+MARKS_KEPT = 8
+"""Messages of a session whose place in the stream this process remembers (:meth:`Outbox.holding`)."""
 
 
 class Outbox:
@@ -55,7 +58,12 @@ class Outbox:
         self._fresh: dict[str, list[str]] = {}
         """The first batch of the next tenure of the lock, for a publisher still finishing the last."""
         self._cursors: eventlog.Cursors = {}
+        self._marks: dict[str, collections.deque[tuple[int, int, int]]] = {}
+        """The last :data:`MARKS_KEPT` messages this process published of a session: (first event
+        seq, last event seq, stream seq)."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
+        """Flushes through a seq (:meth:`flush`) waiting on this process's publisher of the session."""
         self.handed_on = 0
         """Batches a running publisher took without a ``cox_pub_done`` between (for tests)."""
 
@@ -150,7 +158,9 @@ class Outbox:
                     return
                 # Entries already in the stream (a batch handed on overlaps the one cox_pub_done
                 # handed) are skipped by their seq.
-                last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors)
+                last = await eventlog.publish(self.js, sid, batch, cursors=self._cursors,
+                                              sent=lambda first, end, at: self._mark(sid, first, end, at))
+                self._published(sid, last)
                 since += len(batch)
                 if mine and since < TRIM_EVERY and loop.time() - trimmed < TRIM_EVERY_S:
                     batch = self._take(sid, last)
@@ -179,6 +189,7 @@ class Outbox:
                 del self._publishers[sid]
                 self._next.pop(sid, None)
                 self._fresh.pop(sid, None)
+                self._published(sid, None)  # a flush waiting on it looks again
 
     def _position(self, sid: str, entry: str) -> None:
         """Take a fresh lock's position hint (:data:`POSITION`) unless this process knows a later one."""
@@ -197,16 +208,67 @@ class Outbox:
         pos = self._cursors.get(sid)
         return pos[1] if pos is not None else None
 
-    async def flush(self, sid: str, timeout: float = 5.0) -> bool:
-        """Wait until the session's outbox is published (so the log can be read in full)."""
+    def _mark(self, sid: str, first: int, last: int, stream: int) -> None:
+        marks = self._marks.get(sid)
+        if marks is None:
+            if len(self._marks) >= eventlog.CURSORS_MAX:
+                self._marks.clear()
+            marks = self._marks[sid] = collections.deque(maxlen=MARKS_KEPT)
+        marks.append((first, last, stream))
+
+    def holding(self, sid: str, seq: int) -> int | None:
+        """The stream seq of the message holding the session's event ``seq``, when this process
+        published it lately (None: not known here). A hint: the stream may have changed since."""
+        for first, last, stream in reversed(self._marks.get(sid, ())):
+            if first <= seq <= last:
+                return stream
+        return None
+
+    def _published(self, sid: str, last: int | None) -> None:
+        """Wake the flushes through ``last`` or before (``None``: every flush of the session, to look again)."""
+        waiting = self._waiting.get(sid)
+        if not waiting:
+            return
+        keep = []
+        for through, fut in waiting:
+            if last is not None and through > last:
+                keep.append((through, fut))
+            elif not fut.done():
+                fut.set_result(None)
+        if keep:
+            self._waiting[sid] = keep
+        else:
+            del self._waiting[sid]
+
+    def _published_through(self, sid: str, through: int | None) -> bool:
+        pos = self._cursors.get(sid)
+        return through is not None and pos is not None and pos[0] >= through
+
+    async def flush(self, sid: str, timeout: float = 5.0, through: int | None = None) -> bool:
+        """Wait until the session's outbox is published (so the log can be read in full), or with
+        ``through``, until its events up to that seq are: what was recorded after them (the sends
+        queued behind a turn that starts) does not hold the caller, who reads the log only that far."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         base = keys.session(sid)
         while loop.time() < deadline:
+            if self._published_through(sid, through):
+                return True
             mine = self._publishers.get(sid)
             if mine is not None:
-                # This process publishes the session's outbox: wait for it, do not poll.
-                await asyncio.wait({mine}, timeout=max(0.0, deadline - loop.time()))
+                # This process publishes the session's outbox: wait for it (or for its publish of
+                # the seq asked for), do not poll.
+                waits: set[asyncio.Future[Any]] = {mine}
+                if through is not None:
+                    fut = loop.create_future()
+                    self._waiting.setdefault(sid, []).append((through, fut))
+                    waits.add(fut)
+                try:
+                    await asyncio.wait(waits, timeout=max(0.0, deadline - loop.time()),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if through is not None:
+                        self._forget(sid, fut)
                 continue
             if await self.redis.llen(base + keys.OUTBOX) == 0:
                 return True
@@ -217,6 +279,14 @@ class Outbox:
                     continue
             await asyncio.sleep(0.002)  # another process holds the lock and is publishing
         return False
+
+    def _forget(self, sid: str, fut: asyncio.Future[None]) -> None:
+        waiting = self._waiting.get(sid)
+        if waiting is None:
+            return
+        waiting[:] = [w for w in waiting if w[1] is not fut]
+        if not waiting:
+            del self._waiting[sid]
 
     async def close(self) -> None:
         """Let publishing in flight finish (bounded), then cancel the rest."""
