@@ -320,3 +320,33 @@ def test_a_flush_through_a_seq_returns_once_that_seq_is_published_not_when_the_o
         assert await in_stream(js, sid, r) == list(range(1, last + 2))
 
     run(tmp_path, go)
+
+
+def test_what_this_process_recorded_lately_is_at_hand_as_the_log_holds_it(tmp_path: Path) -> None:
+    """A turn starting from a kept transcript folds the events since from what this process's
+    calls recorded (no wait for their publish, no read of the stream): exactly the stream's
+    events, and nothing when one of them was recorded elsewhere or is too large to keep."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_recent"
+        token = await busy(one, sid)
+        await drained(r, sid)
+        before = int(await r.hget(keys.session(sid), "seq") or 0)
+        one.outbox.js = _SlowJetStream(js, 0.2)  # type: ignore[assignment]
+        for text in ("a", "b", "c"):
+            await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, text)])
+        last = int(await r.hget(keys.session(sid), "seq") or 0)
+        got = one.outbox.recorded(sid, before, last)
+        assert got is not None and [e["text"] for e in got] == ["a", "b", "c"], "at hand before it is published"
+        assert one.outbox.recorded(sid, last, last) == []
+        assert one.outbox.recorded(sid, before, last + 1) is None, "not recorded yet: not at hand"
+        await drained(r, sid)
+        assert got == await eventlog.backlog(js, sid, before, last, timeout=5.0), "the log's own events"
+        await two.fns.emit(sid=sid, token=token, owner=two.owner, ops=[], events=[ev(sid, "elsewhere")])
+        await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "here")])
+        now = int(await r.hget(keys.session(sid), "seq") or 0)
+        assert one.outbox.recorded(sid, last, now) is None, "one of them was recorded by another process"
+        await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "x" * 9000)])
+        assert one.outbox.recorded(sid, now, now + 1) is None, "too large to keep"
+        await drained(r, sid)
+
+    run(tmp_path, go)

@@ -107,15 +107,19 @@ class LogReader:
         target = through if through is not None else int(await self.redis.hget(keys.session(sid), "seq") or 0)
         if target < b.seq:
             return None
+        # What this process recorded since (the send that began the turn, usually): no wait for
+        # its publish, no read of the stream (about 2 ms a turn start on a 2-core VM).
+        tail = self.store.outbox.recorded(sid, b.seq, target)
         try:
-            if not await self.store.outbox.flush(sid, timeout=2.0, through=target):
-                return None
-            # From the message holding the first event the transcript lacks, when this process
-            # published it: the position kept with the transcript was taken as the drive ended,
-            # often before its last turn's events were published, and the walk from there cost a
-            # direct get per message since (8 ms a turn start, five sends queued behind it).
-            start = self.store.outbox.holding(sid, b.seq + 1) or kept.start
-            tail = await eventlog.tail(self.js, sid, start, b.seq, target)
+            if tail is None:
+                if not await self.store.outbox.flush(sid, timeout=2.0, through=target):
+                    return None
+                # From the message holding the first event the transcript lacks, when this process
+                # published it: the position kept with the transcript was taken as the drive ended,
+                # often before its last turn's events were published, and the walk from there cost
+                # a direct get per message since (8 ms a turn start, five sends queued behind it).
+                start = self.store.outbox.holding(sid, b.seq + 1) or kept.start
+                tail = await eventlog.tail(self.js, sid, start, b.seq, target)
         except (asyncio.CancelledError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
             raise
         except Exception as exc:  # noqa: BLE001 - the whole read below retries and waits

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 from typing import Any
 
 import redis.exceptions
@@ -40,7 +41,33 @@ the outbox (``cox_pub_done``, which also renews the lock) though more keeps comi
 TRIM_EVERY_S = 1.0
 """The same bound in time: the lock (``PUB_LOCK_MS``) is renewed well before it lapses."""
 MARKS_KEPT = 8
+RECENT_BYTES = 16 * 1024
+"""Of the entries its calls recorded lately, what this process keeps per session (the newest) for
+a turn that starts from a kept transcript (:meth:`Outbox.recorded`)."""
+RECENT_ENTRY_MAX = 8 * 1024
+"""An entry larger than this is not kept (nor one the stream would take in another form)."""
+RECENT_SESSIONS = 1024
+"""Sessions whose recent entries are kept (the least recently recording dropped first)."""
 """Messages of a session whose place in the stream this process remembers (:meth:`Outbox.holding`)."""
+
+
+class _Recent:
+    """A session's newest recorded entries by seq, at most :data:`RECENT_BYTES` of them."""
+
+    __slots__ = ("entries", "size")
+
+    def __init__(self) -> None:
+        self.entries: dict[int, str] = {}
+        self.size = 0
+
+    def add(self, seq: int, entry: str) -> None:
+        if seq in self.entries:
+            return
+        self.entries[seq] = entry
+        self.size += len(entry)
+        while self.size > RECENT_BYTES and self.entries:
+            oldest = min(self.entries)
+            self.size -= len(self.entries.pop(oldest))
 
 
 class Outbox:
@@ -58,6 +85,7 @@ class Outbox:
         self._fresh: dict[str, list[str]] = {}
         """The first batch of the next tenure of the lock, for a publisher still finishing the last."""
         self._cursors: eventlog.Cursors = {}
+        self._recent: collections.OrderedDict[str, _Recent] = collections.OrderedDict()
         self._marks: dict[str, collections.deque[tuple[int, int, int]]] = {}
         """The last :data:`MARKS_KEPT` messages this process published of a session: (first event
         seq, last event seq, stream seq)."""
@@ -72,6 +100,7 @@ class Outbox:
         publish lock with it, so no other publisher of the session runs anywhere until this
         process has drained the outbox. One of this process's may still be finishing (its
         ``cox_pub_done`` freed the lock, then another call here took it): it goes on with this."""
+        self._remember(sid, batch)
         if sid in self._publishers:
             self._fresh[sid] = batch
             return
@@ -84,6 +113,7 @@ class Outbox:
         """``batch`` follows what this process's publisher of the session was handed: it publishes
         it next. With none running (it failed, its lock not yet lapsed) it is left in the outbox:
         the sweeper publishes it once the lock lapses, after the events before it."""
+        self._remember(sid, batch)
         if sid in self._publishers:
             self._hand(sid, batch)
 
@@ -207,6 +237,33 @@ class Outbox:
         here). Later events of the session are in later messages of its subject."""
         pos = self._cursors.get(sid)
         return pos[1] if pos is not None else None
+
+    def _remember(self, sid: str, batch: list[str]) -> None:
+        recent = self._recent.pop(sid, None) or _Recent()
+        self._recent[sid] = recent
+        for entry in batch:
+            if len(entry) <= RECENT_ENTRY_MAX and (seq := eventlog.seq_of(entry)):
+                recent.add(seq, entry)
+        while len(self._recent) > RECENT_SESSIONS:
+            self._recent.popitem(last=False)
+
+    def recorded(self, sid: str, after: int, until: int) -> list[dict[str, Any]] | None:
+        """The session's events ``after < seq <= until`` from the entries this process's calls
+        recorded lately (:meth:`start`, :meth:`go_on`), whether published yet or not; None unless
+        every one of them is at hand. They are the log's own (recorded in Redis, published in this
+        order), so a transcript folds them as it would the stream's."""
+        recent = self._recent.get(sid)
+        if until <= after:
+            return []
+        if recent is None:
+            return None
+        out = []
+        for seq in range(after + 1, until + 1):
+            entry = recent.entries.get(seq)
+            if entry is None:
+                return None
+            out.append(json.loads(entry))
+        return out
 
     def _mark(self, sid: str, first: int, last: int, stream: int) -> None:
         marks = self._marks.get(sid)
