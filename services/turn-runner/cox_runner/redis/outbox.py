@@ -41,14 +41,15 @@ the outbox (``cox_pub_done``, which also renews the lock) though more keeps comi
 TRIM_EVERY_S = 1.0
 """The same bound in time: the lock (``PUB_LOCK_MS``) is renewed well before it lapses."""
 MARKS_KEPT = 8
+"""Messages of a session whose place in the stream this process remembers (:meth:`Outbox.holding`)."""
 RECENT_BYTES = 16 * 1024
 """Of the entries its calls recorded lately, what this process keeps per session (the newest) for
 a turn that starts from a kept transcript (:meth:`Outbox.recorded`)."""
 RECENT_ENTRY_MAX = 8 * 1024
 """An entry larger than this is not kept (nor one the stream would take in another form)."""
-RECENT_SESSIONS = 1024
-"""Sessions whose recent entries are kept (the least recently recording dropped first)."""
-"""Messages of a session whose place in the stream this process remembers (:meth:`Outbox.holding`)."""
+RECENT_SESSIONS = 256
+"""Sessions whose recent entries are kept, the least recently recording dropped first: as many as
+a runner keeps transcripts of by default (``[runner] transcripts_kept``), 4 MiB at most."""
 
 
 class _Recent:
@@ -66,8 +67,9 @@ class _Recent:
         self.entries[seq] = entry
         self.size += len(entry)
         while self.size > RECENT_BYTES and self.entries:
-            oldest = min(self.entries)
-            self.size -= len(self.entries.pop(oldest))
+            # The first one kept goes first (replies are read in about seq order; one read later
+            # than its successor only goes a little early, and the tail is then read instead).
+            self.size -= len(self.entries.pop(next(iter(self.entries))))
 
 
 class Outbox:
