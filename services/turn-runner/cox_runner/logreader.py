@@ -54,6 +54,7 @@ class LogReader:
         self.leases = leases
         self.log = log
         self.kept_max = kept
+        store.outbox.recent_sessions = kept  # what a kept transcript's next turn folds (Outbox.recorded)
         self._kept: collections.OrderedDict[str, Kept] = collections.OrderedDict()
         self.folded = 0
         """Turn starts that folded a kept transcript's tail instead of rebuilding (for tests)."""

@@ -48,8 +48,8 @@ a turn that starts from a kept transcript (:meth:`Outbox.recorded`)."""
 RECENT_ENTRY_MAX = 8 * 1024
 """An entry larger than this is not kept (nor one the stream would take in another form)."""
 RECENT_SESSIONS = 256
-"""Sessions whose recent entries are kept, the least recently recording dropped first: as many as
-a runner keeps transcripts of by default (``[runner] transcripts_kept``), 4 MiB at most."""
+"""Sessions whose recent entries are kept by default, the least recently recording dropped first
+(:attr:`Outbox.recent_sessions`: the runner's ``[runner] transcripts_kept``, whose default this is)."""
 
 
 class _Recent:
@@ -88,6 +88,9 @@ class Outbox:
         """The first batch of the next tenure of the lock, for a publisher still finishing the last."""
         self._cursors: eventlog.Cursors = {}
         self._recent: collections.OrderedDict[str, _Recent] = collections.OrderedDict()
+        self.recent_sessions = RECENT_SESSIONS
+        """Sessions whose recent entries are kept: only a session with a kept transcript uses them
+        (:class:`~cox_runner.logreader.LogReader` sets it to how many it keeps; 0: none)."""
         self._marks: dict[str, collections.deque[tuple[int, int, int]]] = {}
         """The last :data:`MARKS_KEPT` messages this process published of a session: (first event
         seq, last event seq, stream seq)."""
@@ -241,12 +244,14 @@ class Outbox:
         return pos[1] if pos is not None else None
 
     def _remember(self, sid: str, batch: list[str]) -> None:
+        if self.recent_sessions <= 0:
+            return
         recent = self._recent.pop(sid, None) or _Recent()
         self._recent[sid] = recent
         for entry in batch:
             if len(entry) <= RECENT_ENTRY_MAX and (seq := eventlog.seq_of(entry)):
                 recent.add(seq, entry)
-        while len(self._recent) > RECENT_SESSIONS:
+        while len(self._recent) > self.recent_sessions:
             self._recent.popitem(last=False)
 
     def recorded(self, sid: str, after: int, until: int) -> list[dict[str, Any]] | None:
