@@ -86,6 +86,41 @@ def test_the_script_model_parses_its_block() -> None:
         parse_script("```script\nnot json\n```")
 
 
+def test_the_script_models_generation_time_is_its_delay_however_late_each_chunk_wakes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``delay_ms`` is the response's generation time, spread over its chunks: a chunk woken late
+    (a timer's rounding, a busy loop) shortens the waits after it instead of adding to the total.
+    A fake clock: each sleep takes what it asked for plus 1.5 ms."""
+    import asyncio
+
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+    from pydantic_ai.models import ModelRequestParameters
+
+    from cox_runner.model import script_model
+
+    clock = [100.0]
+    asked: list[float] = []
+
+    async def late_sleep(s: float) -> None:
+        asked.append(s)
+        clock[0] += s + 0.0015
+
+    monkeypatch.setattr(script_model, "_now", lambda: clock[0])
+    monkeypatch.setattr(asyncio, "sleep", late_sleep)  # the stream's waits; asyncio.run takes none
+    text = 'go\n```script\n[{"text": "one two three four five six", "delay_ms": 60}]\n```'
+
+    async def stream() -> list[Any]:
+        model = script_model.ScriptModel()
+        async with model.request_stream([ModelRequest(parts=[UserPromptPart(content=text)])], None,
+                                        ModelRequestParameters()) as s:
+            return [e async for e in s]
+
+    got = asyncio.run(stream())
+    assert got and len(asked) == 6  # still one wait before each of the six chunks
+    assert clock[0] - 100.0 == pytest.approx(0.060 + 0.0015, abs=1e-9)  # one wake-up's lateness, not six
+    assert all(s >= 0 for s in asked)
+
+
 def test_the_script_models_parsed_steps_are_shared_and_cannot_be_changed() -> None:
     text = 'go\n```script\n[{"tools": [{"name": "write_file", "args": {"path": "a", "content": "x", "n": [1]}}]}]\n```'
     first = parse_script(text)

@@ -26,6 +26,7 @@ import copy
 import functools
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
@@ -240,6 +241,10 @@ def _finish(plan: Plan) -> Any:
     return f if f in ("stop", "length", "content_filter", "tool_call", "error") else "stop"
 
 
+_now = time.monotonic
+"""The clock the stream's chunks are due by (a test's fake one in its place)."""
+
+
 class ScriptModel(Model):
     """A scripted model with no network and no key (docs/api.md, "The script model")."""
 
@@ -311,9 +316,13 @@ class ScriptStream(StreamedResponse):
                 text_chunks = re.findall(r"\S+\s*|\s+", part.content) or [part.content]
         n = max(1, len(text_chunks))
         pause = step.delay_ms / 1000 / n if step.delay_ms else 0.0
-        for chunk in text_chunks:
+        # Each chunk is due at its share of the delay from the start: a wake-up late by a timer's
+        # rounding or a busy loop shortens the waits after it, so the response takes delay_ms
+        # (plus one wake-up's lateness), not delay_ms plus every chunk's.
+        start = _now()
+        for k, chunk in enumerate(text_chunks, 1):
             if pause:
-                await asyncio.sleep(pause)
+                await asyncio.sleep(max(0.0, start + k * pause - _now()))
             for ev in self._parts_manager.handle_text_delta(vendor_part_id="content", content=chunk):
                 yield ev
         if not text_chunks and pause:
