@@ -175,3 +175,54 @@ def test_anything_else_waits_for_the_reads_on_their_way(tmp_path: Path, monkeypa
         assert evs[-1]["type"] == "agent.message" and evs[-2]["type"] == "tool.result" and evs[-2]["call_id"] == "c2"
 
     run(tmp_path, go)
+
+
+def test_a_text_chunk_goes_out_behind_the_streams_back_and_the_last_with_the_response(tmp_path: Path) -> None:
+    """The text chunks of a streaming response (``assistant.delta``, every 50 ms) change nothing,
+    so their records linger and go out while the stream goes on (:meth:`Recorder.linger`), not
+    with the stream waiting on each. A chunk still lingering when the stream ends is taken back
+    (:meth:`Recorder.take_lingering`) and goes with the response's own record: one Redis call,
+    not two one after the other, at the turn's end. Order and gaplessness hold either way."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_deltas"
+        rec, emits = holding(one, r, sid, await busy(one, sid))
+        rec.linger(ev.AssistantDelta(**rec.e(), text="one "))
+        assert emits.calls == [], "the stream goes on: nothing waited for"
+        await asyncio.sleep(recorder_module.PIPELINE_LINGER_S * 10)
+        assert emits.calls == [1], "it went out on its own (held on its way)"
+        rec.linger(ev.AssistantDelta(**rec.e(), text="two "))  # while the first is on its way
+        rec.take_lingering()
+        emits.release()
+        await asyncio.sleep(recorder_module.PIPELINE_LINGER_S * 10)
+        assert emits.calls == [1], "taken back: it waits for the next record"
+        rec.linger(ev.AssistantDelta(**rec.e(), text="three "))
+        rec.take_lingering()  # the stream ended at once
+        rec.defer(ev.AssistantDelta(**rec.e(), text="four"))
+        await rec.emit(ev.AssistantMsg(**rec.e(), text="one two three four", finish_reason="stop"))
+        assert emits.calls == [1, 4], "the last chunks and the response in one record"
+        await rec.settle()
+        evs = [e for e in await logged(js, r, sid) if e["type"] in ("assistant.delta", "assistant.msg")]
+        assert [e.get("text") for e in evs] == ["one ", "two ", "three ", "four", "one two three four"]
+        seqs = [e["seq"] for e in evs]
+        assert seqs == list(range(seqs[0], seqs[0] + 5)), "no gap, no repeat"
+
+    run(tmp_path, go)
+
+
+def test_a_chunk_taken_back_with_nothing_after_it_still_reaches_the_log(tmp_path: Path) -> None:
+    """A chunk taken back when the stream broke off (a failed request, Stop) goes with whatever
+    the turn records next; the turn's end settles first, so it is never left out."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_delta_end"
+        rec, emits = holding(one, r, sid, await busy(one, sid))
+        emits.release()
+        rec.linger(ev.AssistantDelta(**rec.e(), text="half"))
+        rec.take_lingering()
+        await rec.settle()
+        assert emits.calls == [] and rec.has_deferred, "settled: nothing on its way, the chunk deferred"
+        await rec.emit()
+        assert emits.calls == [1]
+        evs = [e for e in await logged(js, r, sid) if e["type"] == "assistant.delta"]
+        assert [e["text"] for e in evs] == ["half"]
+
+    run(tmp_path, go)

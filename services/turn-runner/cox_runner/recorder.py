@@ -83,6 +83,8 @@ class Recorder:
         """:meth:`settle` waits: no linger until it has returned."""
         self._flushing: asyncio.Future[None] | None = None
         """The pipelined records on their way (one Redis call at a time, in order)."""
+        self._sending = False
+        """:meth:`_flush` has a record on its way (not only lingering)."""
         self.today: spending.Today | None = None
         """What the session and its principal spent today, as the last recorded cost left it
         (None until the turn's first check: :meth:`cox_runner.checkpoints.Checkpoints.daily`)."""
@@ -124,10 +126,10 @@ class Recorder:
         """Record ``events`` (with what was deferred) without waiting: they go with the next Redis
         call of :meth:`_flush`, which sends, one call at a time and in order, whatever was
         pipelined while the call before it was on its way or lingered (a group commit:
-        :data:`PIPELINE_LINGER_S`). Only a read's result
-        is recorded so: the read changed nothing, so if the record is refused (the lease passed
-        on) or lost with this process, the log is one a takeover goes on from, as if the read
-        had not run. A record refused is raised here, at the next pipelined result, or by
+        :data:`PIPELINE_LINGER_S`). Only a read's result and a
+        response's text chunk (:meth:`linger`) are recorded so: they changed nothing, so if the
+        record is refused (the lease passed on) or lost with this process, the log is one a
+        takeover goes on from, as if the read had not run or the chunk not come. A record refused is raised here, at the next pipelined result, or by
         :meth:`settle`."""
         batch, ops = self._with_deferred(events, ops)
         self._ready += batch
@@ -143,6 +145,27 @@ class Recorder:
             self._flushing = asyncio.ensure_future(self._flush())
             self._flushing.add_done_callback(_retrieved)
 
+    def linger(self, *events: ev._Event) -> None:
+        """Record events that change nothing and that nothing waits on (a streaming response's
+        text chunk) without waiting, as a read's result is (:meth:`_pipeline`): they go out
+        after the linger, or with the next record. The stream is read on meanwhile."""
+        self._pipeline(list(events), [])
+
+    def take_lingering(self) -> None:
+        """What waits to be pipelined and is not on its way yet goes with the next record instead
+        (deferred, ahead of anything deferred since): the chunk lingering when a stream ends
+        goes with its response's record, one Redis call instead of two one after the other."""
+        if not (self._ready or self._ready_ops):
+            return
+        self._deferred[:0] = self._ready
+        self._deferred_ops[:0] = self._ready_ops
+        self._ready, self._ready_ops, self._ready_chars = [], [], 0
+        task = self._flushing
+        if task is not None and not task.done() and not self._sending:
+            # It only lingered (nothing of it on its way): no wait for it to wake and find nothing.
+            task.cancel()
+            self._flushing = None
+
     def _full(self) -> bool:
         return len(self._ready) >= PIPELINE_MAX_EVENTS or self._ready_chars >= PIPELINE_MAX_CHARS
 
@@ -154,9 +177,15 @@ class Recorder:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(PIPELINE_LINGER_S):
                         await self._wake.wait()
+                if not (self._ready or self._ready_ops):
+                    break  # taken back to go with the next record (take_lingering)
             batch, ops = self._ready, self._ready_ops
             self._ready, self._ready_ops, self._ready_chars = [], [], 0
-            await self._record(batch, ops)
+            self._sending = True
+            try:
+                await self._record(batch, ops)
+            finally:
+                self._sending = False
 
     async def settle(self) -> None:
         """Wait until every pipelined result is in the log (LeaseLost if a record was refused):

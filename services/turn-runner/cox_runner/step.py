@@ -202,11 +202,14 @@ class ModelStep:
                     buf.append(chunk)
                     now = time.monotonic()
                     if sum(map(len, buf)) >= DELTA_FLUSH_CHARS or now - last >= DELTA_FLUSH_S:
-                        await self.rec.emit(ev.AssistantDelta(**self.rec.e(), text="".join(buf)))
+                        # Recorded behind the stream's back: the next chunk is read meanwhile.
+                        self.rec.linger(ev.AssistantDelta(**self.rec.e(), text="".join(buf)))
                         buf.clear()
                         last = now
             if buf:
                 self.rec.defer(ev.AssistantDelta(**self.rec.e(), text="".join(buf)))
+            # A chunk still lingering goes with the response's record (this turn's end, often).
+            self.rec.take_lingering()
             return stream.get()
 
     async def title(self) -> None:
