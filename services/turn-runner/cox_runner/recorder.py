@@ -126,11 +126,11 @@ class Recorder:
         """Record ``events`` (with what was deferred) without waiting: they go with the next Redis
         call of :meth:`_flush`, which sends, one call at a time and in order, whatever was
         pipelined while the call before it was on its way or lingered (a group commit:
-        :data:`PIPELINE_LINGER_S`). Only a read's result and a
-        response's text chunk (:meth:`linger`) are recorded so: they changed nothing, so if the
-        record is refused (the lease passed on) or lost with this process, the log is one a
-        takeover goes on from, as if the read had not run or the chunk not come. A record refused is raised here, at the next pipelined result, or by
-        :meth:`settle`."""
+        :data:`PIPELINE_LINGER_S`). Only a read's result and a response's text chunk
+        (:meth:`linger`) are recorded so: they changed nothing, so if the record is refused (the
+        lease passed on) or lost with this process, the log is one a takeover goes on from, as if
+        the read had not run or the chunk not come. A record refused is raised here, at the next
+        pipelined result, or by :meth:`settle`."""
         batch, ops = self._with_deferred(events, ops)
         self._ready += batch
         self._ready_ops += ops
