@@ -177,8 +177,6 @@ class Recorder:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(PIPELINE_LINGER_S):
                         await self._wake.wait()
-                if not (self._ready or self._ready_ops):
-                    break  # taken back to go with the next record (take_lingering)
             batch, ops = self._ready, self._ready_ops
             self._ready, self._ready_ops, self._ready_chars = [], [], 0
             self._sending = True
