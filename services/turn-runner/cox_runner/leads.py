@@ -40,22 +40,18 @@ class Leads:
         a result saying so), then apply the Leads. True if the next model request should go out."""
         if not await self.due():
             return False
-        await self.rec.skip(unstarted, "lead" if self.waiting() else "approval")
+        # The skips go with the record that takes the Leads: one call and one publish for the
+        # boundary, the Leads in the log with it.
+        await self.rec.skip(unstarted, "lead" if self.waiting() else "approval", defer=True)
         await self.apply()
         return True
 
     async def apply(self) -> bool:
-        """Take the saved Leads (atomically marked applied, recorded as user messages)."""
-        t = self.turn
-        t.leads_waiting = False
+        """Take the saved Leads (atomically marked applied, recorded as user messages), with
+        whatever waits to be recorded (:meth:`Recorder.take_leads <cox_runner.recorder.Recorder.take_leads>`)."""
+        self.turn.leads_waiting = False
         self.rec.leads_hint = 0
-        try:
-            res = await self.deps.store.fns.take_leads(sid=t.sid, token=t.token, owner=self.deps.owner,
-                                                       turn_id=t.turn_id)
-        except Fenced as exc:
-            raise LeaseLost(str(exc)) from exc
-        leads = res.get("leads") or []
-        for lead in leads if isinstance(leads, list) else []:
+        for lead in await self.rec.take_leads():
             self.rec.pending_user.append((lead["text"], "lead"))
         return bool(self.rec.pending_user)
 

@@ -23,6 +23,7 @@ from coxswain.errors import Fenced
 from . import spending, transcript
 from .deps import Deps
 from .errors import LeaseLost
+from .redis.fns import Emitted
 from .turn import Turn
 from .workspace import tools
 
@@ -41,6 +42,14 @@ Op = tuple[str, str, str, str]
 CLOSE_LEADS: Op = ("close_leads", "", "", "")
 """The op that closes Lead admission after the record's events, as ``cox_close_leads`` does
 (the reply says ``closed``: :attr:`Recorder.leads_closed`)."""
+TAKE_LEADS = "take_leads"
+
+
+def take_leads_op(turn_id: str) -> Op:
+    """The op that takes the Leads saved so far after the record's events, as ``cox_take_leads``
+    does (each a ``user.msg``, then ``lead.applied`` for ``turn_id``; the reply's ``taken`` lists
+    them): a safe boundary's skips and its Leads in one call (:meth:`Recorder.take_leads`)."""
+    return (TAKE_LEADS, "", "", turn_id)
 
 
 class Recorder:
@@ -100,13 +109,25 @@ class Recorder:
             await self.settle()
         await self._record(*self._with_deferred(list(events), ops or []))
 
+    async def take_leads(self) -> list[dict[str, str]]:
+        """Take the Leads saved so far (marked applied, each recorded as a user message, then
+        ``lead.applied``) in one call with whatever was deferred (a boundary's skips, the response
+        recorded with them): the Leads are in the log with the boundary. Returns them
+        (``lead_id``, ``text``), oldest first."""
+        if self._flushing is not None:
+            await self.settle()
+        batch, ops = self._with_deferred([], [take_leads_op(self.turn.turn_id)])
+        res = await self._record(batch, ops)
+        taken = res.get("taken")
+        return [{"lead_id": str(x["lead_id"]), "text": str(x["text"])} for x in taken] if isinstance(taken, list) else []
+
     def _with_deferred(self, events: list[ev._Event], ops: list[Op]) -> tuple[list[ev._Event], list[Op]]:
         """What was deferred, then ``events`` and ``ops``; the deferred are taken."""
         batch, self._deferred = [*self._deferred, *events], []
         ops, self._deferred_ops = [*self._deferred_ops, *ops], []
         return batch, ops
 
-    async def _record(self, batch: list[ev._Event], ops: list[Op]) -> None:
+    async def _record(self, batch: list[ev._Event], ops: list[Op]) -> Emitted:
         t = self.turn
         try:
             res = await self.deps.store.fns.emit(sid=t.sid, token=t.token, owner=self.deps.owner, ops=ops,
@@ -121,6 +142,7 @@ class Recorder:
             self.leads_closed = bool(res.get("closed"))
         if "spend_day" in res:
             await self._spent(int(res["spend_day"]), float(res.get("spend_today") or 0), spending.spend_of(ops))
+        return res
 
     def _pipeline(self, events: list[ev._Event], ops: list[Op], chars: int = 0) -> None:
         """Record ``events`` (with what was deferred) without waiting: they go with the next Redis
@@ -276,12 +298,17 @@ class Recorder:
         self.last_output = output
         self.last_ok = ok
 
-    async def skip(self, calls: list[ToolCallPart], reason: str) -> None:
-        """Close calls that never started: each gets a ``tool.skipped`` (and a result in the transcript)."""
+    async def skip(self, calls: list[ToolCallPart], reason: str, defer: bool = False) -> None:
+        """Close calls that never started: each gets a ``tool.skipped`` (and a result in the
+        transcript). ``defer``: recorded with the next record (a boundary's, which takes the Leads)."""
         if not calls:
             return
         evs = [ev.ToolSkipped(**self.e(), call_id=c.tool_call_id, reason=reason) for c in calls]
-        await self.emit(*evs, ops=[("hdel", keys.OPEN_CALLS, c.tool_call_id, "") for c in calls])
+        ops: list[Op] = [("hdel", keys.OPEN_CALLS, c.tool_call_id, "") for c in calls]
+        if defer:
+            self.defer(*evs, ops=ops)
+        else:
+            await self.emit(*evs, ops=ops)
         for c in calls:
             self.open.pop(c.tool_call_id, None)
             self.history.tool_return(c.tool_call_id, transcript.skip_text(reason), c.tool_name)

@@ -116,6 +116,9 @@ class Emitted(TypedDict):
     closed: bool
     """With the ``close_leads`` op (:data:`cox_runner.recorder.CLOSE_LEADS`): Lead admission closed
     (as ``cox_close_leads`` closes it); false without the op."""
+    taken: NotRequired[list[dict[str, str]]]
+    """With the ``take_leads`` op (:func:`cox_runner.recorder.take_leads_op`), when Leads waited: the
+    Leads it took (as ``cox_take_leads`` takes them), oldest first; absent when none waited."""
 
 
 class FenceOk(TypedDict):

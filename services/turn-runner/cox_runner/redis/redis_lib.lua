@@ -712,37 +712,67 @@ local function close_leads(base, n)
   return true
 end
 
+-- Take the pending Leads: each marked applied and recorded as a user message, then one
+-- lead.applied. Returns them ({lead_id, text} each; empty: none waited, nothing recorded) and
+-- the seq of the lead.applied (0: none).
+local function take_leads(base, sid, turn_id, now)
+  local ids = redis.call('LRANGE', base .. ':leadq', 0, -1)
+  local leads = {}
+  if #ids == 0 then return leads, 0 end
+  for i = 1, #ids do
+    local raw = redis.call('HGET', base .. ':leads', ids[i])
+    local l = cjson.decode(raw)
+    l.state = 'applied'
+    redis.call('HSET', base .. ':leads', ids[i], cjson.encode(l))
+    leads[#leads + 1] = { lead_id = ids[i], text = l.text }
+    emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = ids[i], text = l.text, via = 'lead' }, now)
+  end
+  redis.call('DEL', base .. ':leadq')
+  return leads, emit_t(base, sid, { type = 'lead.applied', turn_id = turn_id, lead_ids = ids }, now)
+end
+
 -- Record events and state writes for the holder of token. ARGV: sid, token, owner, nops,
 -- then nops*4 op fields (op, suffix, field, value), then event bodies.
 -- ops: hset | hsetnx | hdel | del | sadd | rpush | ltrim (field, value = start, stop) | hincrby |
 -- hincrbyfloat | spend (value: USD added to the session's spend of the day; the reply then says
 -- spend_day and spend_today) | close_leads (suffix, field, value ''; with the lease: Lead admission
 -- closes as cox_close_leads closes it, after the events; the reply's closed says if it did, false
--- without the op); suffix in the allowed set.
+-- without the op) | take_leads (suffix, field ''; value: the turn id; with the lease: the Leads
+-- saved so far are taken after the events, as cox_take_leads takes them, and the reply's taken
+-- lists them: a safe boundary's skips and its Leads in one call; cox_emit's only); suffix in the
+-- allowed set.
 local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
                   [':wip'] = true, [':att'] = true }
 -- The nops ops of args from index i (each op, suffix, field, value): nil if they may run, else the
--- refusal. spend: whether the spend op is allowed (cox_turn_end's carried ops do without it).
-local function check_ops(args, i, nops, token, spend)
+-- refusal. emit: whether the call is cox_emit (the spend and take_leads ops are its own:
+-- cox_turn_end's carried ops do without them).
+local function check_ops(args, i, nops, token, emit)
   for _ = 1, nops do
     local op, suffix = args[i], args[i + 1]
     if not ALLOWED[suffix] then return refuse('invalid', 'suffix not allowed: ' .. suffix) end
-    if op == 'close_leads' and token == '' then return refuse('invalid', 'close_leads needs the lease') end
-    if op == 'spend' and not spend then return refuse('invalid', 'the spend op is cox_emit\'s only') end
+    if (op == 'close_leads' or op == 'take_leads') and token == '' then
+      return refuse('invalid', op .. ' needs the lease')
+    end
+    if (op == 'spend' or op == 'take_leads') and not emit then
+      return refuse('invalid', 'the ' .. op .. ' op is cox_emit\'s only')
+    end
     i = i + 4
   end
   return nil
 end
 
 -- Run the ops checked by check_ops. Returns the index after them, the day a spend op counted on
--- (nil without one) and whether a close_leads op was among them.
+-- (nil without one), whether a close_leads op was among them and a take_leads op's turn id (nil
+-- without one): the caller runs those two after its events.
 local function run_ops(base, args, i, nops, now)
   local spent = nil
   local close = false
+  local take = nil
   for _ = 1, nops do
     local op, suffix, field, value = args[i], args[i + 1], args[i + 2], args[i + 3]
     local key = base .. suffix
     if op == 'close_leads' then close = true
+    elseif op == 'take_leads' then take = value
     elseif op == 'hset' then redis.call('HSET', key, field, value)
     elseif op == 'hsetnx' then redis.call('HSETNX', key, field, value)
     elseif op == 'hdel' then redis.call('HDEL', key, field)
@@ -764,7 +794,7 @@ local function run_ops(base, args, i, nops, now)
     end
     i = i + 4
   end
-  return i, spent, close
+  return i, spent, close, take
 end
 
 -- Record the event bodies args[i..n]: the seqs of the first and the last (0, 0 for none).
@@ -785,17 +815,34 @@ local function cox_emit(keys, args)
   local bad = check_ops(args, 5, nops, token, true)
   if bad then return bad end
   local now = now_ms()
-  local i, spent, close = run_ops(base, args, 5, nops, now)
+  local i, spent, close, take = run_ops(base, args, 5, nops, now)
   local first, last = emit_all(base, sid, args, i, #args, now)
+  -- The take_leads op (a safe boundary's record): the Leads saved so far are applied after its
+  -- events, as cox_take_leads applies them, with one call fewer for the boundary.
+  local taken = nil
+  if take ~= nil then
+    local applied
+    taken, applied = take_leads(base, sid, take, now)
+    if applied > 0 then
+      if first == 0 then first = applied - #taken end
+      last = applied
+    end
+  end
   -- What waits for the holder's next boundary, so it need not ask again.
   local leads, observed = redis.call('LLEN', base .. ':leadq'), redis.call('LLEN', base .. ':observed')
   -- The close_leads op (the turn's final response, recorded with nothing left to wait for): Lead
   -- admission closes here as cox_close_leads closes it, with one call fewer for the turn.
   local closed = close and close_leads(base, leads)
+  -- taken only when some were (Redis's cjson writes an empty table as an object)
+  if taken ~= nil and #taken == 0 then taken = nil end
   if spent ~= nil then
     return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed, spend_day = spent,
                                          spend_today = tonumber(redis.call('HGET', base, 'spend_today')) or 0,
-                                         closed = closed }))
+                                         closed = closed, taken = taken }))
+  end
+  if taken ~= nil then
+    return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed, closed = closed,
+                                         taken = taken }))
   end
   return with_pub(base, owner, reply({ first = first, last = last, leads = leads, observed = observed, closed = closed }))
 end
@@ -825,25 +872,14 @@ local function cox_auto_title(keys, args)
   return with_pub(base, owner, reply({ applied = true }))
 end
 
--- Take the pending Leads to apply them now. ARGV: sid, token, owner, turn_id
+-- Take the pending Leads to apply them now (a boundary's record takes them with its events
+-- instead: cox_emit's take_leads op). ARGV: sid, token, owner, turn_id
 local function cox_take_leads(keys, args)
   local base = keys[1]
   local sid, token, owner, turn_id = unpack(args)
   if not hold(base, token) then return refuse('fenced', 'lease lost') end
-  local ids = redis.call('LRANGE', base .. ':leadq', 0, -1)
-  if #ids == 0 then return { reply({ leads = {} }) } end
-  local now = now_ms()
-  local leads = {}
-  for i = 1, #ids do
-    local raw = redis.call('HGET', base .. ':leads', ids[i])
-    local l = cjson.decode(raw)
-    l.state = 'applied'
-    redis.call('HSET', base .. ':leads', ids[i], cjson.encode(l))
-    leads[#leads + 1] = { lead_id = ids[i], text = l.text }
-    emit_t(base, sid, { type = 'user.msg', turn_id = turn_id, message_id = ids[i], text = l.text, via = 'lead' }, now)
-  end
-  redis.call('DEL', base .. ':leadq')
-  emit_t(base, sid, { type = 'lead.applied', turn_id = turn_id, lead_ids = ids }, now)
+  local leads = take_leads(base, sid, turn_id, now_ms())
+  if #leads == 0 then return { reply({ leads = {} }) } end
   return with_pub(base, owner, reply({ leads = leads }))
 end
 
