@@ -220,6 +220,8 @@ class Run:
                 self._keep_profile()
             if self.want("lead"):
                 ph["lead"] = await self.phase("lead", latency.lead_applied(stack, pool, c.lead_n))
+                ph["lead_model"] = await self.phase("lead, a model of 20 ms", latency.lead_applied(
+                    stack, pool, max(20, c.lead_n // 5), delay_ms=latency.LEAD_MODEL_MS))
             if self.want("handoff"):
                 ph["handoff"] = await self.phase("handoff", latency.handoff(stack, pool, c.handoff_rounds))
             if self.want("chat"):

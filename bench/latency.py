@@ -21,6 +21,8 @@ from .sweep import handoff_gaps, handoff_seen_gaps
 
 TIMEOUT_S = 60.0
 LEAD_STEPS = 400
+LEAD_MODEL_MS = 20
+"""The model's time a response in the lead phase's second part: a Lead then lands while it answers."""
 
 
 async def _watches(stack: Stack, sessions: list[dict[str, Any]]) -> list[Watch]:
@@ -68,12 +70,16 @@ async def send_to_start(stack: Stack, pool: Pool, n: int, k: int) -> dict[str, A
     }
 
 
-async def lead_applied(stack: Stack, pool: Pool, n: int, k: int = 4) -> dict[str, Any]:
-    """A Lead posted while a turn walks through boundaries (one list_dir per model response)."""
-    sessions = await session.create(pool, k, "lead", title="lead")
-    for j in range(LEAD_STEPS):  # every session shares the workspace "lead"
+async def lead_applied(stack: Stack, pool: Pool, n: int, k: int = 4, delay_ms: int = 0) -> dict[str, Any]:
+    """A Lead posted while a turn walks through boundaries (one list_dir per model response).
+    ``delay_ms``: each response's generation time; with one longer than a step's own work the Lead
+    mostly lands while the model answers (its boundary is the one after the response, as with a
+    real model), with 0 while a call's record is on its way (the boundary after the call)."""
+    sessions = await session.create(pool, k, f"lead{delay_ms or ''}", title="lead")
+    for j in range(LEAD_STEPS):  # every session shares the workspace
         (Path(sessions[0]["workspace"]) / f"d{j}").mkdir(exist_ok=True)
-    steps = [{"tools": [{"name": "list_dir", "args": {"path": f"d{j}"}}]} for j in range(LEAD_STEPS)]
+    timing = {"delay_ms": delay_ms} if delay_ms else {}
+    steps = [{**timing, "tools": [{"name": "list_dir", "args": {"path": f"d{j}"}}]} for j in range(LEAD_STEPS)]
     work = session.script(steps, text="walk the folders")
     watches = await _watches(stack, sessions)
     post, seen, server, step_gap, boundary = [], [], [], [], []

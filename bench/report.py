@@ -91,6 +91,13 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 "client clock (µs): arrivals of the in-flight action's last event (its result, or "
                                 "the response) and of lead.applied; the wait for that action is a step's own time "
                                 "(tool calls); floor = 1 Redis script + 1 JetStream publish"))
+    if (lm := ph.get("lead_model")) and (b := lm.get("boundary_to_lead_applied_seen_ms")):
+        for q in ("p50", "p99"):
+            if b.get(q) is not None:
+                out.append(_row("lead", f"boundary -> lead.applied seen {q}, the model 20 ms a response", b[q],
+                                _r(c[q]["lead_boundary"]), "ms",
+                                "as above, each response 20 ms of the model's time: the Lead lands while the model "
+                                "answers, as it mostly does with a real one, and goes with the response's record"))
     if h := ph.get("handoff"):
         for q in ("p50", "p99"):
             out.append(_row("hand-off", f"turn.end -> next turn's first output {q}",
