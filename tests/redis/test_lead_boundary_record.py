@@ -51,14 +51,18 @@ def test_the_skips_and_the_leads_go_out_with_the_boundary_in_one_call(tmp_path: 
         rec.open = {c.tool_call_id: c for c in calls}
         rec.turn.leads_waiting = True  # the doorbell rang while the model answered
         emits = CountedEmits(one)
+        called: list[str] = []
+        real_call = one.call
 
-        async def no_take(**kw: Any) -> Any:
-            raise AssertionError("the Leads are taken by the boundary's record, not a call of their own")
+        async def every_call(fn: str, *args: Any, **kw: Any) -> Any:
+            called.append(fn)
+            return await real_call(fn, *args, **kw)
 
-        one.fns.take_leads = no_take  # type: ignore[method-assign]
+        one.call = every_call  # type: ignore[method-assign]
         leads = Leads(cast(Any, SimpleNamespace(store=one, owner=one.owner, redis=r)), rec.turn, rec)
         assert await leads.boundary(calls) is True
         assert emits.calls == [3], emits.calls
+        assert called == ["cox_emit"], "the Leads are taken by the boundary's record, not a call of their own"
         assert rec.pending_user == [("lead 0", "lead"), ("lead 1", "lead")]
         assert rec.open == {} and not leads.waiting()
         evs = [e for e in await logged(js, r, sid) if e["type"] != "lead.saved"][-6:]

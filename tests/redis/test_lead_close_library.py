@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from cox_runner.recorder import CLOSE_LEADS
+from cox_runner.recorder import CLOSE_LEADS, take_leads_op
 from coxswain import keys
 from tests.redis.test_idempotent_library import busy_session
 from tests.support.library import Library
@@ -66,7 +66,7 @@ def test_a_lead_saved_before_the_response_keeps_admission_open(r: redis.Redis, l
     assert closed_flag(r, sid) == "0", "the saved Lead is applied next: the turn goes on"
     assert "error" not in lead(lib, sid), "and Leads are still admitted while it does"
     # once the Leads are taken, the next final response closes as before
-    lib(lib.fns.take_leads(sid=sid, token=token, owner="", turn_id="t_1"))
+    lib(lib.fns.emit(sid=sid, token=token, owner="", ops=[take_leads_op("t_1")], events=[]))
     assert final(lib, sid, token)["closed"] is True
 
 

@@ -3,9 +3,9 @@ library on a real Redis (no runner).
 
 At a boundary with a Lead saved the runner skips the response's unstarted calls and applies
 the Leads. It did that in two calls: a record of the skips (with whatever waited to be
-recorded: the response, the last call's result) and ``cox_take_leads``, so the Lead reached the
-log a round trip after the boundary. The op takes them in the record's own call, after its
-events: it must keep ``cox_take_leads``'s promise exactly (every Lead saved before it, marked
+recorded: the response, the last call's result) and a ``cox_take_leads`` of their own, so the
+Lead reached the log a round trip after the boundary. The op takes them in the record's own
+call, after its events, with that function's promise exactly (every Lead saved before it, marked
 applied, each a user message, then one ``lead.applied``, none after it), under the same fence,
 and only where a holder records (never in ``cox_turn_end``'s carried record). Whole turns:
 tests/stack/test_lead.py.

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from cox_runner.recorder import CLOSE_LEADS
+from cox_runner.recorder import CLOSE_LEADS, take_leads_op
 from coxswain import keys
 from tests.redis.test_idempotent_library import busy_session
 from tests.redis.test_lead_close_library import closed_flag, lead, types
@@ -58,8 +58,8 @@ def test_a_lead_saved_before_the_call_keeps_the_turn_going_and_is_never_dropped(
     assert res["last"] == seqs(r, sid)["assistant.msg"], "the response is recorded all the same"
     assert "turn.end" not in types(r, sid) and r.hget(keys.session(sid), "turn_id") == "t_1", "the turn goes on"
     assert closed_flag(r, sid) == "0" and "error" not in lead(lib, sid), "Leads still admitted"
-    taken = lib(lib.fns.take_leads(sid=sid, token=token, owner="", turn_id="t_1"))
-    assert len(taken["leads"]) == 2
+    taken = lib(lib.fns.emit(sid=sid, token=token, owner="", ops=[take_leads_op("t_1")], events=[]))
+    assert len(taken["taken"]) == 2
     # the turn's next end carries its next final response and ends as usual
     again = end(lib, sid, token)
     assert again["next"] is not None and "goes_on" not in again, again

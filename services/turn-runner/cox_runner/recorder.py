@@ -46,9 +46,9 @@ TAKE_LEADS = "take_leads"
 
 
 def take_leads_op(turn_id: str) -> Op:
-    """The op that takes the Leads saved so far after the record's events, as ``cox_take_leads``
-    does (each a ``user.msg``, then ``lead.applied`` for ``turn_id``; the reply's ``taken`` lists
-    them): a safe boundary's skips and its Leads in one call (:meth:`Recorder.take_leads`)."""
+    """The op that takes the Leads saved so far after the record's events (each marked applied and
+    a ``user.msg``, then ``lead.applied`` for ``turn_id``; the reply's ``taken`` lists them): a
+    safe boundary's skips and its Leads in one call (:meth:`Recorder.take_leads`)."""
     return (TAKE_LEADS, "", "", turn_id)
 
 
@@ -102,23 +102,19 @@ class Recorder:
         """The fields every event of this turn carries."""
         return {"sid": self.turn.sid, "turn_id": self.turn.turn_id}
 
-    async def emit(self, *events: ev._Event, ops: list[Op] | None = None) -> None:
+    async def emit(self, *events: ev._Event, ops: list[Op] | None = None) -> Emitted:
         """Record events (and small state writes) fenced by this turn's token, after any deferred
-        (and after every pipelined result: :meth:`settle` first)."""
+        (and after every pipelined result: :meth:`settle` first). Returns ``cox_emit``'s reply."""
         if self._flushing is not None:
             await self.settle()
-        await self._record(*self._with_deferred(list(events), ops or []))
+        return await self._record(*self._with_deferred(list(events), ops or []))
 
     async def take_leads(self) -> list[dict[str, str]]:
         """Take the Leads saved so far (marked applied, each recorded as a user message, then
         ``lead.applied``) in one call with whatever was deferred (a boundary's skips, the response
         recorded with them): the Leads are in the log with the boundary. Returns them
         (``lead_id``, ``text``), oldest first."""
-        if self._flushing is not None:
-            await self.settle()
-        batch, ops = self._with_deferred([], [take_leads_op(self.turn.turn_id)])
-        res = await self._record(batch, ops)
-        taken = res.get("taken")
+        taken = (await self.emit(ops=[take_leads_op(self.turn.turn_id)])).get("taken")
         return [{"lead_id": str(x["lead_id"]), "text": str(x["text"])} for x in taken] if isinstance(taken, list) else []
 
     def _with_deferred(self, events: list[ev._Event], ops: list[Op]) -> tuple[list[ev._Event], list[Op]]:

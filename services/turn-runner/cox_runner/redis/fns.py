@@ -118,7 +118,8 @@ class Emitted(TypedDict):
     (as ``cox_close_leads`` closes it); false without the op."""
     taken: NotRequired[list[dict[str, str]]]
     """With the ``take_leads`` op (:func:`cox_runner.recorder.take_leads_op`), when Leads waited: the
-    Leads it took (as ``cox_take_leads`` takes them), oldest first; absent when none waited."""
+    Leads it took (each marked applied and recorded as a ``user.msg``, then one ``lead.applied``),
+    oldest first; absent when none waited."""
 
 
 class FenceOk(TypedDict):
@@ -127,11 +128,6 @@ class FenceOk(TypedDict):
 
 class Titled(TypedDict):
     applied: bool
-
-
-class LeadsTaken(TypedDict):
-    leads: Any
-    """``[{lead_id, text}]`` (an empty Lua table comes back as ``{}``)."""
 
 
 class LeadsClosed(TypedDict):
@@ -348,10 +344,6 @@ class Fns:
     @lua("cox_auto_title")
     async def auto_title(self, *, sid: str, token: str, owner: str, title: str, turn_id: str) -> Titled:
         return cast(Titled, await self.store.call("cox_auto_title", sid, [sid, token, owner, title, turn_id]))
-
-    @lua("cox_take_leads")
-    async def take_leads(self, *, sid: str, token: str, owner: str, turn_id: str) -> LeadsTaken:
-        return cast(LeadsTaken, await self.store.call("cox_take_leads", sid, [sid, token, owner, turn_id]))
 
     @lua("cox_close_leads")
     async def close_leads(self, *, sid: str, token: str) -> LeadsClosed:

@@ -738,22 +738,21 @@ end
 -- spend_day and spend_today) | close_leads (suffix, field, value ''; with the lease: Lead admission
 -- closes as cox_close_leads closes it, after the events; the reply's closed says if it did, false
 -- without the op) | take_leads (suffix, field ''; value: the turn id; with the lease: the Leads
--- saved so far are taken after the events, as cox_take_leads takes them, and the reply's taken
--- lists them: a safe boundary's skips and its Leads in one call; cox_emit's only); suffix in the
--- allowed set.
+-- saved so far are taken after the events (take_leads) and the reply's taken lists them: a safe
+-- boundary's skips and its Leads in one call; cox_emit's only); suffix in the allowed set.
 local ALLOWED = { [''] = true, [':open'] = true, [':appr'] = true, [':standing'] = true, [':observed'] = true,
                   [':wip'] = true, [':att'] = true }
 -- The nops ops of args from index i (each op, suffix, field, value): nil if they may run, else the
--- refusal. emit: whether the call is cox_emit (the spend and take_leads ops are its own:
+-- refusal. is_emit: whether the call is cox_emit (the spend and take_leads ops are its own:
 -- cox_turn_end's carried ops do without them).
-local function check_ops(args, i, nops, token, emit)
+local function check_ops(args, i, nops, token, is_emit)
   for _ = 1, nops do
     local op, suffix = args[i], args[i + 1]
     if not ALLOWED[suffix] then return refuse('invalid', 'suffix not allowed: ' .. suffix) end
     if (op == 'close_leads' or op == 'take_leads') and token == '' then
       return refuse('invalid', op .. ' needs the lease')
     end
-    if (op == 'spend' or op == 'take_leads') and not emit then
+    if (op == 'spend' or op == 'take_leads') and not is_emit then
       return refuse('invalid', 'the ' .. op .. ' op is cox_emit\'s only')
     end
     i = i + 4
@@ -818,7 +817,7 @@ local function cox_emit(keys, args)
   local i, spent, close, take = run_ops(base, args, 5, nops, now)
   local first, last = emit_all(base, sid, args, i, #args, now)
   -- The take_leads op (a safe boundary's record): the Leads saved so far are applied after its
-  -- events, as cox_take_leads applies them, with one call fewer for the boundary.
+  -- events, in the same call as the skips before them.
   local taken = nil
   if take ~= nil then
     local applied
@@ -870,17 +869,6 @@ local function cox_auto_title(keys, args)
   redis.call('HSET', base, 'title', title, 'title_source', 'auto')
   emit_t(base, sid, { type = 'title.set', turn_id = turn_id, title = title, source = 'auto' }, now_ms())
   return with_pub(base, owner, reply({ applied = true }))
-end
-
--- Take the pending Leads to apply them now (a boundary's record takes them with its events
--- instead: cox_emit's take_leads op). ARGV: sid, token, owner, turn_id
-local function cox_take_leads(keys, args)
-  local base = keys[1]
-  local sid, token, owner, turn_id = unpack(args)
-  if not hold(base, token) then return refuse('fenced', 'lease lost') end
-  local leads = take_leads(base, sid, turn_id, now_ms())
-  if #leads == 0 then return { reply({ leads = {} }) } end
-  return with_pub(base, owner, reply({ leads = leads }))
 end
 
 -- Close Lead admission before the turn's final work. If Leads are pending, admission stays
@@ -1231,7 +1219,6 @@ redis.register_function('cox_renew', entry(cox_renew))
 redis.register_function('cox_emit', entry(once(cox_emit)))
 redis.register_function('cox_auto_title', entry(once(cox_auto_title)))
 redis.register_function('cox_fence', entry(cox_fence))
-redis.register_function('cox_take_leads', entry(once(cox_take_leads)))
 redis.register_function('cox_close_leads', entry(once(cox_close_leads)))
 redis.register_function('cox_turn_end', entry(once(cox_turn_end)))
 redis.register_function('cox_op_begin', entry(once(cox_op_begin)))

@@ -46,11 +46,11 @@ LIBRARY = resources.files("cox_runner.redis").joinpath("redis_lib.lua").read_tex
 
 
 # Functions only the holder of a turn's lease calls (with its token).
-HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_take_leads", "cox_close_leads",
+HOLDER_FNS = frozenset({"cox_emit", "cox_renew", "cox_auto_title", "cox_close_leads",
                         "cox_turn_end", "cox_fence"})
 # Functions registered through ``once`` in the library: their last argument is the transition id.
 TX_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_stop", "cox_answer", "cox_emit",
-                    "cox_auto_title", "cox_take_leads", "cox_close_leads", "cox_turn_end", "cox_op_begin",
+                    "cox_auto_title", "cox_close_leads", "cox_turn_end", "cox_op_begin",
                     "cox_queue_remove", "cox_queue_order", "cox_archive_take", "cox_fork", "cox_run",
                     "cox_budget_resume", "cox_spend"})
 LOAD_WAIT_S = 30.0
