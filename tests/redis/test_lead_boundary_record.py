@@ -8,14 +8,18 @@ one publish, in that order: the Lead is in the log with the boundary, not a roun
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 from pydantic_ai.messages import ToolCallPart
 
+from cox_runner.doorbell import Doorbell
+from cox_runner.drive import take_renewal
 from cox_runner.leads import Leads
 from cox_runner.redis.store import Store
+from cox_runner.turn import Turn
 from coxswain import events as ev
 
 from .test_outbox_publisher import busy, run
@@ -72,5 +76,59 @@ def test_the_skips_and_the_leads_go_out_with_the_boundary_in_one_call(tmp_path: 
         assert evs[5]["lead_ids"] == ["l_0", "l_1"]
         seqs = [e["seq"] for e in evs]
         assert seqs == list(range(seqs[0], seqs[0] + 6)), "no gap, no repeat"
+
+    run(tmp_path, go)
+
+
+
+async def _renewal(store: Store, r: Any, sid: str, token: str) -> dict[str, Any]:
+    """A renewal's reply, as the lease keeper reads it (cox_runner.drive)."""
+    async with r.pipeline(transaction=False) as pipe:
+        store.fns.renew(pipe, sid=sid, token=token, lease_ms=30_000)
+        res = await pipe.execute()
+    head: dict[str, Any] = json.loads(res[0][0])
+    return head
+
+
+async def _late_bell(turn: Turn, lead_id: str) -> None:
+    """The holder's doorbell for ``lead_id``, taken as :meth:`cox_runner.doorbell.Doorbell.answer` takes it."""
+    drives = SimpleNamespace(get=lambda sid: SimpleNamespace(turn=turn))
+    await Doorbell(cast(Any, None), "me", cast(Any, drives), None).answer(turn.sid, "lead", {"lead_id": lead_id})
+
+
+def test_a_late_doorbell_or_renewal_for_a_lead_already_taken_skips_nothing(tmp_path: Path) -> None:
+    """A Lead saved while a record was on its way is taken at once (that record's reply says it
+    waits); its doorbell, rung by the runner that admitted it, may arrive after, and so may a
+    renewal read before the take. Neither may make the next boundary skip the response's calls
+    for a Lead already applied; a doorbell for a Lead not taken yet still counts."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_late_bell"
+        token = await busy(one, sid)
+        await two.fns.lead(sid=sid, principal="p", lead_id="l_0", text="lead 0", client_id="",
+                           max_pending=8, owner=two.owner, want_turn="")
+        rec = recorder(one, r, sid, token)
+        t = rec.turn
+        leads = Leads(cast(Any, SimpleNamespace(store=one, owner=one.owner, redis=r)), t, rec)
+        stale = await _renewal(one, r, sid, token)
+        assert stale["leads"] == 1 and stale["lead_last"] == "l_0"
+        rec.leads_hint = 1  # the last record's reply: a Lead waits
+        assert await leads.apply() is True
+        rec.take_pending()
+        await _late_bell(t, "l_0")  # its doorbell, late
+        take_renewal(cast(Any, SimpleNamespace(turn=t)), {**stale, "turn_id": t.turn_id})  # a renewal, late
+        assert not leads.waiting()
+        calls = [ToolCallPart(tool_name="list_dir", args={"path": "d"}, tool_call_id="c_next")]
+        rec.open = {"c_next": calls[0]}
+        assert await leads.boundary(calls) is False, "no Lead waits: the next response's calls run"
+        assert rec.open == {"c_next": calls[0]}
+        assert not [e for e in await logged(js, r, sid) if e["type"] == "tool.skipped"]
+        await two.fns.lead(sid=sid, principal="p", lead_id="l_1", text="lead 1", client_id="",
+                           max_pending=8, owner=two.owner, want_turn="")
+        await _late_bell(t, "l_1")
+        assert leads.waiting()
+        assert await leads.boundary(calls) is True
+        assert rec.pending_user == [("lead 1", "lead")] and list(t.leads_taken) == ["l_0", "l_1"]
+        fresh = await _renewal(one, r, sid, token)
+        assert fresh["leads"] == 0 and fresh["lead_last"] == ""
 
     run(tmp_path, go)

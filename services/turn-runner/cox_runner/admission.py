@@ -236,7 +236,7 @@ class Admission:
             max_pending=r.settings.lead.max_pending, owner=r.owner, want_turn=cmd.turn_id or "",
             over=await spending.principal_over(r.store.fns, r.settings.limits, cmd.principal))
         if not res.get("replay"):
-            await r.doorbell.ring(res.get("runner"), cmd.sid, "lead")
+            await r.doorbell.ring(res.get("runner"), cmd.sid, "lead", {"lead_id": res["lead_id"]})
         return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]), turn_id=res.get("turn_id"))
 
     async def stop(self, cmd: StopCmd) -> StopResult:

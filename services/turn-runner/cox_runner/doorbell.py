@@ -84,8 +84,7 @@ class Doorbell:
                 if stop:
                     t.request_stop(stop)
         elif kind == "lead":
-            t.leads_waiting = True
-            t.ring()
+            t.lead_rang(str((data or {}).get("lead_id") or ""))
         elif kind == "observe":
             t.observed_waiting = True
             t.ring()

@@ -146,7 +146,7 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any]
         sid=d.sid, turn_id=msg["turn_id"], token=d.token, message_id=msg["message_id"], text=msg["text"],
         via=msg.get("mode") or "send", workspace=Path(info.get("workspace") or "."),
         model=info.get("model") or "script", info=info, attachments=list(msg.get("attachments") or []),
-        fresh=bool(msg.get("fresh")),
+        fresh=bool(msg.get("fresh")), leads_taken=d.leads_taken,
     )
     if d.mcp is None and deps.settings.mcp.enabled():
         d.mcp = McpServers(deps.settings, deps.sandbox, deps.log.bind(sid=d.sid))
@@ -430,8 +430,7 @@ def take_renewal(d: Drive, head: dict[str, Any]) -> None:
     if head.get("stop"):
         t.request_stop(head["stop"])
     if head.get("leads"):
-        t.leads_waiting = True
-        t.ring()
+        t.lead_rang(head.get("lead_last"))
     if head.get("observed"):
         t.observed_waiting = True
     if t.policy_inputs is not None and t.policy_inputs[1] != bool(head.get("dont_ask")):

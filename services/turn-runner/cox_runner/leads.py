@@ -53,6 +53,7 @@ class Leads:
         self.rec.leads_hint = 0
         for lead in await self.rec.take_leads():
             self.rec.pending_user.append((lead["text"], "lead"))
+            self.turn.leads_taken.append(lead["lead_id"])
         return bool(self.rec.pending_user)
 
     async def close_or_apply(self) -> bool:

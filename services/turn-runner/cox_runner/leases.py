@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from coxswain.errors import Fenced
 
 from .errors import LeaseLost
-from .turn import Turn
+from .turn import TAKEN_KEPT, Turn
 
 if TYPE_CHECKING:
     from . import transcript
@@ -48,6 +49,8 @@ class Drive:
     shutting_down: bool = False
     stop_rung: bool = False
     """A Stop or steer doorbell came while no turn of this drive ran (its next turn reads the flag)."""
+    leads_taken: deque[str] = field(default_factory=lambda: deque(maxlen=TAKEN_KEPT))
+    """The Leads this drive's turns took (:attr:`cox_runner.turn.Turn.leads_taken`)."""
     self_fence: bool = True
     mcp: Any = None
     """The session's MCP servers while this drive holds it (:mod:`cox_runner.workspace.mcp_servers`)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ SKIP_FOR_OUTCOME = {"output_limit": "truncated", "hard_budget": "limit", "spend_
                     "canceled": "canceled", "error": "error", "unavailable": "unavailable",
                     "context_full": "limit"}
 """The ``tool.skipped`` reason for calls a turn never started, by how the turn ended."""
+TAKEN_KEPT = 64
+"""How many taken Leads a drive remembers (a late doorbell comes within moments of its take)."""
 
 
 @dataclass
@@ -70,6 +73,9 @@ class Turn:
     _stopped: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)
     """Guarded tasks cancelled by a stop whose guard has not yet turned it into ``StopRequested``."""
     leads_waiting: bool = False
+    leads_taken: deque[str] = field(default_factory=lambda: deque(maxlen=TAKEN_KEPT))
+    """The Leads taken by the drive's turns, newest last (the drive's own, shared by its turns): a
+    doorbell or a renewal for one of them came late, after the take, and is no Lead waiting."""
     observed_waiting: bool = False
     policy_inputs: tuple[frozenset[str], bool] | None = None
     """The session's standing approvals and don't-ask switch, cached for this turn's calls;
@@ -96,6 +102,16 @@ class Turn:
             if task is not me and task not in self._stopped:
                 self._stopped.add(task)
                 task.cancel()
+
+    def lead_rang(self, lead_id: str | None) -> None:
+        """A doorbell or a renewal says a Lead waits (``lead_id``: the newest, when it says which).
+        Not when that Lead was taken already: a Lead saved while a record was on its way is taken
+        as the record's reply says it waits, and its doorbell may come after. Taken as waiting, it
+        would make the next boundary skip the model's calls for nothing."""
+        if lead_id and lead_id in self.leads_taken:
+            return
+        self.leads_waiting = True
+        self.ring()
 
     def ring(self) -> None:
         self.policy_inputs = None

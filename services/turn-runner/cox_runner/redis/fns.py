@@ -98,6 +98,8 @@ class Renewed(TypedDict):
     """What waits for the holder of the turn (read by the lease keeper, cox_runner.drive)."""
     stop: str
     leads: int
+    lead_last: str
+    """The newest Lead waiting ('' for none)."""
     observed: int
     dont_ask: bool
     turn_id: str

@@ -698,7 +698,9 @@ local function cox_renew(keys, args)
   redis.call('PEXPIRE', base .. ':lease', lease_ms)
   redis.call('ZADD', leases_of(base), now_ms() + lease_ms, sid)
   -- turn_id: the flags are this turn's (a late reply must not stop the turn after it)
+  -- lead_last: the newest Lead waiting ('' for none; one the holder took since is not waiting)
   return { reply({ stop = redis.call('HGET', base, 'stop'), leads = redis.call('LLEN', base .. ':leadq'),
+                   lead_last = redis.call('LINDEX', base .. ':leadq', -1) or '',
                    observed = redis.call('LLEN', base .. ':observed'),
                    dont_ask = redis.call('HGET', base, 'dont_ask') == '1',
                    turn_id = redis.call('HGET', base, 'turn_id') }) }
