@@ -67,6 +67,23 @@ def test_stuck_and_malformed() -> None:
     assert not b.malformed_round(False)
 
 
+
+def test_what_the_guards_will_say_counts_nothing() -> None:
+    """The round's last call asks before its result is recorded (the Leads go with that record
+    only if the turn goes on): the look ahead agrees with the guard and changes nothing."""
+    b = _budget(stuck_repeats=3)
+    for _ in range(2):
+        assert not b.would_stick("list_dir", "{}", "a") and not b.stuck("list_dir", "{}", "a")
+    out = "a"
+    assert b.would_stick("list_dir", "{}", out) and b.would_stick("list_dir", "{}", out)
+    assert not b.would_stick("list_dir", '{"path": "x"}', out) and not b.would_stick("read_file", "{}", out)
+    assert b.stuck("list_dir", "{}", out), "the look ahead counted nothing; the guard counts this one"
+    assert not b.would_fail_round(False) and not b.would_fail_round(True)
+    assert not b.malformed_round(True)
+    assert b.would_fail_round(True) and b.would_fail_round(True) and not b.would_fail_round(False)
+    assert b.malformed_round(True)
+
+
 def test_a_half_done_writes_cleanup_survives_a_second_cancellation() -> None:
     """A turn that loses its lease is cancelled twice (deadline, then renewal): the cleanup of a
     staged write must still run to its end (CI once found temp files left behind)."""

@@ -132,3 +132,63 @@ def test_a_late_doorbell_or_renewal_for_a_lead_already_taken_skips_nothing(tmp_p
         assert fresh["leads"] == 0 and fresh["lead_last"] == ""
 
     run(tmp_path, go)
+
+
+def _round_last_read(rec: Any, k: int) -> ToolCallPart:
+    call = ToolCallPart(tool_name="list_dir", args={"path": f"d{k}"}, tool_call_id=f"c{k}")
+    rec.defer(ev.ToolCall(**rec.e(), call_id=call.tool_call_id, name="list_dir", args={"path": f"d{k}"}),
+              ev.PolicyDecision(**rec.e(), call_id=call.tool_call_id, verdict="allow", actor="policy", reason="a read"))
+    rec.open[call.tool_call_id] = call
+    return call
+
+
+def test_a_lead_saved_while_the_rounds_last_call_ran_goes_with_its_result(tmp_path: Path) -> None:
+    """The boundary after a response's last call: the Leads saved while the call ran are taken by
+    its result's own record (one call, one publish), when the turn goes on after that result
+    (``Recorder.takes_leads`` says so, given the output); else the result is recorded alone and
+    the Leads wait, as before."""
+    async def go(one: Store, two: Store, r: Any, js: Any) -> None:
+        sid = "s_round_end"
+        token = await busy(one, sid)
+        rec = recorder(one, r, sid, token)
+        t = rec.turn
+        emits = CountedEmits(one)
+        await two.fns.lead(sid=sid, principal="p", lead_id="l_0", text="lead 0", client_id="",
+                           max_pending=8, owner=two.owner, want_turn="")
+        t.leads_waiting = True  # its doorbell rang while the call ran
+        seen: list[str] = []
+        def goes_on(output: str) -> bool:
+            seen.append(output)
+            return True
+
+        rec.takes_leads = goes_on
+        await rec.result(_round_last_read(rec, 0), True, "listing 0")
+        assert seen == ["listing 0"] and rec.takes_leads is None, "asked once, with the output; then spent"
+        assert emits.calls == [3], "the call, its decision and its result: the Leads are taken in the same call"
+        assert rec.pending_user == [("lead 0", "lead")] and list(t.leads_taken) == ["l_0"]
+        leads = Leads(cast(Any, SimpleNamespace(store=one, owner=one.owner, redis=r)), t, rec)
+        assert not leads.waiting() and rec.leads_hint == 0
+        evs = [e for e in await logged(js, r, sid) if e["type"] != "lead.saved"]
+        assert [e["type"] for e in evs[-5:]] == ["tool.call", "policy.decision", "tool.result", "user.msg",
+                                                 "lead.applied"], evs
+        assert evs[-1]["lead_ids"] == ["l_0"] and evs[-1]["ts"] == evs[-3]["ts"]
+        seqs = [e["seq"] for e in evs[-5:]]
+        assert seqs == list(range(seqs[0], seqs[0] + 5)), "no gap, no repeat"
+
+        # The turn would not go on after this output (the progress guard ends it): the Lead waits.
+        rec.take_pending()
+        await two.fns.lead(sid=sid, principal="p", lead_id="l_1", text="lead 1", client_id="",
+                           max_pending=8, owner=two.owner, want_turn="")
+        rec.takes_leads = lambda output: False
+        await rec.result(_round_last_read(rec, 1), True, "listing 1")
+        assert emits.calls == [3, 3] and rec.pending_user == [] and rec.leads_hint == 1
+        assert [e["type"] for e in (await logged(js, r, sid))[-1:]] == ["tool.result"]
+
+        # A result recorded on the group's way (pipelined) never takes them: not the round's end.
+        rec.takes_leads = lambda output: True
+        rec.pipelined = "c2"
+        await rec.result(_round_last_read(rec, 2), True, "listing 2")
+        await rec.settle()
+        assert rec.pending_user == [] and rec.leads_hint == 1
+
+    run(tmp_path, go)

@@ -336,3 +336,39 @@ def test_a_lead_during_the_final_answer_continues_the_turn(stack: Stack, api: Ap
     assert texts[0] == "This is my final answer, streaming slowly." and texts[-1] == "Now really done."
     assert one(evs, "agent.message")["text"] == "One more thing."
     assert len(of_type(evs, "turn.start")) == 1, "the same turn went on"
+
+
+def test_a_lead_saved_during_the_last_call_of_a_response_goes_with_its_result(stack: Stack, api: Api) -> None:
+    """The boundary after a response's last call is that call's result's own record: a Lead saved
+    while the call ran is in the log with the result (one Redis call: one timestamp), and the next
+    request has it. Not when the progress guard ends the turn on that result: the Lead is not
+    applied to a turn that does not go on."""
+    s = api.create("lead-round-end")
+    sid = s["id"]
+    api.send(sid, sleeping(1, {"text": "not reached"}))
+    call = api.wait_type(sid, "tool.call", name="run_command")
+    r = lead(api, sid, script({"text": "Lead taken."}, text="say so"))
+    assert r.status_code == 202, r.text
+    end, evs = finished(api, sid)
+    assert end["outcome"] == "completed"
+    result = one(evs, "tool.result", call_id=call["call_id"])
+    msg = one(evs, "user.msg", via="lead")
+    applied = one(evs, "lead.applied")
+    assert [result["seq"] + 1, result["seq"] + 2] == [msg["seq"], applied["seq"]]
+    assert applied["ts"] == result["ts"], "taken by the result's own record"
+    assert of_type(evs, "assistant.msg")[-1]["text"] == "Lead taken."
+
+    # Stuck on that result: the turn ends, the Lead is not applied to it.
+    repeat = {"tools": [{"name": "run_command", "args": {"command": "sleep 1"}}]}
+    after = last_seq(api, sid)
+    api.send(sid, script(repeat, repeat, repeat, {"text": "not reached"}))
+    third = None
+    for _ in range(3):
+        third = api.wait_type(sid, "tool.call", name="run_command", after=after)
+        after = third["seq"]
+    assert third is not None
+    r = lead(api, sid, "too late for a stuck turn")
+    assert r.status_code == 202, r.text
+    end, evs = finished(api, sid, after=after)
+    assert end["outcome"] == "stuck"
+    assert not [e for e in evs if e["type"] == "lead.applied" and e["seq"] > after]

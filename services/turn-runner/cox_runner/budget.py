@@ -47,6 +47,8 @@ class Budget:
     warned: set[str] = field(default_factory=set)
     malformed_in_row: int = 0
     repeats: list[str] = field(default_factory=list)
+    _peeked: tuple[str, str, str, str] | None = field(default=None, repr=False)
+    """The last :meth:`would_stick` (call, arguments, output, signature), for :meth:`stuck` after it."""
 
     def elapsed(self, now: float) -> float:
         """Seconds of work so far: wall time minus time spent waiting for the person."""
@@ -107,13 +109,32 @@ class Budget:
     def stuck(self, name: str, args_json: str, output: str) -> bool:
         """Progress guard: True when the same call returned the same result ``stuck_repeats``
         times in a row."""
-        sig = hashlib.sha256(f"{name}\0{args_json}\0{output}".encode()).hexdigest()
-        self.repeats.append(sig)
+        peeked, self._peeked = self._peeked, None
+        same = peeked is not None and peeked[2] is output and peeked[:2] == (name, args_json)
+        self.repeats.append(peeked[3] if peeked is not None and same else _signature(name, args_json, output))
         del self.repeats[:-STUCK_WINDOW]
+        return self._stuck(self.repeats)
+
+    def would_stick(self, name: str, args_json: str, output: str) -> bool:
+        """What :meth:`stuck` will say of this call and output, counting nothing (the output is
+        hashed once for the two)."""
+        sig = _signature(name, args_json, output)
+        self._peeked = (name, args_json, output, sig)
+        return self._stuck([*self.repeats[-self.limits.stuck_repeats:], sig])
+
+    def _stuck(self, repeats: list[str]) -> bool:
         n = self.limits.stuck_repeats
-        return len(self.repeats) >= n and len(set(self.repeats[-n:])) == 1
+        return len(repeats) >= n and len(set(repeats[-n:])) == 1
 
     def malformed_round(self, malformed: bool) -> bool:
         """After a tool round: True when the model sent malformed calls in two rounds in a row."""
         self.malformed_in_row = self.malformed_in_row + 1 if malformed else 0
         return self.malformed_in_row >= 2
+
+    def would_fail_round(self, malformed: bool) -> bool:
+        """What :meth:`malformed_round` will say of a round, counting nothing."""
+        return malformed and self.malformed_in_row + 1 >= 2
+
+
+def _signature(name: str, args_json: str, output: str) -> str:
+    return hashlib.sha256(f"{name}\0{args_json}\0{output}".encode()).hexdigest()

@@ -45,6 +45,8 @@ class ToolRound:
         self.tools = ctx
         self.checks = checks
         self.leads = leads
+        self._last: tuple[ToolCallPart, bool] | None = None
+        """The round's last call, while it runs, and whether a call before it was malformed."""
 
     async def run(self, calls: list[ToolCallPart]) -> None:
         malformed = False
@@ -61,10 +63,12 @@ class ToolRound:
                 await self.rec.skip(calls[i:], "approval")
                 break
             self.rec.pipelined = call.tool_call_id if self._pipelines(call, calls[i + 1:i + 2]) else None
+            self._last = (call, malformed) if i + 1 == len(calls) else None
             try:
                 malformed = await self._one_call(call) or malformed
             finally:
                 self.rec.pipelined = None
+                self.rec.takes_leads = self._last = None
             await self.checks.warnings()
             if b.stuck(call.tool_name, call.args_as_json_str(), self.rec.last_output):
                 n = self.limits.stuck_repeats
@@ -78,9 +82,20 @@ class ToolRound:
         await self.rec.settle()
         if b.malformed_round(malformed):
             raise EndTurn(Ending("error", detail="the model sent a malformed tool call twice in a row"))
-        if await self.leads.due():
+        if self.leads.waiting():  # saved after the last result's record (which took those before)
             await self.leads.apply()
         self.checks.check_time()
+
+    def _goes_on(self, output: str) -> bool:
+        """Whether the turn goes on after the round's last call returned ``output``, decided
+        before its result is recorded (:attr:`Recorder.takes_leads <cox_runner.recorder.Recorder.takes_leads>`):
+        no Stop or steer came, the progress guard will not end the turn on this result, nor the
+        malformed-round check on this round. Then the Leads saved while the call ran are taken by
+        the result's record; otherwise they wait, as a turn that ends leaves them."""
+        assert self._last is not None
+        call, malformed = self._last
+        return not (self.turn.stopping or self.budget.would_fail_round(malformed)
+                    or self.budget.would_stick(call.tool_name, call.args_as_json_str(), output))
 
     def _pipelines(self, call: ToolCallPart, after: list[ToolCallPart]) -> bool:
         """Whether a read's result may be recorded while the next call runs (a group commit:
@@ -141,6 +156,9 @@ class ToolRound:
             await self.gate.dismiss("the policy check failed")
             await rec.result(call, False, f"Error: the policy check failed ({exc.detail}); the call was not run.")
             return False
+        if self._last is not None and not outcome.message and not self.hooks.has("PostToolUse", call.tool_name):
+            # The round's last call: the boundary after it may be its result's own record.
+            rec.takes_leads = self._goes_on
         if not outcome.allowed:
             text = f"Refused: {outcome.reason}." if outcome.actor not in ("person", "dont_ask") else \
                 "Denied by the person."

@@ -49,11 +49,8 @@ class Leads:
     async def apply(self) -> bool:
         """Take the saved Leads (atomically marked applied, recorded as user messages), with
         whatever waits to be recorded (:meth:`Recorder.take_leads <cox_runner.recorder.Recorder.take_leads>`)."""
-        self.turn.leads_waiting = False
-        self.rec.leads_hint = 0
         for lead in await self.rec.take_leads():
             self.rec.pending_user.append((lead["text"], "lead"))
-            self.turn.leads_taken.append(lead["lead_id"])
         return bool(self.rec.pending_user)
 
     async def close_or_apply(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pydantic_ai.messages import ToolCallPart
@@ -79,6 +80,11 @@ class Recorder:
         """Events recorded with the next ``emit`` (one Redis call instead of two)."""
         self._deferred_ops: list[Op] = []
         """State writes recorded with the next ``emit``, before its own."""
+        self.takes_leads: Callable[[str], bool] | None = None
+        """Set by the tool round for its last call: the boundary after it is the result's own
+        record's when this says, given the result's output, that the turn goes on after it (the
+        record's ``take_leads`` op takes the Leads saved meanwhile: :meth:`result`). Spent by the
+        next result."""
         self.pipelined: str | None = None
         """The call whose result may be recorded behind the turn's back (:meth:`result`): a read
         followed by another read, set by the tool round for the call it is about to run."""
@@ -114,8 +120,17 @@ class Recorder:
         ``lead.applied``) in one call with whatever was deferred (a boundary's skips, the response
         recorded with them): the Leads are in the log with the boundary. Returns them
         (``lead_id``, ``text``), oldest first."""
-        taken = (await self.emit(ops=[take_leads_op(self.turn.turn_id)])).get("taken")
-        return [{"lead_id": str(x["lead_id"]), "text": str(x["text"])} for x in taken] if isinstance(taken, list) else []
+        self.turn.leads_waiting = False
+        self.leads_hint = 0
+        return self._taken(await self.emit(ops=[take_leads_op(self.turn.turn_id)]))
+
+    def _taken(self, res: Emitted) -> list[dict[str, str]]:
+        """The Leads a record's ``take_leads`` op took (remembered by the drive: a doorbell for one
+        of them that comes after is no Lead waiting)."""
+        taken = res.get("taken")
+        leads = [{"lead_id": str(x["lead_id"]), "text": str(x["text"])} for x in taken] if isinstance(taken, list) else []
+        self.turn.leads_taken.extend(lead["lead_id"] for lead in leads)
+        return leads
 
     def _with_deferred(self, events: list[ev._Event], ops: list[Op]) -> tuple[list[ev._Event], list[Op]]:
         """What was deferred, then ``events`` and ``ops``; the deferred are taken."""
@@ -284,9 +299,18 @@ class Recorder:
             ops.append(("hdel", keys.WRITES, call.tool_call_id, ""))  # its staged write is settled
         if raw:
             ops.append(("ltrim", keys.OBSERVED, str(len(raw)), "-1"))
+        takes, self.takes_leads = self.takes_leads, None
         if self.pipelined == call.tool_call_id:
             self.pipelined = None
             self._pipeline(evs, ops, len(output))
+        elif takes is not None and takes(output):
+            # The round's last call, and the turn goes on after it: its record is the boundary's,
+            # and takes the Leads saved while the call ran (in the log with the result, not a
+            # round trip and a publish after it).
+            ops.append(take_leads_op(self.turn.turn_id))
+            self.turn.leads_waiting = False
+            for lead in self._taken(await self.emit(*evs, ops=ops)):
+                self.pending_user.append((lead["text"], "lead"))
         else:
             await self.emit(*evs, ops=ops)
         self.open.pop(call.tool_call_id, None)
