@@ -47,8 +47,6 @@ class Budget:
     warned: set[str] = field(default_factory=set)
     malformed_in_row: int = 0
     repeats: list[str] = field(default_factory=list)
-    _peeked: tuple[str, str, str, str] | None = field(default=None, repr=False)
-    """The last :meth:`would_stick` (call, arguments, output, signature), for :meth:`stuck` after it."""
 
     def elapsed(self, now: float) -> float:
         """Seconds of work so far: wall time minus time spent waiting for the person."""
@@ -109,18 +107,13 @@ class Budget:
     def stuck(self, name: str, args_json: str, output: str) -> bool:
         """Progress guard: True when the same call returned the same result ``stuck_repeats``
         times in a row."""
-        peeked, self._peeked = self._peeked, None
-        same = peeked is not None and peeked[2] is output and peeked[:2] == (name, args_json)
-        self.repeats.append(peeked[3] if peeked is not None and same else _signature(name, args_json, output))
+        self.repeats.append(_signature(name, args_json, output))
         del self.repeats[:-STUCK_WINDOW]
         return self._stuck(self.repeats)
 
     def would_stick(self, name: str, args_json: str, output: str) -> bool:
-        """What :meth:`stuck` will say of this call and output, counting nothing (the output is
-        hashed once for the two)."""
-        sig = _signature(name, args_json, output)
-        self._peeked = (name, args_json, output, sig)
-        return self._stuck([*self.repeats[-self.limits.stuck_repeats:], sig])
+        """What :meth:`stuck` will say of this call and output, counting nothing."""
+        return self._stuck([*self.repeats[-self.limits.stuck_repeats:], _signature(name, args_json, output)])
 
     def _stuck(self, repeats: list[str]) -> bool:
         n = self.limits.stuck_repeats

@@ -49,8 +49,7 @@ class Leads:
     async def apply(self) -> bool:
         """Take the saved Leads (atomically marked applied, recorded as user messages), with
         whatever waits to be recorded (:meth:`Recorder.take_leads <cox_runner.recorder.Recorder.take_leads>`)."""
-        for lead in await self.rec.take_leads():
-            self.rec.pending_user.append((lead["text"], "lead"))
+        await self.rec.take_leads()
         return bool(self.rec.pending_user)
 
     async def close_or_apply(self) -> bool:

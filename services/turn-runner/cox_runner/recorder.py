@@ -115,22 +115,19 @@ class Recorder:
             await self.settle()
         return await self._record(*self._with_deferred(list(events), ops or []))
 
-    async def take_leads(self) -> list[dict[str, str]]:
-        """Take the Leads saved so far (marked applied, each recorded as a user message, then
-        ``lead.applied``) in one call with whatever was deferred (a boundary's skips, the response
-        recorded with them): the Leads are in the log with the boundary. Returns them
-        (``lead_id``, ``text``), oldest first."""
+    async def take_leads(self, *events: ev._Event, ops: list[Op] | None = None) -> None:
+        """Record ``events`` and ``ops`` (after whatever was deferred: a boundary's skips, the
+        response recorded with them), then take the Leads saved so far in the same call (each
+        marked applied and recorded as a user message, then ``lead.applied``): the Leads are in
+        the log with the boundary. They join :attr:`pending_user`, oldest first, and the drive
+        remembers them (a doorbell for one of them that comes after is no Lead waiting)."""
         self.turn.leads_waiting = False
         self.leads_hint = 0
-        return self._taken(await self.emit(ops=[take_leads_op(self.turn.turn_id)]))
-
-    def _taken(self, res: Emitted) -> list[dict[str, str]]:
-        """The Leads a record's ``take_leads`` op took (remembered by the drive: a doorbell for one
-        of them that comes after is no Lead waiting)."""
+        res = await self.emit(*events, ops=[*(ops or []), take_leads_op(self.turn.turn_id)])
         taken = res.get("taken")
-        leads = [{"lead_id": str(x["lead_id"]), "text": str(x["text"])} for x in taken] if isinstance(taken, list) else []
-        self.turn.leads_taken.extend(lead["lead_id"] for lead in leads)
-        return leads
+        for x in taken if isinstance(taken, list) else []:
+            self.pending_user.append((str(x["text"]), "lead"))
+            self.turn.leads_taken.append(str(x["lead_id"]))
 
     def _with_deferred(self, events: list[ev._Event], ops: list[Op]) -> tuple[list[ev._Event], list[Op]]:
         """What was deferred, then ``events`` and ``ops``; the deferred are taken."""
@@ -307,10 +304,7 @@ class Recorder:
             # The round's last call, and the turn goes on after it: its record is the boundary's,
             # and takes the Leads saved while the call ran (in the log with the result, not a
             # round trip and a publish after it).
-            ops.append(take_leads_op(self.turn.turn_id))
-            self.turn.leads_waiting = False
-            for lead in self._taken(await self.emit(*evs, ops=ops)):
-                self.pending_user.append((lead["text"], "lead"))
+            await self.take_leads(*evs, ops=ops)
         else:
             await self.emit(*evs, ops=ops)
         self.open.pop(call.tool_call_id, None)
