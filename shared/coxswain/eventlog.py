@@ -6,10 +6,11 @@ publish lock. Each publish is conditional on the session's last message in the s
 log never holds a seq twice or out of order.
 
 **One message holds one or more events**: consecutive events of one session, their JSON joined
-by newlines (JSON text holds no raw newline), at most :data:`events.MAX_EVENT_BYTES`, and an
-event a webhook can ask for (:data:`notify.NOTIFY_EVENTS`: ``turn.end``, ``approval.pending``,
-``limit.warning``) always ends its message, so a webhook's delivery id (the message's stream
-seq) still names one event. A message is a JetStream round trip and a store write (with
+by newlines (JSON text holds no raw newline), at most :data:`events.MAX_EVENT_BYTES`, and never
+two events a webhook can ask for (:data:`notify.NOTIFY_EVENTS`: ``turn.end``, ``approval.pending``,
+``limit.warning``), so a webhook's delivery id (the message's stream seq) still names one event
+(:func:`webhook_event` finds it). A turn's end and the next queued turn's start, which one atomic
+call records, are one message. A message is a JetStream round trip and a store write (with
 ``sync_interval: always`` an fsync) whatever its size: a tool call's three events in one
 message cost 0.2 ms of the publisher's CPU and 0.23-0.33 ms of nats-server's, against 0.57-0.60
 and 0.65-0.73 ms as three (bench/ANALYSIS.md). Every reader here splits a message back into its
@@ -194,13 +195,18 @@ def _message(entries: list[str], i: int, seq: int) -> tuple[int, int, bytes]:
     """One message from ``entries[i]`` on: (the index after it, its last seq, its bytes).
 
     It takes the entries that follow with consecutive seqs while they fit in
-    :data:`events.MAX_EVENT_BYTES`, and ends after an event a webhook can ask for."""
+    :data:`events.MAX_EVENT_BYTES`, and ends before a second event a webhook can ask for."""
     parts = [_recordable(entries[i])]
+    hooked = _webhook_candidate(entries[i])
     size, last, j = len(parts[0]), seq, i + 1
-    while j < len(entries) and not _ends_message(entries[j - 1]):
+    while j < len(entries):
         nxt = entries[j]
         if seq_of(nxt) != last + 1:
             break
+        if _webhook_candidate(nxt):
+            if hooked:
+                break
+            hooked = True
         data = _recordable(nxt)
         if size + 1 + len(data) > events.MAX_EVENT_BYTES:
             break
@@ -211,18 +217,32 @@ def _message(entries: list[str], i: int, seq: int) -> tuple[int, int, bytes]:
     return j, last, b"\n".join(parts)
 
 
-_ENDS = re.compile(r'"type"\s*:\s*"(?:' + "|".join(re.escape(t) for t in notify.NOTIFY_EVENTS) + ')"')
+_WEBHOOK = "(?:" + "|".join(re.escape(t) for t in notify.NOTIFY_EVENTS) + ")"
+_CANDIDATE = re.compile(r'"type"\s*:\s*"' + _WEBHOOK + '"')
+_CANDIDATE_B = re.compile(rb'"type"\s*:\s*"' + _WEBHOOK.encode() + b'"')
 
 
-def _ends_message(raw: str) -> bool:
-    """Is this event one a webhook can ask for? (A nested ``"type"`` that matches ends a message
-    early, which costs a message, never a wrong delivery.)"""
-    return _ENDS.search(raw) is not None
+def _webhook_candidate(raw: str) -> bool:
+    """Might this event be one a webhook can ask for? (A nested ``"type"`` that matches counts:
+    it costs a message, never a wrong delivery: each message holds at most one candidate.)"""
+    return _CANDIDATE.search(raw) is not None
+
+
+def webhook_event(data: bytes) -> bytes:
+    """The event of a message that its stream seq names for a webhook: its one event that may be
+    a webhook's (:func:`_message` never puts two in a message; the notifier still reads its
+    ``type``, so a nested look-alike is no delivery), else its last. A message written when such
+    an event always ended its message reads the same."""
+    m = _CANDIDATE_B.search(data)
+    if m is None:
+        return last_event(data)
+    start = data.rfind(b"\n", 0, m.start()) + 1
+    end = data.find(b"\n", m.end())
+    return data[start:] if end < 0 else data[start:end]
 
 
 def last_event(data: bytes) -> bytes:
-    """The last event of a message, as recorded: the one its stream seq names for a webhook (an
-    event a webhook can ask for always ends its message) and the session's last seq in it."""
+    """The last event of a message, as recorded: the session's last seq in it."""
     return data.rsplit(b"\n", 1)[-1]
 
 

@@ -1,8 +1,8 @@
 """Several events to one JetStream message (``eventlog.publish``), against a real nats-server.
 
 A message holds consecutive events of one session (JSON lines), never more than the stream
-takes, and an event a webhook can ask for always ends its message (its delivery id is the
-message's stream seq). Every reader splits messages back into events: each seq once, in order,
+takes, and never two events a webhook can ask for (its delivery id is the message's stream seq,
+and the notifier finds it by :func:`eventlog.webhook_event`). Every reader splits messages back into events: each seq once, in order,
 with publishers that race (a lapsed publish lock), start from a stale cursor, or skip ahead.
 """
 
@@ -63,18 +63,21 @@ def seqs_of(evs: list[dict[str, Any]]) -> list[int]:
     return [int(e["seq"]) for e in evs]
 
 
-def test_consecutive_events_share_a_message_and_a_webhook_event_ends_it(tmp_path: Path) -> None:
+def test_consecutive_events_share_a_message_with_at_most_one_webhook_event(tmp_path: Path) -> None:
     async def go(nc: Any, js: Any) -> None:
         batch = [entry(1, "user.msg"), entry(2, "turn.start"), entry(3, "tool.call"), entry(4, "approval.pending"),
                  entry(5, "approval.answered"), entry(6, "limit.warning"), entry(7, "turn.end"),
                  entry(8, "queue.added")]
         assert await eventlog.publish(js, SID, batch) == 8
         msgs = await stored(js)
-        assert [seqs_of(eventlog.events_in(m)) for m in msgs] == [[1, 2, 3, 4], [5, 6], [7], [8]]
-        for m in msgs:  # a webhook's event is the last line of its message, never an earlier one
+        # A turn's end and what follows it (the next queued turn's start) are one publish; a
+        # second webhook event begins a message of its own.
+        assert [seqs_of(eventlog.events_in(m)) for m in msgs] == [[1, 2, 3, 4, 5], [6], [7, 8]]
+        for m, want in zip(msgs, ["approval.pending", "limit.warning", "turn.end"], strict=True):
             types = [e["type"] for e in eventlog.events_in(m)]
-            assert not set(types[:-1]) & set(notify.NOTIFY_EVENTS), types
-        assert await eventlog.last_in_stream(js, SID) == (8, 4)  # the last event, its message's stream seq
+            assert len(set(types) & set(notify.NOTIFY_EVENTS)) == 1, types
+            assert json.loads(eventlog.webhook_event(m))["type"] == want, "the notifier finds it mid-message"
+        assert await eventlog.last_in_stream(js, SID) == (8, 3)  # the last event, its message's stream seq
         got = await eventlog.backlog(js, SID, 0, 8)
         assert seqs_of(got) == list(range(1, 9)) and got[3]["type"] == "approval.pending"
         assert seqs_of(await eventlog.backlog(js, SID, 2, 5)) == [3, 4, 5], "a read from inside a message"
@@ -226,7 +229,7 @@ def test_readers_of_one_session_share_each_live_message_parsed_once(
     run(tmp_path, go)
 
 
-def test_in_any_mix_of_types_no_message_holds_a_webhook_event_before_its_end() -> None:
+def test_in_any_mix_of_types_no_message_holds_two_webhook_events() -> None:
     rng = random.Random(23)
     types = [*notify.NOTIFY_EVENTS, "tool.call", "policy.decision", "tool.result", "usage", "assistant.msg"]
     for _ in range(300):
@@ -237,10 +240,30 @@ def test_in_any_mix_of_types_no_message_holds_a_webhook_event_before_its_end() -
             end, last, data = eventlog._message(batch, i, i + 1)
             evs = eventlog.events_in(data)
             assert seqs_of(evs) == list(range(i + 1, last + 1)) and end == last
-            assert not {e["type"] for e in evs[:-1]} & set(notify.NOTIFY_EVENTS)
+            hooked = [e for e in evs if e["type"] in notify.NOTIFY_EVENTS]
+            assert len(hooked) <= 1, [e["type"] for e in evs]
+            found = json.loads(eventlog.webhook_event(data))
+            assert found == (hooked[0] if hooked else evs[-1])
+            if end < n:  # small events: a message ends early only before a second webhook event
+                assert hooked and json.loads(batch[end])["type"] in notify.NOTIFY_EVENTS
             seen += evs
             i = end
         assert seqs_of(seen) == list(range(1, n + 1))
+
+
+def test_a_webhook_type_nested_in_an_output_costs_a_message_never_a_delivery() -> None:
+    """A call's arguments that read like a webhook event (``{"type": "turn.end"}`` nested in the
+    event) are taken for one by the splitter's look: the real ``turn.end`` after them starts a
+    message of its own, so each message still holds one candidate, and the notifier reads the
+    look-alike's own type (no delivery)."""
+    fake = entry(2, "tool.call", args={"type": "turn.end", "sid": "s_other"})
+    batch = [entry(1, "tool.call"), fake, entry(3, "assistant.msg"), entry(4, "turn.end"), entry(5, "user.msg")]
+    end, last, data = eventlog._message(batch, 0, 1)
+    assert (end, last) == (3, 3), "the nested look-alike joined; the real turn.end did not"
+    assert json.loads(eventlog.webhook_event(data))["type"] == "tool.call", "not a delivery"
+    end, last, data = eventlog._message(batch, 3, 4)
+    assert (end, last) == (5, 5)
+    assert json.loads(eventlog.webhook_event(data)) == json.loads(batch[3])
 
 
 # ------------------------------------------------------------------ tail: from a stream seq on

@@ -278,6 +278,24 @@ def test_turn_end_is_delivered_and_unsubscribed_events_are_not_sent(hooked: Stac
     assert metric(hooked, "cox_webhook_delivered_total", webhook="turns", event="turn.end") >= 2
 
 
+def test_a_turn_end_published_with_the_next_queued_turns_start_is_delivered(hooked: Stack, receiver: Receiver,
+                                                                            api: Api) -> None:
+    """A queued message starts its turn in the same atomic call that ends the turn before it, and
+    that turn's end, the message and the new turn's start go out as one message of the stream:
+    the webhook's event is then not the message's last, and is delivered all the same."""
+    sid = api.create("hook-handoff")["id"]
+    assert api.send(sid, script({"text": "first", "delay_ms": 400}), mode="queue").json()["disposition"] == "started"
+    assert api.send(sid, script({"text": "second"}), mode="queue").json()["disposition"] == "queued"
+    wait_until(lambda: len(receiver.of("/ok", sid)) >= 2, 30, "both turn ends delivered")
+    evs = api.all_events(sid)
+    ends = of_type(evs, "turn.end")
+    starts = of_type(evs, "turn.start")
+    assert len(ends) == 2 and starts[1]["seq"] > ends[0]["seq"]
+    hits = receiver.of("/ok", sid)
+    assert sorted(h.event["seq"] for h in hits) == [e["seq"] for e in ends]
+    assert all(h.event["type"] == "turn.end" and signed(h, TURNS_SECRET) for h in hits)
+
+
 def test_a_receiver_that_never_answers_does_not_slow_turns(hooked: Stack, api: Api) -> None:
     # Start from a quiet consumer: the earlier tests' events to "stuck" have been given up.
     wait_until(lambda: webhooks_health(hooked)["stuck"].get("ack_pending") == 0

@@ -111,10 +111,10 @@ class Webhook(consumers.Consuming):
                 await self._take(msg)
 
     async def _take(self, msg: Msg) -> None:
-        # A message of the stream holds one or more events, and an event a webhook can ask for
-        # always ends its message: its last event is the only one to look at, and the message's
-        # stream seq names it (the delivery id).
-        body = eventlog.last_event(msg.data)
+        # A message of the stream holds one or more events, never two a webhook can ask for:
+        # that one is the only one to look at, and the message's stream seq names it (the
+        # delivery id).
+        body = eventlog.webhook_event(msg.data)
         try:
             ev = json.loads(body)
             type_ = str(ev.get("type", "")) if isinstance(ev, dict) else ""
