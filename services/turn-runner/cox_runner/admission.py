@@ -75,6 +75,9 @@ async def _start_turn(r: Deps, sid: str, token: str, holder: Any, sent: float, f
     the lease in that runner's name); when that runner is gone (no responder), here after all,
     and the turn finds its programs gone."""
     if holder and holder != r.owner:
+        # The other runner reads the observations at the turn's first result: a doorbell for one
+        # recorded before its drive exists would find none there.
+        first = {k: v for k, v in first.items() if k != "observed"}
         if await r.doorbell.ask(str(holder), sid, "drive", {"token": token, "first": first}):
             return
         r.log.warning("programs.holder_gone", sid=sid, holder=holder)
@@ -207,7 +210,8 @@ class Admission:
             if res.get("disposition") == "started":
                 await _start_turn(r, cmd.sid, str(res["token"]), res.get("runner"), sent, {
                     "message_id": message_id, "text": cmd.text, "mode": cmd.mode or "send", "turn_id": turn_id,
-                    "attachments": attached, "info": res.get("info"), "fresh": bool(res.get("fresh"))})
+                    "attachments": attached, "info": res.get("info"), "fresh": bool(res.get("fresh")),
+                    "observed": res.get("observed")})
             elif res.get("disposition") == "steered":
                 await r.doorbell.ring(res.get("runner"), cmd.sid, "steer")
         return SendResult(message_id=res["message_id"], disposition=res["disposition"],

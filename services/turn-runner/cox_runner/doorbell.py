@@ -73,6 +73,10 @@ class Doorbell:
         d = self.leases.get(sid)
         if d is None:
             return
+        if kind == "observe":
+            # Kept for the next turn too: between two turns the drive's turn is the one that
+            # ended (or none), and the call that starts the next may have said none waited.
+            d.observe_rung = True
         if d.turn is None:
             if kind in ("stop", "steer"):
                 d.stop_rung = True  # between turns: the next turn of this drive reads the flag

@@ -133,6 +133,16 @@ async def run_drive(deps: Deps, d: Drive) -> None:
             deps.sandbox.forget(d.turn.workspace)
 
 
+def observed_at_start(d: Drive, msg: dict[str, Any]) -> bool:
+    """Whether the turn ``msg`` begins reads the operator's observations at its first result:
+    the call that started it said some waited (``observed``; a start that does not say, a
+    takeover's or a resumed one's, reads), or an observation's doorbell rang since the drive's
+    last turn began. Later results know from their records' replies and the doorbell."""
+    rung, d.observe_rung = d.observe_rung, False
+    said = msg.get("observed")
+    return rung or said is None or bool(said)
+
+
 async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any] | None:
     """Run the turn ``msg`` began, end it, and answer what starts next (None: the session is idle
     or handed on)."""
@@ -148,6 +158,7 @@ async def _run_turn(deps: Deps, d: Drive, msg: dict[str, Any]) -> dict[str, Any]
         model=info.get("model") or "script", info=info, attachments=list(msg.get("attachments") or []),
         fresh=bool(msg.get("fresh")), leads_taken=d.leads_taken,
     )
+    turn.observed_waiting = observed_at_start(d, msg)
     if d.mcp is None and deps.settings.mcp.enabled():
         d.mcp = McpServers(deps.settings, deps.sandbox, deps.log.bind(sid=d.sid))
     turn.mcp = d.mcp
@@ -311,7 +322,8 @@ async def turn_end_call(deps: Deps, d: Drive, body: str, plan: str, may_hold: bo
     msg = res.get("next")
     if isinstance(msg, dict):
         d.arm(lease_ms, sent)  # the call renewed the lease for the next turn
-        return {**msg, "turn_id": res.get("turn_id", next_turn), "info": res.get("info"), "fresh": bool(res.get("fresh"))}
+        return {**msg, "turn_id": res.get("turn_id", next_turn), "info": res.get("info"), "fresh": bool(res.get("fresh")),
+                "observed": res.get("observed")}
     if res.get("held"):
         d.arm(lease_ms, sent)
         return await _hold(deps, d)

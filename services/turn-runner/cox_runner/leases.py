@@ -49,6 +49,9 @@ class Drive:
     shutting_down: bool = False
     stop_rung: bool = False
     """A Stop or steer doorbell came while no turn of this drive ran (its next turn reads the flag)."""
+    observe_rung: bool = False
+    """An observation's doorbell came since this drive's last turn began: the next turn's first
+    result reads the list, whatever the call that starts it said (:func:`cox_runner.drive.observed_at_start`)."""
     leads_taken: deque[str] = field(default_factory=lambda: deque(maxlen=TAKEN_KEPT))
     """The Leads this drive's turns took (:attr:`cox_runner.turn.Turn.leads_taken`)."""
     self_fence: bool = True

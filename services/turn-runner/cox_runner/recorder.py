@@ -278,9 +278,10 @@ class Recorder:
         taken off the list in the same atomic call that records it (so a rebuild agrees)."""
         t = self.turn
         raw: list[str] = []
-        # Before the turn's first emit nothing says whether observations wait (one recorded while
-        # the session was idle rang no turn's doorbell): the list is read.
-        if self.observed_hint or t.observed_waiting or not (self.emitted or self._flushing):
+        # Whether observations wait: the call that started the turn said (one recorded while the
+        # session was idle rang no turn's doorbell), then each record's reply and the doorbell
+        # (cox_runner.drive.observed_at_start).
+        if self.observed_hint or t.observed_waiting:
             t.observed_waiting = False
             raw = await self.deps.redis.lrange(keys.session(t.sid) + keys.OBSERVED, 0, OBSERVED_BATCH - 1)
         observed: list[dict[str, Any]] = []

@@ -76,7 +76,9 @@ class Turn:
     leads_taken: deque[str] = field(default_factory=lambda: deque(maxlen=TAKEN_KEPT))
     """The Leads taken by the drive's turns, newest last (the drive's own, shared by its turns): a
     doorbell or a renewal for one of them came late, after the take, and is no Lead waiting."""
-    observed_waiting: bool = False
+    observed_waiting: bool = True
+    """Whether the operator's observations may wait for the next result (read then, in the call
+    that records it): True until something says none do (:func:`cox_runner.drive.observed_at_start`)."""
     policy_inputs: tuple[frozenset[str], bool] | None = None
     """The session's standing approvals and don't-ask switch, cached for this turn's calls;
     dropped by every doorbell and by a renewal that sees the switch changed."""

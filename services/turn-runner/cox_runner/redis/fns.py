@@ -67,6 +67,9 @@ class Sent(TypedDict):
     fresh: NotRequired[bool]
     """True when the turn it started is the session's first (``blank`` in :data:`coxswain.keys.SESSION_FIELDS`):
     the log holds nothing of a conversation before its message."""
+    observed: NotRequired[int]
+    """When it started a turn: the operator's observations waiting as it began (the turn's first
+    result reads them only when some wait, or a doorbell says more came)."""
     resumed: NotRequired[dict[str, Any] | None]
     """A pause of an earlier day lifted by this send: the waiting message it started
     (``{next, token, turn_id, runner}``); this one was queued behind the others."""
@@ -147,6 +150,8 @@ class TurnEnded(TypedDict):
     """With ``next``: the session hash as the next turn began."""
     fresh: NotRequired[bool]
     """With ``next``: that turn is the session's first (a message that waited behind a person's operation)."""
+    observed: NotRequired[int]
+    """With ``next``: the operator's observations waiting as the next turn began."""
     paused: NotRequired[bool]
     """A daily budget pauses the session: nothing started, its messages wait."""
     last: int

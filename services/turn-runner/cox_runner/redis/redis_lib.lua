@@ -557,7 +557,7 @@ local function cox_send(keys, args)
     local fresh = begin_turn(base, sid, msg, turn_id, now, agents_md)
     local disp = 'started'
     res = { message_id = message_id, disposition = disp, turn_id = turn_id, token = token, runner = runner,
-            info = info_of(base), fresh = fresh or nil }
+            info = info_of(base), fresh = fresh or nil, observed = redis.call('LLEN', base .. ':observed') }
   elseif mode == '' then
     return refuse('busy', 'a turn is running: choose queue or steer')
   elseif mode == 'queue' then
@@ -1007,7 +1007,7 @@ local function cox_turn_end(keys, args)
     redis.call('ZADD', leases_of(base), now + lease_ms, sid)
     local fresh = begin_turn(base, sid, msg, next_turn_id, now, agents_md)
     return with_pub(base, owner, reply({ next = msg, turn_id = next_turn_id, ended = turn_id, info = info_of(base),
-      fresh = fresh or nil, last = carried }))
+      fresh = fresh or nil, last = carried, observed = redis.call('LLEN', base .. ':observed') }))
   end
   run = run_of(base)
   if running(run) then
