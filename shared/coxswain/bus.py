@@ -19,8 +19,10 @@ import weakref
 from typing import Any, TypeVar
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from pydantic import BaseModel
 
 from .errors import CoxError, Unavailable, from_wire
@@ -67,7 +69,8 @@ class Link:
         if fut is not None and not fut.done():
             fut.set_result(msg)
 
-    async def request(self, nc: Client, subject: str, payload: bytes, timeout: float) -> Msg:
+    async def request(self, nc: Client, subject: str, payload: bytes, timeout: float,
+                      headers: dict[str, str] | None = None) -> Msg:
         """``payload`` to ``subject``; the reply, or nats-py's own errors for no responders and a
         timeout (as its ``request`` raises them), or :class:`Unavailable` when the connection is lost."""
         prefix = self._prefix or await self._start(nc)
@@ -76,7 +79,7 @@ class Link:
         fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         self._waiting[token] = fut
         try:
-            await nc.publish(subject, payload, reply=prefix + token)
+            await nc.publish(subject, payload, reply=prefix + token, headers=headers)
             async with asyncio.timeout(timeout):
                 msg = await fut
         except TimeoutError as exc:
@@ -94,6 +97,26 @@ class Link:
 
 class _Lost(Exception):
     pass
+
+
+async def js_publish(js: JetStreamContext, subject: str, payload: bytes, timeout: float,
+                     headers: dict[str, str]) -> int:
+    """A JetStream publish and its ack, as ``js.publish`` makes them (its errors too), through the
+    connection's :class:`Link` when it has one: the ack reaches the caller two passes of the event
+    loop after it is read, not five (a session's publisher waits for each ack before its next
+    publish or its trim). The stream seq the message got."""
+    nc = getattr(js, "_nc", None)
+    ln = _links.get(nc) if nc is not None else None
+    if nc is None or ln is None:
+        return int((await js.publish(subject, payload, timeout=timeout, headers=headers)).seq)
+    try:
+        msg = await ln.request(nc, subject, payload, timeout, headers=headers)
+    except nats.errors.NoRespondersError:
+        raise nats.js.errors.NoStreamResponseError from None
+    resp = json.loads(msg.data)
+    if "error" in resp:
+        raise nats.js.errors.APIError.from_error(resp["error"])
+    return int(resp["seq"])
 
 
 NO_RESPONDERS_STATUS = "503"

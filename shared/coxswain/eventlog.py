@@ -32,7 +32,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext, api
 
-from . import events, notify, subjects
+from . import bus, events, notify, subjects
 
 DUPLICATE_WINDOW_S = 300.0
 
@@ -171,7 +171,7 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
         end, last, data = _message(entries, i, seq)
         msg_id = f"{sid}:{seq}" if last == seq else f"{sid}:{seq}-{last}"
         try:
-            ack = await js.publish(subject, data, timeout=timeout, headers={
+            stream_seq = await bus.js_publish(js, subject, data, timeout, {
                 "Nats-Msg-Id": msg_id, "Nats-Expected-Last-Subject-Sequence": str(pos[1])})
         except nats.js.errors.APIError as exc:
             if exc.err_code != WRONG_LAST_SEQUENCE or retried:
@@ -181,7 +181,7 @@ async def publish(js: JetStreamContext, sid: str, entries: list[str], timeout: f
             # hint): look at the stream.
             retried, pos = True, await last_in_stream(js, sid)
             continue
-        retried, pos, i = False, (last, int(ack.seq)), end
+        retried, pos, i = False, (last, stream_seq), end
         if sent is not None:
             sent(seq, last, pos[1])
     if pos is not None:

@@ -21,7 +21,7 @@ import pytest
 import uvloop
 
 from cox.servers import NatsServer
-from coxswain import eventlog, events, notify, subjects
+from coxswain import bus, eventlog, events, notify, subjects
 
 SID = "s_messages"
 
@@ -34,9 +34,13 @@ def entry(seq: int, type_: str = "tool.result", compact: bool = False, **extra: 
     return f'{{"seq":{seq},"ts":{1000 + seq},{body[1:]}'
 
 
-def run(tmp: Path, go: Callable[[Any, Any], Awaitable[None]]) -> None:
+def run(tmp: Path, go: Callable[[Any, Any], Awaitable[None]], linked: bool = False) -> None:
+    """``go(nc, js)`` against a fresh nats-server; ``linked``: the connection has a
+    :class:`coxswain.bus.Link`, as a service's has (publishes' acks come through it)."""
     async def main(url: str) -> None:
         nc = await nats.connect(url)
+        if linked:
+            bus.link(nc, bus.Link())
         try:
             js = nc.jetstream()
             await eventlog.ensure_stream(js)
@@ -85,7 +89,9 @@ def test_consecutive_events_share_a_message_with_at_most_one_webhook_event(tmp_p
     run(tmp_path, go)
 
 
-def test_a_racing_publisher_with_a_stale_cursor_adds_nothing_twice_and_nothing_out_of_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("linked", [False, True], ids=["nats-py", "link"])
+def test_a_racing_publisher_with_a_stale_cursor_adds_nothing_twice_and_nothing_out_of_order(tmp_path: Path,
+                                                                                          linked: bool) -> None:
     async def go(nc: Any, js: Any) -> None:
         first: eventlog.Cursors = {}
         stale: eventlog.Cursors = {}
@@ -104,7 +110,7 @@ def test_a_racing_publisher_with_a_stale_cursor_adds_nothing_twice_and_nothing_o
         feed = await eventlog.backlog(js, SID, 0, 9)
         assert seqs_of(feed) == list(range(1, 10))
 
-    run(tmp_path, go)
+    run(tmp_path, go, linked)
 
 
 def test_a_message_never_passes_the_stream_limit_and_an_oversized_event_is_omitted_alone(tmp_path: Path) -> None:
