@@ -84,6 +84,25 @@ def test_what_the_guards_will_say_counts_nothing() -> None:
     assert b.malformed_round(True)
 
 
+def test_the_look_ahead_serializes_no_arguments_when_the_calls_before_differ() -> None:
+    """Once a response: a call's arguments as JSON and a hash of its output cost microseconds
+    each; they are needed only when the calls before it were the same call with the same result."""
+    b = _budget(stuck_repeats=3)
+    asked: list[str] = []
+
+    def args() -> str:
+        asked.append("args")
+        return "{}"
+
+    assert not b.would_stick("list_dir", args, "a") and asked == [], "nothing before it"
+    b.stuck("list_dir", "{}", "a")
+    b.stuck("read_file", "{}", "a")
+    assert not b.would_stick("list_dir", args, "a") and asked == [], "the two before it differ"
+    b.stuck("read_file", "{}", "a")
+    assert b.would_stick("read_file", lambda: "{}", "a") and not b.would_stick("read_file", args, "b")
+    assert asked == ["args"]
+
+
 def test_a_half_done_writes_cleanup_survives_a_second_cancellation() -> None:
     """A turn that loses its lease is cancelled twice (deadline, then renewal): the cleanup of a
     staged write must still run to its end (CI once found temp files left behind)."""

@@ -10,6 +10,7 @@ Time spent waiting for the person (approvals, checkpoints) is not work time: it 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coxswain.config import LimitsConfig
@@ -111,9 +112,15 @@ class Budget:
         del self.repeats[:-STUCK_WINDOW]
         return self._stuck(self.repeats)
 
-    def would_stick(self, name: str, args_json: str, output: str) -> bool:
-        """What :meth:`stuck` will say of this call and output, counting nothing."""
-        return self._stuck([*self.repeats[-self.limits.stuck_repeats:], _signature(name, args_json, output)])
+    def would_stick(self, name: str, args_json: str | Callable[[], str], output: str) -> bool:
+        """What :meth:`stuck` will say of this call and output, counting nothing. ``args_json``
+        may be a function: it is called (and the output hashed) only when the calls before this
+        one could make a run of ``stuck_repeats`` with it."""
+        prior = self.repeats[-(self.limits.stuck_repeats - 1):]
+        if len(prior) < self.limits.stuck_repeats - 1 or len(set(prior)) != 1:
+            return False
+        args = args_json if isinstance(args_json, str) else args_json()
+        return self._stuck([*prior, _signature(name, args, output)])
 
     def _stuck(self, repeats: list[str]) -> bool:
         n = self.limits.stuck_repeats

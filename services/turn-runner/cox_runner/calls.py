@@ -95,7 +95,7 @@ class ToolRound:
         assert self._last is not None
         call, malformed = self._last
         return not (self.turn.stopping or self.budget.would_fail_round(malformed)
-                    or self.budget.would_stick(call.tool_name, call.args_as_json_str(), output))
+                    or self.budget.would_stick(call.tool_name, call.args_as_json_str, output))
 
     def _pipelines(self, call: ToolCallPart, after: list[ToolCallPart]) -> bool:
         """Whether a read's result may be recorded while the next call runs (a group commit:
