@@ -77,6 +77,10 @@ class Doorbell:
             # Kept for the next turn too: between two turns the drive's turn is the one that
             # ended (or none), and the call that starts the next may have said none waited.
             d.observe_rung = True
+            if d.turn is not None:
+                d.turn.observed_waiting = True
+                d.turn.ring()
+            return
         if d.turn is None:
             if kind in ("stop", "steer"):
                 d.stop_rung = True  # between turns: the next turn of this drive reads the flag
@@ -89,8 +93,5 @@ class Doorbell:
                     t.request_stop(stop)
         elif kind == "lead":
             t.lead_rang(str((data or {}).get("lead_id") or ""))
-        elif kind == "observe":
-            t.observed_waiting = True
-            t.ring()
         else:
             t.ring()
