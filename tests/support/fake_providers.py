@@ -91,7 +91,7 @@ class FakeModels:
             Route("/v1/messages", self.anthropic, methods=["POST"]),
         ])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
+                                                    lifespan="off", timeout_keep_alive=75))
         self.thread = threading.Thread(target=self.server.run, name="fake-models", daemon=True)
 
     def openai_provider(self) -> str:
