@@ -398,10 +398,11 @@ class GatewayConfig(_Section):
     stream_stall_s: float = Field(10.0, gt=0)
     """A stream whose client has not taken one write for this long is dropped too."""
     keep_alive_s: int = Field(75, ge=1)
-    """An idle HTTP/1.1 connection is kept this long for the client's next request. Longer than
-    clients keep their pooled connections (httpx: 5 s, Go: 90 s is the outlier) so the client,
-    never the server, closes it: equal timers race, and a request sent as the server closes its
-    socket is reset unread. Behind a load balancer keep this above the balancer's idle timeout."""
+    """An idle HTTP/1.1 connection is kept this long for the client's next request: longer than
+    common clients keep a pooled connection idle (httpx, so the ``cox`` CLI too: 5 s), so the
+    client, never the server, closes it; equal timers race, and a request sent as the server
+    closes its socket is reset unread. Behind a load balancer keep it above the balancer's idle
+    timeout."""
     public_url: str = Field("", pattern=r"^(https?://[^\s/?#]+(/[^\s?#]*)?)?$")
     """The gateway's address as a person's phone reaches it (``https://cox.example.org``): the
     base of approvals' answer links. Empty: a link is the path on the gateway (``/answer/...``)."""

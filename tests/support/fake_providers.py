@@ -90,6 +90,8 @@ class FakeModels:
             Route("/v1/chat/completions", self.openai, methods=["POST"]),
             Route("/v1/messages", self.anthropic, methods=["POST"]),
         ])
+        # Kept idle longer than the SDKs' httpx pools keep a connection (5 s), as the gateway does
+        # (gateway.keep_alive_s): equal timers race, and the loser's request is reset unread.
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     lifespan="off", timeout_keep_alive=75))
         self.thread = threading.Thread(target=self.server.run, name="fake-models", daemon=True)

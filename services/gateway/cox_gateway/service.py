@@ -103,7 +103,8 @@ class Gateway(Service):
     async def serve(self, stop: asyncio.Event) -> None:
         config = uvicorn.Config(
             self.app, host=self.settings.host, port=self.settings.port, log_config=None, access_log=False,
-            lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=self.settings.gateway.keep_alive_s, http=HttpProtocol, proxy_headers=False, server_header=False,
+            lifespan="off", timeout_graceful_shutdown=3, timeout_keep_alive=self.settings.gateway.keep_alive_s,
+            http=HttpProtocol, proxy_headers=False, server_header=False,
         )
         server = _Server(config)
         task = asyncio.create_task(server.serve(), name="uvicorn")
