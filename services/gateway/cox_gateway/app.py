@@ -19,8 +19,12 @@ from . import errors, metrics
 from .deps import Deps
 from .routers import answers, attachments, events, ops, runs, sessions, steering, turns, versions
 
-ROUTERS = (sessions.router, steering.router, attachments.router, versions.router, turns.router, runs.router,
-           events.router, ops.router, answers.router)
+ROUTERS = (steering.router, events.router, runs.router, sessions.router, answers.router, turns.router,
+           attachments.router, versions.router, ops.router)
+"""In the order a request is matched against them (FastAPI tries each route in turn, ~5 µs a route
+that does not match): the routes of every turn first (a send, its Lead, Stop, an answer), then
+the event log's reads and runs; no two routes of different routers match the same request
+(tests/fast/test_routes.py), so the order changes nothing but the time."""
 
 
 def create_app(deps: Deps) -> FastAPI:

@@ -134,6 +134,17 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+def _auth_in_route(request: Request) -> Any:
+    """The gateway's :class:`~.auth.Auth` when the request's route takes its principal from
+    :func:`.deps.caller` (it declares its bearer scheme in ``openapi_extra``), else None."""
+    route = request.scope.get("route")
+    extra = getattr(route, "openapi_extra", None) or {}
+    if "security" not in extra:
+        return None
+    deps = getattr(request.app.state, "deps", None)
+    return getattr(deps, "auth", None)
+
+
 def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
             upload_limit: int | None = None) -> None:
     if max_body is not None:
@@ -141,6 +152,9 @@ def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
 
     @app.exception_handler(CoxError)
     async def cox_error(request: Request, exc: CoxError) -> JSONResponse:
+        return cox_error_response(exc)
+
+    def cox_error_response(exc: CoxError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         # The last fence: no detail a client reads names a host path. A service's failure (5xx)
         # is scrubbed of every absolute path; any detail that names the root says paths
@@ -155,6 +169,13 @@ def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
         errs = exc.errors()
         if any(e.get("type") in ("json_invalid", "json_type") for e in errs):
             return JSONResponse(body("bad_json", "the body is not valid UTF-8 JSON"), status_code=400)
+        if (auth := _auth_in_route(request)) is not None:
+            # A route that checks its bearer token in its body (deps.caller) is validated first:
+            # a request without a good token is 401 all the same, as where a dependency checks it.
+            try:
+                auth.principal(request)
+            except CoxError as denied:
+                return cox_error_response(denied)
         parts = []
         for e in errs[:5]:
             loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 
 from coxswain import rpc, traces
 from coxswain.events import check_text
@@ -31,25 +31,31 @@ from coxswain.models import (
 )
 
 from .. import errors
-from ..deps import Principal, ReadsDep, ServicesDep, Sid, VersionId
+from ..deps import BEARER_SECURITY, Principal, ReadsDep, ServicesDep, Sid, VersionId, caller
 
 router = APIRouter(responses=errors.responses(401, 403, 404, 422, 503))
 
 
-@router.post("/v1/sessions/{sid}/messages", status_code=202, responses=errors.responses(400, 409, 413))
-async def send(sid: Sid, body: SendMessage, services: ServicesDep, reads: ReadsDep, who: Principal,
+# A send and a Lead are the routes of every turn: they take their parts from ``caller`` (deps.py).
+@router.post("/v1/sessions/{sid}/messages", status_code=202, responses=errors.responses(400, 409, 413),
+             openapi_extra=BEARER_SECURITY)
+async def send(sid: Sid, body: SendMessage, request: Request,
                traceparent: Annotated[str | None, Header(max_length=512)] = None) -> SendResult:
     """``traceparent`` (W3C trace context): the turn this message starts is exported as a child of
     that span ([telemetry] otlp_endpoint); one that is not valid is ignored."""
+    deps, who = caller(request)
     check_text(body.text)  # 413 before it travels: what is accepted must be recordable
     tp = traces.valid_traceparent(traceparent)
-    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_SEND, SendCmd(
+    return await deps.reads.write(sid, who, lambda p: deps.services.call(rpc.RUNNER_SEND, SendCmd(
         principal=p, sid=sid, **body.model_dump(), traceparent=tp)))
 
 
-@router.post("/v1/sessions/{sid}/lead", status_code=202, responses=errors.responses(400, 409, 413, 429))
-async def lead(sid: Sid, body: LeadMessage, services: ServicesDep, reads: ReadsDep, who: Principal) -> LeadResult:
-    return await reads.write(sid, who, lambda p: services.call(rpc.RUNNER_LEAD, LeadCmd(principal=p, sid=sid, **body.model_dump())))
+@router.post("/v1/sessions/{sid}/lead", status_code=202, responses=errors.responses(400, 409, 413, 429),
+             openapi_extra=BEARER_SECURITY)
+async def lead(sid: Sid, body: LeadMessage, request: Request) -> LeadResult:
+    deps, who = caller(request)
+    return await deps.reads.write(sid, who, lambda p: deps.services.call(
+        rpc.RUNNER_LEAD, LeadCmd(principal=p, sid=sid, **body.model_dump())))
 
 
 @router.post("/v1/sessions/{sid}/stop", responses=errors.responses(400, 413))
