@@ -49,3 +49,20 @@ def test_no_request_reply_outside_the_table() -> None:
             if rel == DOORBELL_ASK and "nc.request(subjects.control(" in line:
                 continue
             assert not bad.search(line), f"{rel}:{n}: {line.strip()}"
+
+
+def test_a_reply_envelope_carries_the_result_as_the_caller_parses_it() -> None:
+    """``bus.ok`` writes a model with pydantic's serializer: what a caller reads back through the
+    operation's reply model is the result, whatever text it holds (non-ASCII, quotes, nulls)."""
+    import json
+
+    from coxswain import bus
+    from coxswain.models import LeadResult, SendResult
+
+    for result in (SendResult(message_id="m_1", disposition="queued", position=3),
+                   SendResult(message_id="m_\u00e9\"\\\n\u2028", disposition="started"),
+                   LeadResult(lead_id="l_1", pending=2, turn_id=None)):
+        wire = json.loads(bus.ok(result))
+        assert wire == {"ok": True, "result": result.model_dump(mode="json")}
+        assert type(result).model_validate(wire["result"]) == result
+    assert json.loads(bus.ok({"a": "\u00e9", "b": None})) == {"ok": True, "result": {"a": "\u00e9", "b": None}}
