@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 
 from coxswain import __version__
 
-from . import errors, metrics
+from . import errors, metrics, turnpath
 from .deps import Deps
 from .routers import answers, attachments, events, ops, runs, sessions, steering, turns, versions
 
@@ -32,13 +32,24 @@ def create_app(deps: Deps) -> FastAPI:
     app.state.deps = deps
     errors.install(app, max_body=deps.settings.max_body, root=deps.settings.root,
                    upload_limit=int(deps.settings.attachments.max_mb * 1024 * 1024))
-    app.add_middleware(metrics.Middleware)
     for router in ROUTERS:
         app.include_router(router)
+    # inside the metrics (a send answered there is counted as the route's), outside the body limit
+    app.add_middleware(turnpath.TurnPath, deps=deps, max_body=deps.settings.max_body, root=deps.settings.root,
+                       route=route_of(app, "POST", turnpath.SEND_ROUTE))
+    app.add_middleware(metrics.Middleware)
     if ops.STATIC.exists():
         app.mount("/static", StaticFiles(directory=ops.STATIC), name="static")
     warm_routes(app)
     return app
+
+
+def route_of(app: FastAPI, method: str, path: str) -> Any:
+    """The route of ``path`` (its template) and ``method``."""
+    for route in errors.routes(app.router.routes):
+        if getattr(route, "path", None) == path and method in (getattr(route, "methods", None) or ()):
+            return route
+    raise LookupError(f"no route {method} {path}")
 
 
 def warm_routes(app: FastAPI) -> None:

@@ -16,7 +16,10 @@ class Auth:
         self.tokens = [(t.encode(), p) for t, p in tokens.items()]
 
     def principal(self, request: Request) -> str:
-        header = request.headers.get("authorization", "")
+        return self.principal_of(request.headers.get("authorization", ""))
+
+    def principal_of(self, header: str) -> str:
+        """The principal an ``Authorization`` header's bearer token names (401 otherwise)."""
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("send Authorization: Bearer <token>")

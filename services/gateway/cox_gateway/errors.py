@@ -63,16 +63,17 @@ def body(code: str, detail: str) -> dict[str, str]:
     return {"error": code, "detail": detail}
 
 
-def _routes(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
-    for route in routes:
+def routes(items: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    """Every route, the included routers' own in their place."""
+    for route in items:
         included = getattr(route, "original_router", None)  # FastAPI keeps an included router whole
-        yield from _routes(included.routes) if included is not None else (route,)
+        yield from routes(included.routes) if included is not None else (route,)
 
 
 def allowed(request: Request) -> str:
     """Every method of every route of this path (Starlette's 405 names the first route's only)."""
     methods: set[str] = set()
-    for route in _routes(request.app.router.routes):
+    for route in routes(request.app.router.routes):
         match, _ = route.matches(request.scope)
         if match != Match.NONE:
             methods |= getattr(route, "methods", None) or set()
@@ -116,7 +117,8 @@ class BodyLimit:
             what = (f"an attachment may have at most {self.upload_limit} bytes "
                     f"([attachments] max_mb); nothing was kept")
         length = Headers(scope=scope).get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
+        # (a length of more digits than any limit has is over it: int() refuses > 4300 digits)
+        if length is not None and length.isdigit() and (len(length) > len(str(limit)) or int(length) > limit):
             too_large = BodyTooLarge(limit, what)
             await JSONResponse(body("too_large", str(too_large.detail)), status_code=413)(scope, receive, send)
             return
@@ -145,6 +147,32 @@ def _auth_in_route(request: Request) -> Any:
     return getattr(deps, "auth", None)
 
 
+def error_response(exc: CoxError, root: Path | None) -> JSONResponse:
+    """A domain error's response (with the gateway's workspace root: see below)."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else \
+        {"Retry-After": "1"} if exc.status == 503 else None
+    # The last fence: no detail a client reads names a host path. A service's failure (5xx)
+    # is scrubbed of every absolute path; any detail that names the root says paths
+    # relative to it (the services say paths relative to the workspace already).
+    roots = [root] if root is not None else []
+    named = root is not None and str(root) in exc.detail
+    detail = without_paths(exc.detail, *roots) if exc.status >= 500 or named else exc.detail
+    return JSONResponse(body(exc.code, detail), status_code=exc.status, headers=headers)
+
+
+SERVER_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, nats.errors.Error)
+"""What a read or a request of the gateway raises when Redis or NATS is down: 503."""
+
+
+def down_response(exc: Exception) -> JSONResponse:
+    """The 503 of one of :data:`SERVER_DOWN`."""
+    if isinstance(exc, nats.errors.Error):
+        detail = f"the message bus or event log (NATS) is unavailable: {exc!r}"
+    else:
+        detail = f"the session store (Redis) is unavailable: {exc}"
+    return JSONResponse(body("unavailable", detail), status_code=503, headers={"Retry-After": "1"})
+
+
 def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
             upload_limit: int | None = None) -> None:
     if max_body is not None:
@@ -155,14 +183,7 @@ def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
         return cox_error_response(exc)
 
     def cox_error_response(exc: CoxError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        # The last fence: no detail a client reads names a host path. A service's failure (5xx)
-        # is scrubbed of every absolute path; any detail that names the root says paths
-        # relative to it (the services say paths relative to the workspace already).
-        roots = [root] if root is not None else []
-        named = root is not None and str(root) in exc.detail
-        detail = without_paths(exc.detail, *roots) if exc.status >= 500 or named else exc.detail
-        return JSONResponse(body(exc.code, detail), status_code=exc.status, headers=headers)
+        return error_response(exc, root)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -199,14 +220,9 @@ def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
 
     @app.exception_handler(redis.exceptions.ConnectionError)
     @app.exception_handler(redis.exceptions.TimeoutError)
-    async def redis_down(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(body("unavailable", f"the session store (Redis) is unavailable: {exc}"),
-                            status_code=503, headers={"Retry-After": "1"})
-
     @app.exception_handler(nats.errors.Error)
-    async def nats_down(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(body("unavailable", f"the message bus or event log (NATS) is unavailable: {exc!r}"),
-                            status_code=503, headers={"Retry-After": "1"})
+    async def server_down(request: Request, exc: Exception) -> JSONResponse:
+        return down_response(exc)
 
     @app.exception_handler(UnicodeDecodeError)
     async def bad_unicode(request: Request, exc: UnicodeDecodeError) -> JSONResponse:

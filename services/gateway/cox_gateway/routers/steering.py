@@ -31,7 +31,7 @@ from coxswain.models import (
 )
 
 from .. import errors
-from ..deps import BEARER_SECURITY, Principal, ReadsDep, ServicesDep, Sid, VersionId, caller
+from ..deps import BEARER_SECURITY, Deps, Principal, ReadsDep, ServicesDep, Sid, VersionId, caller
 
 router = APIRouter(responses=errors.responses(401, 403, 404, 422, 503))
 
@@ -44,6 +44,11 @@ async def send(sid: Sid, body: SendMessage, request: Request,
     """``traceparent`` (W3C trace context): the turn this message starts is exported as a child of
     that span ([telemetry] otlp_endpoint); one that is not valid is ignored."""
     deps, who = caller(request)
+    return await send_message(deps, who, sid, body, traceparent)
+
+
+async def send_message(deps: Deps, who: str, sid: str, body: SendMessage, traceparent: str | None) -> SendResult:
+    """The send route's work, once its parts are read: also what :mod:`..turnpath` runs."""
     check_text(body.text)  # 413 before it travels: what is accepted must be recordable
     tp = traces.valid_traceparent(traceparent)
     return await deps.reads.write(sid, who, lambda p: deps.services.call(rpc.RUNNER_SEND, SendCmd(
