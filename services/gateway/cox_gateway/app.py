@@ -35,8 +35,7 @@ def create_app(deps: Deps) -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     # inside the metrics (a send answered there is counted as the route's), outside the body limit
-    app.add_middleware(turnpath.TurnPath, deps=deps, max_body=deps.settings.max_body, root=deps.settings.root,
-                       route=route_of(app, "POST", turnpath.SEND_ROUTE))
+    app.add_middleware(turnpath.TurnPath, deps=deps, route=route_of(app, "POST", turnpath.SEND_ROUTE))
     app.add_middleware(metrics.Middleware)
     if ops.STATIC.exists():
         app.mount("/static", StaticFiles(directory=ops.STATIC), name="static")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 from pydantic import ValidationError
 from starlette.responses import Response
@@ -48,11 +47,12 @@ TRACEPARENT_MAX = 512
 class TurnPath:
     """The ASGI middleware (inside the metrics one, outside the body limit: see the module)."""
 
-    def __init__(self, app: ASGIApp, deps: Deps, max_body: int, root: Path | None, route: object) -> None:
+    def __init__(self, app: ASGIApp, deps: Deps, route: object) -> None:
         self.app = app
         self.deps = deps
-        self.max_body = max_body
-        self.root = root
+        self.max_body = deps.settings.max_body
+        self.root = deps.settings.root
+        """The gateway's workspace root, which no error detail names (:func:`.errors.error_response`)."""
         self.route = route
         """The FastAPI route of a send: put in the scope as routing would (the metrics' label)."""
         self.served = 0
