@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
-from coxswain.ids import _ALPHABET, check_id, new_id
+from coxswain import ids
+from coxswain.ids import _ALPHABET, check_id, id_time, new_id
 
 
 def _random_part(i: str) -> str:
@@ -57,3 +59,25 @@ def test_ids_made_on_several_threads_at_once_are_all_different() -> None:
         t.join()
     every = [x for part in out for x in part]
     assert len(set(every)) == len(every) == 16000
+
+
+def test_an_ids_time_is_the_millisecond_it_was_made_in_even_when_the_last_one_was_remembered(monkeypatch: Any) -> None:
+    """The nine time letters are remembered for the millisecond they were made in: the next
+    millisecond makes its own, and the letters are the count's base32, most significant first."""
+    now = [1_796_573_405.6415]
+    monkeypatch.setattr("coxswain.ids.time.time", lambda: now[0])
+    seen = []
+    for step in (0.0, 0.0002, 0.0009, 0.001, 31.0, 1e6):
+        now[0] += step
+        ms = int(now[0] * 1000)
+        want = "".join(_ALPHABET[(ms >> (5 * k)) & 31] for k in range(8, -1, -1))
+        i = new_id("m")
+        assert i.split("_", 1)[1][:9] == want == ids.time_letters(ms)
+        assert id_time(i) == ms / 1000
+        seen.append(i)
+    times = [i[2:11] for i in seen]
+    assert times == sorted(times) and len(set(times)) == 5, "ids of later milliseconds sort later"
+
+
+def test_every_byte_maps_to_the_letter_of_its_low_five_bits() -> None:
+    assert bytes(range(256)).translate(ids._LETTER).decode() == "".join(_ALPHABET[b & 31] for b in range(256))
