@@ -64,20 +64,20 @@ class Gateway:
                                    notifier=None))  # type: ignore[arg-type]
 
     def served(self) -> int:
-        """Sends the fast path answered so far (its instance is built at the first request)."""
-        app: Any = self.app.middleware_stack
-        while app is not None and not isinstance(app, TurnPath):
-            app = getattr(app, "app", None)
-        return app.served if app is not None else 0
+        """Sends the fast path answered so far."""
+        assert isinstance(self.app.turnpath, TurnPath)
+        return self.app.turnpath.served
 
     def request(self, headers: list[tuple[bytes, bytes]], chunks: list[bytes], *, path: str = PATH,
-                method: str = "POST", leave: bool = False) -> tuple[int, dict[bytes, bytes], bytes]:
+                method: str = "POST", leave: bool = False, sink: list[dict[str, Any]] | None = None,
+                ) -> tuple[int, dict[bytes, bytes], bytes]:
         """One request through the whole app (its middleware too), as uvicorn hands it over: the
-        body in ``chunks``; with ``leave``, the client goes away after the first chunk."""
+        body in ``chunks``; with ``leave``, the client goes away after the first chunk. ``sink``:
+        where the messages sent are kept (read them there when the app raises)."""
         pending = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
         if leave:
             pending = [{"type": "http.request", "body": chunks[0], "more_body": True}]
-        sent: list[dict[str, Any]] = []
+        sent: list[dict[str, Any]] = [] if sink is None else sink
 
         async def receive() -> dict[str, Any]:
             if pending:
@@ -277,3 +277,22 @@ def test_a_body_longer_than_its_content_length_says_is_still_held_to_max_body(gw
     status, _, answer = gw.request(headers, [big[:20], big[20:]])
     assert status == 413 and json.loads(answer)["error"] == "too_large"
     assert gw.services.calls == []
+
+
+def test_an_error_nothing_expects_is_a_500_as_the_route_answers_it_and_still_raised(gw: Gateway) -> None:
+    """The fast path runs before FastAPI's server-error middleware: it answers as that does (a
+    plain 500 with no detail) and raises on, so uvicorn logs it; the send is counted as a 500."""
+    gw.services.result = RuntimeError("a bug at /srv/secret/place")
+    counter = metrics.REQUESTS.labels("POST", "/v1/sessions/{sid}/messages", "500")
+    before, served = counter._value.get(), gw.served()
+    answers = []
+    for ctype in (FAST, ROUTE):
+        sent: list[dict[str, Any]] = []
+        headers = [(b"content-type", ctype), (b"authorization", TOKEN), (b"content-length", b"16")]
+        with pytest.raises(RuntimeError, match="a bug"):
+            gw.request(headers, [body(text="hello")], sink=sent)
+        answers.append((sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])))
+    assert gw.served() == served + 1
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 500 and answers[0][2] == b"Internal Server Error"
+    assert counter._value.get() == before + 2

@@ -2,16 +2,19 @@
 to a turn-runner (or versions), which decides it atomically in Redis.
 
 ``create_app`` only assembles: the error handlers and body limit (:mod:`.errors`), the metrics
-middleware, one router per section (:mod:`.routers`) and the console's static files. What the
+middleware, one router per section (:mod:`.routers`), the console's static files, and the send's
+fast path in front of them all (:mod:`.turnpath`). What the
 routes use is the :class:`~.deps.Deps` built once at start, reached through FastAPI dependencies.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from coxswain import __version__
 
@@ -27,16 +30,30 @@ the event log's reads and runs; no two routes of different routers match the sam
 (tests/fast/test_routes.py), so the order changes nothing but the time."""
 
 
-def create_app(deps: Deps) -> FastAPI:
-    app = FastAPI(title="coxswain", version=__version__)
+class GatewayApp(FastAPI):
+    """The gateway's FastAPI app, with a send answered before FastAPI's own layers
+    (:mod:`.turnpath`); everything else is FastAPI's."""
+
+    turnpath: turnpath.TurnPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.turnpath is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.turnpath(scope, receive, send)
+
+
+def create_app(deps: Deps) -> GatewayApp:
+    app = GatewayApp(title="coxswain", version=__version__)
     app.state.deps = deps
     errors.install(app, max_body=deps.settings.max_body, root=deps.settings.root,
                    upload_limit=int(deps.settings.attachments.max_mb * 1024 * 1024))
     for router in ROUTERS:
         app.include_router(router)
-    # inside the metrics (a send answered there is counted as the route's), outside the body limit
-    app.add_middleware(turnpath.TurnPath, deps=deps, route=route_of(app, "POST", turnpath.SEND_ROUTE))
     app.add_middleware(metrics.Middleware)
+    # before all of FastAPI (its own layers too): it counts what it answers as the metrics do
+    app.turnpath = turnpath.TurnPath(functools.partial(FastAPI.__call__, app), deps,
+                                     route_of(app, "POST", turnpath.SEND_ROUTE))
     if ops.STATIC.exists():
         app.mount("/static", StaticFiles(directory=ops.STATIC), name="static")
     warm_routes(app)

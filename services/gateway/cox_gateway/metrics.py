@@ -75,9 +75,14 @@ class Middleware:
         try:
             await self.app(scope, receive, sending)
         finally:
-            path = getattr(scope.get("route"), "path", "unmatched")
-            REQUESTS.labels(scope.get("method", ""), path, str(status)).inc()
-            LATENCY.labels(path).observe(time.perf_counter() - start)
+            observe(scope.get("method", ""), getattr(scope.get("route"), "path", "unmatched"), status,
+                    time.perf_counter() - start)
+
+
+def observe(method: str, path: str, status: int, seconds: float) -> None:
+    """Count and time one request by its route's template (``unmatched`` when none took it)."""
+    REQUESTS.labels(method, path, str(status)).inc()
+    LATENCY.labels(path).observe(seconds)
 
 
 def render() -> Response:
