@@ -49,8 +49,9 @@ route's pattern (``coxswain.ids.ID_RE``) takes it."""
 LENGTH_DIGITS = 12
 """A longer ``Content-Length`` is not read as a number here (Python refuses ints of > 4300 digits)."""
 TRACEPARENT_MAX = 512
-JSON_TYPE = (b"content-type", b"application/json")
 """The route's ``traceparent`` header bound: a longer one is the route's 422."""
+JSON_TYPE = (b"content-type", b"application/json")
+"""The 202's media type header, as ``Response(media_type="application/json")`` writes it."""
 
 
 class TurnPath:
