@@ -180,9 +180,6 @@ def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
 
     @app.exception_handler(CoxError)
     async def cox_error(request: Request, exc: CoxError) -> JSONResponse:
-        return cox_error_response(exc)
-
-    def cox_error_response(exc: CoxError) -> JSONResponse:
         return error_response(exc, root)
 
     @app.exception_handler(RequestValidationError)
@@ -196,7 +193,7 @@ def install(app: FastAPI, max_body: int | None = None, root: Path | None = None,
             try:
                 auth.principal(request)
             except CoxError as denied:
-                return cox_error_response(denied)
+                return error_response(denied, root)
         parts = []
         for e in errs[:5]:
             loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
