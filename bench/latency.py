@@ -38,7 +38,8 @@ async def send_to_start(stack: Stack, pool: Pool, n: int, k: int) -> dict[str, A
     """``n`` sends (no script: a one-line echo turn), round robin over ``k`` idle sessions."""
     sessions = await session.create(pool, k, "send", title="send")
     watches = await _watches(stack, sessions)
-    post, seen, server, first_output = [], [], [], []
+    post, seen, server, first_output, between = [], [], [], [], []
+    last_reply: float | None = None
     try:
         for i in range(k):  # warm-up: every session has had a turn
             await session.send(pool, watches[i].sid, "warm up")
@@ -50,6 +51,9 @@ async def send_to_start(stack: Stack, pool: Pool, n: int, k: int) -> dict[str, A
             t0w, t0 = time.time(), time.perf_counter()
             res = await session.send(pool, w.sid, f"ping {i}")
             t1 = time.perf_counter()
+            if last_reply is not None:
+                between.append((t0 - last_reply) * 1000)
+            last_reply = t1
             if res["disposition"] != "started":
                 raise RuntimeError(f"send to an idle session was {res['disposition']}")
             _, t2, ev = await w.wait_type("turn.start", TIMEOUT_S, mark, message_id=res["message_id"])
@@ -66,7 +70,7 @@ async def send_to_start(stack: Stack, pool: Pool, n: int, k: int) -> dict[str, A
         "n": n, "sessions": k,
         "post_to_202_ms": summary(post), "post_to_turn_start_seen_ms": summary(seen),
         "post_to_turn_start_ts_ms": summary(server), "turn_start_to_first_output_ts_ms": summary(first_output),
-        "client_cpu_ms_per_send": round(client_cpu / n * 1000, 3),
+        "between_ms": summary(between), "client_cpu_ms_per_send": round(client_cpu / n * 1000, 3),
     }
 
 

@@ -64,6 +64,16 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 s["post_to_202_ms"][q], fchained, "ms",
                                 "floor = the same chain through a FastAPI app that writes the send route as any "
                                 "would (path pattern, bearer dependency, validated body and reply)"))
+            if (paced := stat_or_none(f, "send_chain_fastapi_paced", q)) is not None:
+                pace = f["send_chain_fastapi_paced"].get("pace_ms")
+                gap = (s.get("between_ms") or {}).get("p50")
+                out.append(_row("send", f"POST -> 202 (turn started) {q}, against the FastAPI chained floor at the "
+                                "sends' pace", s["post_to_202_ms"][q], paced, "ms",
+                                f"floor = the same FastAPI chain, each request {pace} ms after the last reply, as the "
+                                f"sends come (here a POST {gap} ms after the last 202, p50, the turn run between); "
+                                "on this VM a request after a pause waits for sleeping processes and idle or "
+                                "packed vCPUs at every hop, which a floor made back to back never does "
+                                "(ANALYSIS.md)"))
             out.append(_row("send", f"POST -> turn.start seen on SSE {q}", s["post_to_turn_start_seen_ms"][q],
                             _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish"))
             out.append(_row("send", f"POST -> turn.start ts {q}", s["post_to_turn_start_ts_ms"][q], _r(c[q]["send"]),

@@ -91,6 +91,23 @@ def test_the_send_row_against_the_chained_floor_is_there_only_when_that_floor_wa
     assert summed["floor"] == 0.75  # the sum of the parts stays as it was: runs compare across commits
 
 
+def test_the_send_row_against_the_paced_floor_names_the_pace_and_the_sends_own_gap() -> None:
+    parts = {k: _floor(0.25, 0.5) for k in ("http_post", "nats_rr", "redis_cas", "js_publish")}
+    send = {"post_to_202_ms": {"p50": 3.0, "p99": 6.0}, "post_to_turn_start_seen_ms": {"p50": 4.0, "p99": 7.0},
+            "post_to_turn_start_ts_ms": {"p50": 1.0, "p99": 2.0}, "between_ms": {"p50": 3.3}}
+    hot = report.rows({"floors": {**parts, "send_chain_fastapi": _floor(1.0, 1.5)}, "phases": {"send": send}})
+    assert not [r for r in hot if "pace" in r["figure"]]  # an older run's floors: no such row
+    paced = {**_floor(1.5, 3.0), "pace_ms": 3.0}
+    rs = report.rows({"floors": {**parts, "send_chain_fastapi": _floor(1.0, 1.5), "send_chain_fastapi_paced": paced},
+                      "phases": {"send": send}})
+    at_pace = {r["figure"]: r for r in rs if r["figure"].endswith("at the sends' pace")}
+    p99 = at_pace["POST -> 202 (turn started) p99, against the FastAPI chained floor at the sends' pace"]
+    assert (p99["value"], p99["floor"], p99["ratio"]) == (6.0, 3.0, 2.0)
+    assert "3.0 ms after the last reply" in p99["note"] and "3.3 ms after the last 202" in p99["note"]
+    hot_p99 = next(r for r in rs if r["figure"] == "POST -> 202 (turn started) p99, against the FastAPI chained floor")
+    assert (hot_p99["floor"], hot_p99["ratio"]) == (1.5, 4.0)  # the back-to-back floor's row stays beside it
+
+
 def test_a_different_machine_is_named_with_how_the_interpreters_floor_moved() -> None:
     def result(cpu: str, py_us: float | None) -> dict[str, object]:
         floors = {"python": {"ms": {"p50": 0.02}, "client_cpu_us": py_us}} if py_us is not None else {}
