@@ -100,8 +100,6 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
             t0 = time.perf_counter()
             count = n if kind != "http_post_httpx" else max(200, n // 4)
             out[kind] = _probe(kind.removesuffix("_paced"), count, warmup, procs, **kw)
-            if "pace-ms" in kw:
-                out[kind]["pace_ms"] = kw["pace-ms"]
             log(f"  floor {kind}: p50 {out[kind]['ms']['p50']} ms, p99 {out[kind]['ms']['p99']} ms "
                 f"({time.perf_counter() - t0:.1f}s)")
         out["rss_mb"] = {

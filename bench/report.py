@@ -71,7 +71,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 "sends' pace", s["post_to_202_ms"][q], paced, "ms",
                                 f"floor = the same FastAPI chain, each request {pace} ms after the last reply, as the "
                                 f"sends come (here a POST {gap} ms after the last 202, p50, the turn run between); "
-                                "on this VM a request after a pause waits for sleeping processes and idle or "
+                                "on a VM a request after a pause waits for sleeping processes and idle or "
                                 "packed vCPUs at every hop, which a floor made back to back never does "
                                 "(ANALYSIS.md)"))
             out.append(_row("send", f"POST -> turn.start seen on SSE {q}", s["post_to_turn_start_seen_ms"][q],

@@ -44,7 +44,8 @@ async def timed(n: int, warmup: int, op: Callable[[int], Awaitable[Any]], pace_m
         samples.append((time.perf_counter() - t0) * 1000)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
-    return {"ms": summary(samples, 4), "wall_s": round(wall, 3), "client_cpu_us": round(cpu / n * 1e6, 1)}
+    out = {"ms": summary(samples, 4), "wall_s": round(wall, 3), "client_cpu_us": round(cpu / n * 1e6, 1)}
+    return {**out, "pace_ms": pace_ms} if pace_ms else out
 
 
 async def nats_rr(a: argparse.Namespace) -> dict[str, Any]:
