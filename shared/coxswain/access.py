@@ -48,13 +48,21 @@ class NatsPermissions:
 
 def requests_of(service: str) -> tuple[str, ...]:
     """The request subjects ``service`` may publish: every operation of :mod:`coxswain.rpc` whose
-    callers name it (health included), so a call the table lists is never refused by NATS."""
-    return tuple(op.subject for op in rpc.called_by(service))
+    callers name it (health included), so a call the table lists is never refused by NATS; a
+    session's operation also on each replica (:attr:`coxswain.rpc.Op.home`)."""
+    out: list[str] = []
+    for op in rpc.called_by(service):
+        out.append(op.subject)
+        if op.home:
+            out.append(op.subject + ".*")
+    return tuple(out)
 
 
 def _serves(service: str) -> tuple[str, ...]:
-    """Its request subjects and nats micro's (``$SRV.PING``, ``$SRV.PING.<name>[.<id>]``, ...)."""
-    return (subjects.rpc(service, "*"), "$SRV.*", f"$SRV.*.{service}", f"$SRV.*.{service}.*")
+    """Its request subjects (a replica's own too, when it serves a session's operations:
+    :attr:`coxswain.rpc.Op.home`) and nats micro's (``$SRV.PING``, ``$SRV.PING.<name>[.<id>]``, ...)."""
+    own = (subjects.rpc(service, "*") + ".*",) if any(op.home for op in rpc.served_by(service)) else ()
+    return (subjects.rpc(service, "*"), *own, "$SRV.*", f"$SRV.*.{service}", f"$SRV.*.{service}.*")
 
 
 def _calls(service: str) -> tuple[str, ...]:

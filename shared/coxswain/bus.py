@@ -14,6 +14,7 @@ reply can come on a connection that is gone).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import weakref
 from typing import Any, TypeVar
@@ -131,10 +132,25 @@ def link(nc: Client, ln: Link) -> None:
     _links[nc] = ln
 
 
-def ok(result: BaseModel | dict[str, Any]) -> bytes:
+HOME: contextvars.ContextVar[str | None] = contextvars.ContextVar("cox_home", default=None)
+"""Where the session of the request being answered has its turns run now, as its handler learnt
+it (:func:`set_home`); :meth:`coxswain.service.Service` puts it in the reply as ``home``. Each
+request is answered in a task of its own, so one request's home never reaches another's reply."""
+
+
+def set_home(instance: Any) -> None:
+    """Say, from a handler of a :attr:`coxswain.rpc.Op.home` operation, which replica the
+    session's turns run on now (a runner id; nothing when empty): its caller sends the session's
+    next such request there."""
+    if instance and isinstance(instance, str):
+        HOME.set(instance)
+
+
+def ok(result: BaseModel | dict[str, Any], home: str | None = None) -> bytes:
+    at = b"" if home is None else b',"home":' + json.dumps(home).encode()
     if isinstance(result, BaseModel):  # pydantic-core writes it: a quarter of json.dumps's time
-        return b'{"ok":true,"result":' + result.model_dump_json().encode() + b"}"
-    return json.dumps({"ok": True, "result": result}, ensure_ascii=False).encode()
+        return b'{"ok":true,"result":' + result.model_dump_json().encode() + at + b"}"
+    return json.dumps({"ok": True, "result": result}, ensure_ascii=False).encode()[:-1] + at + b"}"
 
 
 def err(exc: CoxError) -> bytes:
@@ -151,8 +167,35 @@ NO_RESPONDERS_WAIT_S = 2.0
 """How long a request keeps trying while the bus says nobody listens on its subject."""
 
 
+async def call_home(nc: Client, subject: str, home_subject: str | None, request: BaseModel, result: type[T],
+                    timeout: float = 10.0) -> tuple[T, str | None]:
+    """Send ``request`` to ``home_subject`` (one replica: the session's home) when given, or to
+    ``subject`` (any replica) when it is not or nobody listens there any more (that replica
+    stopped); its reply parsed as ``result``, and the home the reply names (``None``: none).
+
+    A home that does not answer in time is :class:`Unavailable` as any replica would be (the
+    request may have been taken): the caller forgets that home, not the request's outcome."""
+    payload = request.model_dump_json().encode()
+    data = None
+    if home_subject is not None:
+        try:
+            data = await _envelope_once(nc, home_subject, payload, timeout)
+        except _NoResponders:
+            data = None
+    if data is None:
+        data = await _envelope(nc, subject, payload, timeout)
+    home = data.get("home")
+    return result.model_validate(data["result"]), home if isinstance(home, str) else None
+
+
 async def raw_call(nc: Client, subject: str, payload: bytes, timeout: float = 10.0) -> Any:
-    """Send ``payload`` to ``subject``; its reply (JSON) or :class:`Unavailable`.
+    """Send ``payload`` to ``subject``; its reply's result (JSON) or :class:`Unavailable`."""
+    return (await _envelope(nc, subject, payload, timeout))["result"]
+
+
+async def _envelope(nc: Client, subject: str, payload: bytes, timeout: float) -> dict[str, Any]:
+    """Send ``payload`` to ``subject``; its reply's envelope (JSON, ``result`` in it) or
+    :class:`Unavailable`.
 
     "No responders" means the request reached nobody, so it is sent again, briefly (up to
     :data:`NO_RESPONDERS_WAIT_S`): in a NATS cluster a server learns of a subscription on
@@ -163,7 +206,7 @@ async def raw_call(nc: Client, subject: str, payload: bytes, timeout: float = 10
     pause = 0.05
     while True:
         try:
-            return await _raw_call_once(nc, subject, payload, timeout)
+            return await _envelope_once(nc, subject, payload, timeout)
         except _NoResponders as exc:
             if loop.time() + pause > until:
                 raise Unavailable(f"no service answers {subject}") from exc.__cause__
@@ -175,7 +218,7 @@ class _NoResponders(Exception):
     pass
 
 
-async def _raw_call_once(nc: Client, subject: str, payload: bytes, timeout: float) -> Any:
+async def _envelope_once(nc: Client, subject: str, payload: bytes, timeout: float) -> dict[str, Any]:
     if nc.is_closed or not nc.is_connected:
         raise Unavailable("the message bus is not connected")
     try:
@@ -206,4 +249,4 @@ async def _raw_call_once(nc: Client, subject: str, payload: bytes, timeout: floa
         raise from_wire(data)
     if not isinstance(data, dict) or "result" not in data:
         raise Unavailable(f"{subject} answered without a result")
-    return data["result"]
+    return data

@@ -112,10 +112,21 @@ class Op(Generic[Req, Rep]):
     """Seconds a caller waits for the reply; a function of the settings when they decide it."""
     callers: tuple[str, ...]
     """The services that may send it (their NATS users may publish its subject)."""
+    home: bool = False
+    """A session's operation that its home runner answers best: the runner where the session's
+    turns run, which holds the transcript it kept and the drive it rings. Each replica also
+    answers it on a subject of its own (:meth:`subject_at`), and its reply says where the
+    session's turns run now (``home``, :func:`coxswain.bus.set_home`); a caller that remembers it
+    sends the session's next such request there (:func:`call_home`). Any replica answers it
+    correctly: the home is a saving, never a condition."""
 
     @property
     def subject(self) -> str:
         return subjects.rpc(self.service, self.name)
+
+    def subject_at(self, instance: str) -> str:
+        """This operation on one replica (no queue group): ``cox.rpc.<service>.<op>.<instance>``."""
+        return subjects.rpc_at(self.service, self.name, instance)
 
     def timeout_s(self, settings: Settings | None = None) -> float:
         if callable(self.timeout):
@@ -130,6 +141,16 @@ async def call(nc: Client, op: Op[Req, Rep], request: Req, *, settings: Settings
     return await bus.call(nc, op.subject, request, op.reply, timeout=op.timeout_s(settings))
 
 
+async def call_home(nc: Client, op: Op[Req, Rep], request: Req, home: str | None) -> tuple[Rep, str | None]:
+    """Send ``request`` to a :attr:`Op.home` operation: to the replica ``home`` when given (and
+    still listening; else to any), and parse its reply. The reply, and where the session's turns
+    run now as the reply says (``None``: it did not say)."""
+    if not op.home:
+        raise ValueError(f"{op.subject} is not a session's operation sent to its home")
+    return await bus.call_home(nc, op.subject, None if home is None else op.subject_at(home), request, op.reply,
+                               timeout=op.timeout_s())
+
+
 def _judge_timeout(settings: Settings) -> float:
     # The judge's own limit on its model, and a little more for the bus.
     return settings.judge.timeout_s + 5
@@ -138,11 +159,11 @@ def _judge_timeout(settings: Settings) -> float:
 # ---------------------------------------------------------------- gateway -> turn-runner
 RUNNER_CREATE: Final = Op(RUNNER, "create", CreateCmd, Session, 30.0, (GATEWAY,))
 RUNNER_PATCH: Final = Op(RUNNER, "patch", PatchCmd, Session, 30.0, (GATEWAY,))
-RUNNER_SEND: Final = Op(RUNNER, "send", SendCmd, SendResult, 30.0, (GATEWAY,))
+RUNNER_SEND: Final = Op(RUNNER, "send", SendCmd, SendResult, 30.0, (GATEWAY,), home=True)
 RUNNER_ATTACH: Final = Op(RUNNER, "attach", AttachCmd, Attachment, 30.0, (GATEWAY,))
-RUNNER_LEAD: Final = Op(RUNNER, "lead", LeadCmd, LeadResult, 30.0, (GATEWAY,))
-RUNNER_STOP: Final = Op(RUNNER, "stop", StopCmd, StopResult, 30.0, (GATEWAY,))
-RUNNER_ANSWER: Final = Op(RUNNER, "answer", ApprovalCmd, Accepted, 30.0, (GATEWAY,))
+RUNNER_LEAD: Final = Op(RUNNER, "lead", LeadCmd, LeadResult, 30.0, (GATEWAY,), home=True)
+RUNNER_STOP: Final = Op(RUNNER, "stop", StopCmd, StopResult, 30.0, (GATEWAY,), home=True)
+RUNNER_ANSWER: Final = Op(RUNNER, "answer", ApprovalCmd, Accepted, 30.0, (GATEWAY,), home=True)
 RUNNER_OBSERVE: Final = Op(RUNNER, "observe", ObserveCmd, Accepted, 90.0, (GATEWAY,))
 RUNNER_PROGRAM_STOP: Final = Op(RUNNER, "program_stop", ProgramStopCmd, Accepted, 30.0, (GATEWAY,))
 RUNNER_RESTORE: Final = Op(RUNNER, "restore", RestoreCmd, WriteOutcome, 30.0, (GATEWAY,))
@@ -209,6 +230,10 @@ OPS: Final[tuple[Op[Any, Any], ...]] = (
     *HEALTH.values(),
 )
 """Every operation, health included."""
+
+
+HOME_OPS: Final = tuple(op for op in OPS if op.home)
+"""The operations sent to a session's home runner when the caller knows it (each takes a ``sid``)."""
 
 
 def served_by(service: str) -> tuple[Op[Any, Any], ...]:

@@ -298,6 +298,10 @@ class Service:
         self._micro: Any = None
         self._subs: list[Subscription] = []
         self._served: set[str] = set()
+        self.home_id: str | None = None
+        """This replica's id on subjects of its own: set, it also answers each of its
+        :attr:`~coxswain.rpc.Op.home` operations at :meth:`~coxswain.rpc.Op.subject_at` (the
+        runner: its runner id, which the session's lease names)."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._requests: set[asyncio.Task[Any]] = set()
         self._inflight = asyncio.Semaphore(self.max_inflight)
@@ -454,6 +458,8 @@ class Service:
         if op.service != self.name:
             raise ValueError(f"{self.name} cannot serve {op.subject}")
         await self.add_endpoint(op.name, op.request, handler)
+        if op.home and self.home_id is not None:
+            await self.add_endpoint(op.name, op.request, handler, subject=op.subject_at(self.home_id), queue="")
 
     def _check_served(self) -> None:
         """A service of the table serves exactly its operations there (:mod:`coxswain.rpc`)."""
@@ -502,7 +508,7 @@ class Service:
                     except ValidationError as exc:
                         raise Invalid(_short(exc)) from exc
                     result = await handler(request)
-                reply = bus.ok(result)
+                reply = bus.ok(result, bus.HOME.get())
             except CoxError as exc:
                 reply = bus.err(exc)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:

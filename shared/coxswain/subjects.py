@@ -2,6 +2,8 @@
 
 Layout:
     cox.rpc.<service>.<op>     request-reply, queue group per service (any replica answers)
+    cox.rpc.<service>.<op>.<id> the same on one replica: a session's operation sent to its home
+                               runner, where its turns run (coxswain.rpc, Op.home)
     cox.ctl.<runner_id>        doorbell to the runner that holds a session's lease
     cox.ev.<sid>               a session's events, stored in the COX_EVENTS JetStream stream
     $SRV.PING.<service>        health (nats micro), one reply per replica
@@ -34,6 +36,12 @@ SERVICES: Final = (GATEWAY, RUNNER, GUARD, JUDGE, VERSIONS)
 def rpc(service: str, op: str) -> str:
     """The request-reply subject of ``op`` on ``service``."""
     return f"cox.rpc.{service}.{op}"
+
+
+def rpc_at(service: str, op: str, instance: str) -> str:
+    """The request-reply subject of ``op`` on one replica of ``service`` (``instance``, its id):
+    no queue group, so only that replica answers."""
+    return f"cox.rpc.{service}.{op}.{check_id(instance, 'instance id')}"
 
 
 def queue_group(service: str) -> str:

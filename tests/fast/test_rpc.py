@@ -30,8 +30,33 @@ def test_every_operation_is_named_once_and_well_formed() -> None:
 def test_nats_permissions_allow_exactly_the_requests_the_table_lists() -> None:
     for svc in subjects.SERVICES:
         rpc_publish = {s for s in access.NATS[svc].publish if s.startswith("cox.rpc.")}
-        assert rpc_publish == {op.subject for op in rpc.called_by(svc)}, svc
-        assert not any("*" in s for s in rpc_publish), f"{svc}: a wildcard request permission"
+        homes = {op.subject + ".*" for op in rpc.called_by(svc) if op.home}
+        assert rpc_publish == {op.subject for op in rpc.called_by(svc)} | homes, svc
+        # the one wildcard: a session's operation on one replica (its home runner)
+        assert not any("*" in s for s in rpc_publish - homes), f"{svc}: a wildcard request permission"
+
+
+def test_a_sessions_operations_reach_one_replica_only_where_the_table_says() -> None:
+    """A home operation (rpc.Op.home) takes a session id, its replica subject is its own subject
+    and one more token, which only the serving service may subscribe to and only its callers
+    publish; no other operation has such a subject."""
+    assert {op.name for op in rpc.HOME_OPS} == {"send", "lead", "stop", "answer"}
+    for op in rpc.HOME_OPS:
+        assert "sid" in op.request.model_fields, op.subject
+        assert op.subject_at("r_abc") == op.subject + ".r_abc"
+        for svc in subjects.SERVICES:
+            may_publish = op.subject + ".*" in access.NATS[svc].publish
+            assert may_publish == (svc in op.callers), (op.subject, svc)
+            may_serve = subjects.rpc(op.service, "*") + ".*" in access.NATS[svc].subscribe
+            assert may_serve == (svc == op.service), (op.subject, svc)
+    for svc in subjects.SERVICES:
+        if not any(op.home for op in rpc.served_by(svc)):
+            assert not any(s.count(".") > 3 and s.startswith("cox.rpc.") for s in access.NATS[svc].subscribe), svc
+    import pytest
+
+    from coxswain.errors import Invalid
+    with pytest.raises(Invalid):
+        rpc.RUNNER_SEND.subject_at("r.x.>")  # a replica id is one token, never a wildcard
 
 
 DOORBELL_ASK = "services/turn-runner/cox_runner/doorbell.py"
@@ -66,3 +91,7 @@ def test_a_reply_envelope_carries_the_result_as_the_caller_parses_it() -> None:
         assert wire == {"ok": True, "result": result.model_dump(mode="json")}
         assert type(result).model_validate(wire["result"]) == result
     assert json.loads(bus.ok({"a": "\u00e9", "b": None})) == {"ok": True, "result": {"a": "\u00e9", "b": None}}
+    # the home a handler names (rpc.Op.home) rides beside the result, which reads the same
+    sent = SendResult(message_id="m_1", disposition="started")
+    assert json.loads(bus.ok(sent, "r_1")) == {"ok": True, "result": sent.model_dump(mode="json"), "home": "r_1"}
+    assert json.loads(bus.ok({"a": 1}, "r_\u00e9")) == {"ok": True, "result": {"a": 1}, "home": "r_\u00e9"}

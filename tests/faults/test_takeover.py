@@ -359,3 +359,37 @@ def test_a_runner_stopped_with_sigterm_hands_its_queue_to_another(stack: Stack, 
             assert holder(stack, r.turn_of[q["message_id"]])[0] == survivor
     finally:
         respawn(stack, victim)
+
+
+def test_a_sessions_turns_run_on_its_home_and_a_send_after_its_home_died_starts_elsewhere_at_once(
+        stack: Stack, api: Api) -> None:
+    """The gateway sends a session's sends to the runner its last turn ran on (``rpc.Op.home``):
+    each idle turn starts there, from the transcript it kept. Killed, the next send starts on the
+    other runner without waiting out a time-out, and the session's turns stay there."""
+    sid = api.create("home")["id"]
+    homes = []
+    for i in range(5):
+        sent = ok(api.send(sid, quick(f"home{i}")))
+        start = api.wait_type(sid, "turn.start", message_id=sent["message_id"])
+        api.wait_idle(sid)
+        homes.append(holder(stack, start["turn_id"])[0])
+    assert len(set(homes)) == 1, f"every idle turn on the session's home runner: {homes}"
+    victim = homes[0]
+    stack.kill(victim)
+    try:
+        t0 = time.monotonic()
+        sent = ok(api.send(sid, quick("after")))
+        took = time.monotonic() - t0
+        assert took < 10, f"the send waited {took:.1f}s for the dead home"  # the request's time-out is 30 s
+        start = api.wait_type(sid, "turn.start", message_id=sent["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        survivor = the_other(stack, victim)
+        assert holder(stack, start["turn_id"])[0] == survivor
+        sent = ok(api.send(sid, quick("again")))
+        start = api.wait_type(sid, "turn.start", message_id=sent["message_id"])
+        api.wait_idle(sid)
+        assert holder(stack, start["turn_id"])[0] == survivor, "the survivor is the session's home now"
+        r = replay(log_of(api, sid))
+        assert [r.outcome_of(m) for m in r.starts] == ["completed"] * 7
+    finally:
+        respawn(stack, victim)

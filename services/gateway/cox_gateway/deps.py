@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from coxswain import rpc
 from coxswain.config import Settings
+from coxswain.errors import Unavailable
 from coxswain.ids import ID_RE
 
 from .auth import Auth
@@ -32,15 +33,42 @@ Q = TypeVar("Q", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 
 
+HOMES_KEPT = 65_536
+"""Sessions whose home runner a gateway remembers (the oldest learnt is forgotten first): ~100
+bytes each."""
+
+
 class Services:
     """Requests over NATS to the other services (``coxswain.rpc``): every change a route asks
-    for, and the reads of the versions store."""
+    for, and the reads of the versions store.
+
+    A session's send, Lead, Stop and answer (:attr:`coxswain.rpc.Op.home`) go to the runner its
+    last such reply named, where its turn runs and the transcript of its last turn is kept: the
+    next turn starts there without reading the session's log from the stream, and a Lead or Stop
+    reaches the running turn without a doorbell between runners. A session it knows no home of,
+    and one whose home stopped, go to any runner; one whose home did not answer is forgotten."""
 
     def __init__(self, nc: Client) -> None:
         self.nc = nc
+        self.homes: dict[str, str] = {}
+        """Session id -> the runner its turns run on, as the last reply said."""
 
     async def call(self, op: rpc.Op[Q, R], request: Q) -> R:
-        return await rpc.call(self.nc, op, request)
+        if not op.home:
+            return await rpc.call(self.nc, op, request)
+        sid: str = getattr(request, "sid")  # noqa: B009 - every home operation's request has one (rpc.HOME_OPS)
+        home = self.homes.get(sid)
+        try:
+            reply, now = await rpc.call_home(self.nc, op, request, home)
+        except Unavailable:
+            self.homes.pop(sid, None)
+            raise
+        if now is not None and now != home:
+            self.homes.pop(sid, None)
+            if len(self.homes) >= HOMES_KEPT:
+                del self.homes[next(iter(self.homes))]
+            self.homes[sid] = now
+        return reply
 
 
 @dataclass(frozen=True)

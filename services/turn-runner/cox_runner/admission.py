@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from coxswain import bus, keys, session_view
 from coxswain import events as ev
-from coxswain import keys, session_view
 from coxswain.errors import (
     Conflict,
     Invalid,
@@ -204,6 +204,9 @@ class Admission:
             client_id=cmd.client_id or "", runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
             owner=r.owner, models=" ".join(sorted(r.models.names())), agents_md=agents, attachments=wire,
             traceparent=cmd.traceparent or "", over=over)
+        # The gateway sends the session's next request here, where its turn runs and its
+        # transcript is kept (coxswain.rpc.Op.home): a replay names none.
+        bus.set_home(res.get("runner"))
         if not res.get("replay"):
             if (started := res.get("resumed")) is not None:  # a pause of an earlier day lifted: the queue first
                 await _resumed(r, cmd.sid, started, sent)
@@ -239,6 +242,7 @@ class Admission:
             sid=cmd.sid, principal=cmd.principal, lead_id=new_id("l"), text=cmd.text, client_id=cmd.client_id or "",
             max_pending=r.settings.lead.max_pending, owner=r.owner, want_turn=cmd.turn_id or "",
             over=await spending.principal_over(r.store.fns, r.settings.limits, cmd.principal))
+        bus.set_home(res.get("runner"))
         if not res.get("replay"):
             await r.doorbell.ring(res.get("runner"), cmd.sid, "lead", {"lead_id": res["lead_id"]})
         return LeadResult(lead_id=res["lead_id"], pending=int(res["pending"]), turn_id=res.get("turn_id"))
@@ -249,6 +253,7 @@ class Admission:
         turn_id = res.get("turn_id")
         if cmd.programs:  # "stop programs too": the runner that runs them stops them
             await stop_programs(r, cmd.sid, {"by": "stop"})
+        bus.set_home(res.get("runner"))
         if res.get("stopped"):
             await r.doorbell.ring(res.get("runner"), cmd.sid, "stop")
             await self._settle(cmd.sid, turn_id)
@@ -272,6 +277,7 @@ class Admission:
             sid=cmd.sid, principal=cmd.principal, aid=cmd.approval_id, decision=cmd.decision, scope=cmd.scope,
             message=cmd.message or "", owner=r.owner, actor="", why="",
         )
+        bus.set_home(res.get("runner"))
         await r.doorbell.ring(res.get("runner"), cmd.sid, "approval")
         return Accepted()
 

@@ -78,6 +78,7 @@ class Runner(Service):
         super().__init__(settings)
         self.runner_id = new_id("r")
         self.owner = self.runner_id
+        self.home_id = self.runner_id  # the subjects of its own its sessions' requests come to (rpc.Op.home)
         self.log = self.log.bind(runner=self.runner_id)
         self.leases = Leases(self.log)
         self.models = Models(settings.model)

@@ -61,6 +61,9 @@ class Sent(TypedDict):
     """The lease's fencing token (a decimal string, as :data:`coxswain.keys.LEASE` holds it)."""
     position: NotRequired[int]
     runner: NotRequired[str | None]
+    """The runner the session's turn runs on: the one it started on (``started``: the admitting
+    runner, or the one running the session's programs), or the one running the turn it was
+    queued or steered behind. None on a replay."""
     replay: NotRequired[bool]
     info: NotRequired[dict[str, str]]
     """When it started a turn: the session hash as that turn began (the turn reads nothing more)."""

@@ -547,7 +547,8 @@ local function cox_send(keys, args)
     redis.call('RPUSH', base .. ':q', cjson.encode(msg))
     local pos = waiting_count(base)
     emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'queue', text = text }, now)
-    res = { message_id = message_id, disposition = 'queued', position = pos, resumed = started }
+    res = { message_id = message_id, disposition = 'queued', position = pos, resumed = started,
+            runner = redis.call('HGET', base, 'runner') }
   elseif not busy(base) then
     -- The session's programs run on one runner (its :plock, renewed while they run): the turn
     -- starts there, under a lease taken in that runner's name (the admitting runner rings it).
@@ -564,7 +565,7 @@ local function cox_send(keys, args)
     redis.call('RPUSH', base .. ':q', cjson.encode(msg))
     local pos = waiting_count(base)
     emit_t(base, sid, { type = 'queue.added', message_id = message_id, position = pos, mode = 'queue', text = text }, now)
-    res = { message_id = message_id, disposition = 'queued', position = pos }
+    res = { message_id = message_id, disposition = 'queued', position = pos, runner = redis.call('HGET', base, 'runner') }
   else
     redis.call('RPUSH', base .. ':sq', cjson.encode(msg))
     local pos = redis.call('LLEN', base .. ':sq')
