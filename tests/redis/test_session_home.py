@@ -121,10 +121,11 @@ def test_a_sessions_sends_go_to_the_home_its_last_reply_named(nats_url: str) -> 
         assert s.homes == {"s_1": other.rid}
         await s.call(SEND, cmd("s_1", "there"))
         assert other.got == [SEND.subject_at(other.rid)]
-        # a reply naming no home (a replay) keeps the one known
-        other.home = None
-        await s.call(SEND, cmd("s_1", "replayed"))
-        assert s.homes == {"s_1": other.rid}
+        # a reply naming no home (a replay) keeps the one known, as does one naming no runner id
+        for named in (None, "r_x.>", ""):
+            other.home = named
+            await s.call(SEND, cmd("s_1", "replayed"))
+            assert s.homes == {"s_1": other.rid}, named
 
     run(nats_url, body)
 

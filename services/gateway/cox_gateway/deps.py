@@ -63,7 +63,7 @@ class Services:
         except Unavailable:
             self.homes.pop(sid, None)
             raise
-        if now is not None and now != home:
+        if now is not None and now != home and ID_RE.fullmatch(now):  # never a subject it could not name
             self.homes.pop(sid, None)
             if len(self.homes) >= HOMES_KEPT:
                 del self.homes[next(iter(self.homes))]
