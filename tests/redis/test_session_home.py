@@ -34,7 +34,8 @@ from tests.support.library import Library
 
 SEND = rpc.RUNNER_SEND
 QUICK_SEND = rpc.Op(SEND.service, SEND.name, SendCmd, SendResult, 1.0, SEND.callers, home=True)
-"""The send, with a time-out a test can wait out."""
+"""The send, with a time-out a test can wait out (only where it waits one out: a loaded machine
+may take longer than this to answer)."""
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +137,10 @@ def test_a_home_that_stopped_listening_sends_to_any_replica_at_once(nats_url: st
         for sub in a.subs:
             await sub.unsubscribe()
         await peer.flush()
-        async with asyncio.timeout(QUICK_SEND.timeout_s() / 2):  # no wait for a time-out, no retry pause
-            got = await s.call(QUICK_SEND, cmd("s_2", "after"))
+        # NATS says "no responders" at once: well within the send's own 30 s time-out, however
+        # loaded the machine (no wait for that time-out, no retry pause on the home's subject)
+        async with asyncio.timeout(SEND.timeout_s() / 3):
+            got = await s.call(SEND, cmd("s_2", "after"))
         assert got.message_id == "m_after"
         assert b.got == [SEND.subject] and s.homes == {"s_2": b.rid}
 
@@ -149,7 +152,7 @@ def test_a_home_that_does_not_answer_is_forgotten_and_a_refusal_keeps_it(nats_ur
         s.homes["s_3"] = a.rid
         a.refuse = True
         with pytest.raises(NotFound):
-            await s.call(QUICK_SEND, cmd("s_3", "refused"))
+            await s.call(SEND, cmd("s_3", "refused"))
         assert s.homes == {"s_3": a.rid}, "a refusal is the session's answer, from its home"
         a.refuse, a.hold = False, True
         with pytest.raises(Unavailable):
@@ -157,7 +160,7 @@ def test_a_home_that_does_not_answer_is_forgotten_and_a_refusal_keeps_it(nats_ur
         assert "s_3" not in s.homes, "a home that did not answer is not asked first again"
         assert not b.got, "a request that may have been taken is not sent again elsewhere"
         a.hold = False
-        await s.call(QUICK_SEND, cmd("s_3", "again"))
+        await s.call(SEND, cmd("s_3", "again"))
         assert len(a.got) + len(b.got) == 3 and SEND.subject in a.got + b.got
 
     run(nats_url, body)
