@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel
 
 from coxswain import access, rpc, subjects
+from coxswain.errors import Invalid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,9 +54,6 @@ def test_a_sessions_operations_reach_one_replica_only_where_the_table_says() -> 
     for svc in subjects.SERVICES:
         if not any(op.home for op in rpc.served_by(svc)):
             assert not any(s.count(".") > 3 and s.startswith("cox.rpc.") for s in access.NATS[svc].subscribe), svc
-    import pytest
-
-    from coxswain.errors import Invalid
     with pytest.raises(Invalid):
         rpc.RUNNER_SEND.subject_at("r.x.>")  # a replica id is one token, never a wildcard
 
