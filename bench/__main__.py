@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
@@ -48,6 +48,7 @@ from .peer import PEERS, base, ours, peer_rows
 from .profile import Profiler
 from .profiles import FULL, QUICK, Counts
 from .stack import Servers, Stack
+from .stats import merge_repeats
 
 HERE = Path(__file__).resolve().parent
 PHASES = ("floors", "send", "tool_calls", "lead", "handoff", "chat", "trace", "sweep", "runs", "memory", "sandbox", "compose",
@@ -202,28 +203,35 @@ class Run:
         c, ph = self.c, self.res["phases"]
         stack = Stack(self.tmp / "main", servers, runners=2).start()
         pool = Pool(stack.port, stack.token, size=8)
+        runs: dict[str, list[Any]] = {}
+        repeats = max(1, c.latency_repeats)
         try:
-            if self.want("send"):
-                ph["send"] = await self.phase("send", latency.send_to_start(stack, pool, c.send_n, c.send_sessions))
-            if self.want("tool_calls"):
-                during = None
-                if self.profile:
-                    procs = {k: v for k, v in stack.procs().items() if k.startswith(("turn-runner", "guard", "gateway"))}
-
-                    async def during(work: Any) -> Any:
-                        prof = await Profiler(procs, self.tmp / "profile").run(work)
-                        self.res["profile"] = prof
-                        return prof.get("workload")
-
-                ph["tool_calls"] = await self.phase("tool_calls", toolcalls.per_call(stack, pool, c.tool_calls,
-                                                                                     c.tool_turns, during))
-                self._keep_profile()
-            if self.want("lead"):
-                ph["lead"] = await self.phase("lead", latency.lead_applied(stack, pool, c.lead_n))
-                ph["lead_model"] = await self.phase("lead, a model of 20 ms", latency.lead_applied(
-                    stack, pool, max(20, c.lead_n // 5), delay_ms=latency.LEAD_MODEL_MS))
-            if self.want("handoff"):
-                ph["handoff"] = await self.phase("handoff", latency.handoff(stack, pool, c.handoff_rounds))
+            for i in range(repeats):
+                # Interleaved: a slow minute of the host lands in one repeat of each phase, and the
+                # median of the repeats (stats.merge_repeats) leaves it out.
+                of = f" ({i + 1}/{repeats})" if repeats > 1 else ""
+                if self.want("send"):
+                    runs.setdefault("send", []).append(await self.phase(
+                        "send" + of, latency.send_to_start(stack, pool, c.send_n, c.send_sessions)))
+                if self.want("tool_calls"):
+                    runs.setdefault("tool_calls", []).append(await self.phase(
+                        "tool_calls" + of, toolcalls.per_call(stack, pool, c.tool_calls, c.tool_turns,
+                                                              self._profiled(stack) if i == 0 else None)))
+                    if i == 0:
+                        self._keep_profile()
+                if self.want("lead"):
+                    runs.setdefault("lead", []).append(await self.phase(
+                        "lead" + of, latency.lead_applied(stack, pool, c.lead_n)))
+                    runs.setdefault("lead_model", []).append(await self.phase(
+                        "lead, a model of 20 ms" + of, latency.lead_applied(
+                            stack, pool, max(20, c.lead_n // 5), delay_ms=latency.LEAD_MODEL_MS)))
+                if self.want("handoff"):
+                    runs.setdefault("handoff", []).append(await self.phase(
+                        "handoff" + of, latency.handoff(stack, pool, c.handoff_rounds)))
+            for name, got in runs.items():
+                done = [r for r in got if r is not None]  # a repeat that failed is in errors
+                if done:
+                    ph[name] = merge_repeats(done)
             if self.want("chat"):
                 ph["chat"] = await self.phase("chat", chat.turn_cost(stack, pool, c.chat_sessions, c.chat_turns,
                                                                      c.chat_window))
@@ -232,6 +240,19 @@ class Run:
         finally:
             pool.close()
             stack.stop()
+
+    def _profiled(self, stack: Stack) -> Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] | None:
+        """The tool-call phase's profiler (py-spy on the runners, guard and gateway), or None."""
+        if not self.profile:
+            return None
+        procs = {k: v for k, v in stack.procs().items() if k.startswith(("turn-runner", "guard", "gateway"))}
+
+        async def during(work: Callable[[], Awaitable[Any]]) -> Any:
+            prof = await Profiler(procs, self.tmp / "profile").run(work)
+            self.res["profile"] = prof
+            return prof.get("workload")
+
+        return during
 
     def _keep_profile(self) -> None:
         prof = self.res.get("profile")

@@ -3,8 +3,10 @@
 Every figure is matched by section and name. A ratio is value / floor (for a throughput, floor /
 value), so larger is worse on every row but the peer's, where the ratio is ours / theirs and
 whether larger is worse depends on the unit (a rate: better; a time, CPU or memory: worse). A row
-whose ratio grew by more than :data:`GREW` is a regression and listed first; so is a row of a
-figure the other run had that this one lost (a phase that failed). Values do not compare across
+whose ratio grew by more than :data:`GREW` is a regression and listed first, unless the two
+runs' ranges of it meet (a latency figure is the median of repeats, ``ratio_spread`` their lowest
+and highest: a change inside them is the host's noise as far as two runs can tell); so is a row of
+a figure the other run had that this one lost (a phase that failed). Values do not compare across
 machines, ratios do better (the floors are measured in the same run) but not fully: the floors
 are mostly the servers' and the kernel's work, ours mostly Python's, and a machine slower at
 running Python moves our ratios with no change of ours (from an Intel Xeon to an AMD EPYC host:
@@ -115,6 +117,21 @@ def machine(now: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
             "floors_change": floors_change(now, then)}
 
 
+def _range(row: dict[str, Any], ratio: float) -> tuple[float, float]:
+    """The ratios a row's repeats gave, lowest and highest (``ratio_spread``; the ratio alone
+    for a figure measured once)."""
+    got = row.get("ratio_spread")
+    if isinstance(got, list) and len(got) == 2 and all(isinstance(x, (int, float)) for x in got):
+        return float(min(got)), float(max(got))
+    return ratio, ratio
+
+
+def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether two runs' ranges of a ratio meet: a change that one run's own repeats span is
+    not told apart from the host's noise, whatever the medians say."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
 def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str,
             res: dict[str, Any] | None = None) -> dict[str, Any]:
     """This run's ``rows`` against ``other`` (a result loaded by :func:`load`); ``res``, this
@@ -130,6 +147,8 @@ def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str,
             worse = _worse(r, was, now)
             entry["change"] = round(worse, 3)
             entry["regressed"] = worse > GREW
+            if entry["regressed"] and overlaps(_range(r, now), _range(b or {}, was)):
+                entry["regressed"], entry["within_spread"] = False, True
         lines.append(entry)
     # A figure of a section this run measured but without it: a phase failed or lost a row. A
     # section this run did not measure at all (--only, no --peer) is only named.
@@ -138,7 +157,8 @@ def compare(rows: list[dict[str, Any]], other: dict[str, Any], name: str,
             for (s, f), b in before.items() if s in measured and isinstance(b.get("ratio"), (int, float))]
     skipped = sorted({s for s, _ in before} - measured)
     return {"against": name, "threshold": GREW, "machine": machine(res or {}, other), "rows": lines, "lost": lost,
-            "not_measured": skipped, "regressions": [x for x in lines if x["regressed"]] + lost}
+            "not_measured": skipped, "regressions": [x for x in lines if x["regressed"]] + lost,
+            "within_spread": [x for x in lines if x.get("within_spread")]}
 
 
 def markdown(cmp: dict[str, Any]) -> list[str]:
@@ -170,13 +190,18 @@ def markdown(cmp: dict[str, Any]) -> list[str]:
         what = "gone from this run" if x["ratio"] is None else f"{fmt(x['before'])} -> {fmt(x['ratio'])} " \
                                                                f"({x['change'] * 100:+.0f}% worse)"
         out.append(f"- {x['section']} / {x['figure']}: {what}")
+    if inside := cmp.get("within_spread"):
+        out += ["", f"Grew by more than {int(cmp['threshold'] * 100)}% but inside the spread of the repeats (the two "
+                "runs' ranges of the ratio meet; not counted):", ""]
+        out += [f"- {x['section']} / {x['figure']}: {fmt(x['before'])} -> {fmt(x['ratio'])} "
+                f"({x['change'] * 100:+.0f}%)" for x in inside]
     if cmp["not_measured"]:
         out += ["", "Not measured in this run: " + ", ".join(cmp["not_measured"]) + "."]
     out += ["", "| section | figure | ratio now | ratio then | worse by |", "|---|---|---|---|---|"]
     for x in cmp["rows"]:
         ch = "-" if x["change"] is None else f"{x['change'] * 100:+.0f}%"
         out.append(f"| {x['section']} | {x['figure']} | {fmt(x['ratio'])} | {fmt(x['before'])} | "
-                   f"{ch}{' **regressed**' if x['regressed'] else ''} |")
+                   f"{ch}{' **regressed**' if x['regressed'] else ' (inside the spread)' if x.get('within_spread') else ''} |")
     out.append("")
     return out
 

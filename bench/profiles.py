@@ -17,6 +17,11 @@ class Counts:
     lead_n: int = 300
     handoff_rounds: int = 100
     """Sessions of one running turn + 5 queued: 5 hand-offs each."""
+    latency_repeats: int = 3
+    """Times the latency phases (send, tool_calls, lead, handoff) run, each with the counts above,
+    interleaved (send, tool calls, lead, hand-off, then again): each figure is the median of the
+    repeats', with the lowest and highest beside it (bench/README.md). One run of the same code
+    moved these rows by 20-70% between runs an hour apart on the 2-core VMs (ANALYSIS.md)."""
     chat_sessions: int = 10
     chat_turns: int = 120
     """Turns each chat session takes, each sent when the last ended (bench/chat.py)."""
@@ -49,7 +54,7 @@ class Counts:
 
 FULL = Counts(name="full")
 QUICK = Counts(
-    name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10,
+    name="quick", floor_n=500, send_n=200, send_sessions=10, tool_turns=2, lead_n=30, handoff_rounds=10, latency_repeats=1,
     chat_sessions=5, chat_turns=40, chat_window=10,
     sweep_sessions=(10, 50), sweep_runners=(1, 2), sweep_timeout_s=60.0, memory_sessions=1000, runner_starts=3, sandbox_n=100,
     peer_threads=(10,), peer_steer_n=5, runs_tasks=100, runs_runners=(1, 2), runs_interactive_n=10,

@@ -14,16 +14,29 @@ from . import floors
 from .compare import is_peer
 from .peer import PEERS
 from .peer.base import QUEUE_TARGET
-from .stats import ratio
+from .stats import ratio, spread_of
 
 HERE = Path(__file__).resolve().parent
 
 
 def _row(section: str, figure: str, value: Any, floor: Any, unit: str, note: str = "",
-         inverse: bool = False) -> dict[str, Any]:
+         inverse: bool = False, spread: list[float] | None = None) -> dict[str, Any]:
+    """One figure. ``spread``: the lowest and highest of the phase's repeats (the value is their
+    median), kept with the ratios they give (``ratio_spread``) for ``--compare``."""
     r = ratio(floor, value) if inverse else ratio(value, floor)
-    return {"section": section, "figure": figure, "value": value, "floor": floor, "unit": unit, "ratio": r,
-            "note": note}
+    row = {"section": section, "figure": figure, "value": value, "floor": floor, "unit": unit, "ratio": r,
+           "note": note}
+    if spread is not None:
+        lo, hi = (ratio(floor, x) if inverse else ratio(x, floor) for x in spread)
+        row["spread"] = spread
+        row["ratio_spread"] = sorted([lo, hi]) if lo is not None and hi is not None else None
+    return row
+
+
+def _sq(s: Any, q: str) -> list[float] | None:
+    """The spread of a merged summary's percentile ``q`` (stats.merge_repeats), or None."""
+    got = (s.get("spread") or {}).get(q) if isinstance(s, dict) else None
+    return [float(got[0]), float(got[1])] if isinstance(got, list) and len(got) == 2 else None
 
 
 def _r(x: Any, d: int = 3) -> Any:
@@ -53,17 +66,19 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     if s := ph.get("send"):
         for q in ("p50", "p99"):
             out.append(_row("send", f"POST -> 202 (turn started) {q}", s["post_to_202_ms"][q], _r(c[q]["send"]), "ms",
-                            "client clock; floor = HTTP POST + NATS req-reply + Redis script"))
+                            "client clock; floor = HTTP POST + NATS req-reply + Redis script", spread=_sq(s["post_to_202_ms"], q)))
             if (chained := stat_or_none(f, "send_chain", q)) is not None:
                 out.append(_row("send", f"POST -> 202 (turn started) {q}, against the chained floor",
                                 s["post_to_202_ms"][q], chained, "ms",
                                 "floor = one request through the same hops and processes (HTTP -> bare ASGI app -> "
-                                "NATS request -> responder -> Redis script -> back), nothing of ours in between"))
+                                "NATS request -> responder -> Redis script -> back), nothing of ours in between",
+                                spread=_sq(s["post_to_202_ms"], q)))
             if (fchained := stat_or_none(f, "send_chain_fastapi", q)) is not None:
                 out.append(_row("send", f"POST -> 202 (turn started) {q}, against the FastAPI chained floor",
                                 s["post_to_202_ms"][q], fchained, "ms",
                                 "floor = the same chain through a FastAPI app that writes the send route as any "
-                                "would (path pattern, bearer dependency, validated body and reply)"))
+                                "would (path pattern, bearer dependency, validated body and reply)",
+                                spread=_sq(s["post_to_202_ms"], q)))
             if (paced := stat_or_none(f, "send_chain_fastapi_paced", q)) is not None:
                 pace = f["send_chain_fastapi_paced"].get("pace_ms")
                 gap = (s.get("between_ms") or {}).get("p50")
@@ -73,52 +88,54 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 f"sends come (here a POST {gap} ms after the last 202, p50, the turn run between); "
                                 "on a VM a request after a pause waits for sleeping processes and idle or "
                                 "packed vCPUs at every hop, which a floor made back to back never does "
-                                "(ANALYSIS.md)"))
+                                "(ANALYSIS.md)", spread=_sq(s["post_to_202_ms"], q)))
             out.append(_row("send", f"POST -> turn.start seen on SSE {q}", s["post_to_turn_start_seen_ms"][q],
-                            _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish"))
+                            _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish", spread=_sq(s["post_to_turn_start_seen_ms"], q)))
             out.append(_row("send", f"POST -> turn.start ts {q}", s["post_to_turn_start_ts_ms"][q], _r(c[q]["send"]),
-                            "ms", "server ts (1 ms resolution) - client wall clock"))
+                            "ms", "server ts (1 ms resolution) - client wall clock", spread=_sq(s["post_to_turn_start_ts_ms"], q)))
     if t := ph.get("tool_calls"):
         out.append(_row("tool calls", f"per call, (turn - tool) / {t['calls']}", t["per_call_ms"],
-                        _r(c["p50"]["tool_call"]), "ms", "floor = 1 Redis script + 1 JetStream publish (p50)"))
+                        _r(c["p50"]["tool_call"]), "ms", "floor = 1 Redis script + 1 JetStream publish (p50)",
+                        spread=spread_of(t, "per_call_ms")))
         out.append(_row("tool calls", "per call, marginal (one-call turn taken off)", t["marginal_per_call_ms"],
-                        _r(c["p50"]["tool_call"]), "ms", "same floor"))
+                        _r(c["p50"]["tool_call"]), "ms", "same floor", spread=spread_of(t, "marginal_per_call_ms")))
         if "per_step_ms" in t:
             out.append(_row("tool calls", f"per step, one call per response, (turn - tool) / {t['calls']}",
                             t["per_step_ms"], _r(c["p50"]["tool_call"]), "ms",
                             "each call its own model request, record and publish (reads in one response "
-                            "are recorded as a group); same floor"))
+                            "are recorded as a group); same floor", spread=spread_of(t, "per_step_ms")))
     if le := ph.get("lead"):
         for q in ("p50", "p99"):
             out.append(_row("lead", f"POST -> lead.applied seen {q}", le["post_to_lead_applied_seen_ms"][q],
                             _r(c[q]["lead"]), "ms",
                             "client clock; includes waiting for the in-flight step; "
-                            "floor = HTTP + NATS req-reply + 2 Redis scripts"))
+                            "floor = HTTP + NATS req-reply + 2 Redis scripts", spread=_sq(le["post_to_lead_applied_seen_ms"], q)))
             out.append(_row("lead", f"lead.saved -> lead.applied ts {q}", le["lead_saved_to_applied_ts_ms"][q],
-                            _r(c[q]["lead"]), "ms", "server ts"))
+                            _r(c[q]["lead"]), "ms", "server ts", spread=_sq(le["lead_saved_to_applied_ts_ms"], q)))
             if (b := le.get("boundary_to_lead_applied_seen_ms")) and b.get(q) is not None:
                 out.append(_row("lead", f"boundary -> lead.applied seen {q}", b[q], _r(c[q]["lead_boundary"]), "ms",
                                 "client clock (µs): arrivals of the in-flight action's last event (its result, or "
                                 "the response) and of lead.applied; the wait for that action is a step's own time "
-                                "(tool calls); floor = 1 Redis script + 1 JetStream publish"))
+                                "(tool calls); floor = 1 Redis script + 1 JetStream publish", spread=_sq(b, q)))
     if (lm := ph.get("lead_model")) and (b := lm.get("boundary_to_lead_applied_seen_ms")):
         for q in ("p50", "p99"):
             if b.get(q) is not None:
                 out.append(_row("lead", f"boundary -> lead.applied seen {q}, the model 20 ms a response", b[q],
                                 _r(c[q]["lead_boundary"]), "ms",
                                 "as above, each response 20 ms of the model's time: the Lead lands while the model "
-                                "answers, as it mostly does with a real one, and goes with the response's record"))
+                                "answers, as it mostly does with a real one, and goes with the response's record",
+                                spread=_sq(b, q)))
     if h := ph.get("handoff"):
         for q in ("p50", "p99"):
             out.append(_row("hand-off", f"turn.end -> next turn's first output {q}",
                             h["turn_end_to_next_first_output_ts_ms"][q], _r(c[q]["handoff"]), "ms",
-                            "server ts; zero-delay model; floor = 2 Redis scripts + 1 JetStream publish"))
+                            "server ts; zero-delay model; floor = 2 Redis scripts + 1 JetStream publish", spread=_sq(h["turn_end_to_next_first_output_ts_ms"], q)))
             if (seen := h.get("turn_end_to_next_first_output_seen_ms")) and seen.get(q) is not None:
                 out.append(_row("hand-off", f"turn.end -> next turn's first output seen on SSE {q}", seen[q],
                                 _r(c[q]["handoff"]), "ms",
-                                "client clock (µs): the two events' arrivals on the session's stream; same floor"))
+                                "client clock (µs): the two events' arrivals on the session's stream; same floor", spread=_sq(seen, q)))
             out.append(_row("hand-off", f"turn.end -> next turn.start {q}", h["turn_end_to_next_turn_start_ts_ms"][q],
-                            _r(stat_or_none(f, "redis_cas", q)), "ms", "server ts; one atomic script"))
+                            _r(stat_or_none(f, "redis_cas", q)), "ms", "server ts; one atomic script", spread=_sq(h["turn_end_to_next_turn_start_ts_ms"], q)))
     for p in ph.get("sweep") or []:
         if "error" in p:
             out.append(_row("sweep", f"runners={p['runners']} S={p['sessions']}", None, None, "", p["error"]))
@@ -295,6 +312,13 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _spread(v: Any, spread: Any) -> str:
+    """A value with the lowest and highest of its repeats: ``2.41 (2.2-2.6)``."""
+    if not isinstance(spread, list) or len(spread) != 2 or None in spread or spread[0] == spread[1]:
+        return _fmt(v)
+    return f"{_fmt(v)} ({_fmt(spread[0])}-{_fmt(spread[1])})"
+
+
 def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
     meta = res["meta"]
     lines = [f"# coxswain benchmark results ({res['counts']['name']} run)", ""]
@@ -317,12 +341,18 @@ def markdown(res: dict[str, Any], rs: list[dict[str, Any]]) -> str:
                 lines.append(f"| {k} | {v['ms']['p50']} | {v['ms']['p99']} | {v['client_cpu_us']} | "
                              f"{', '.join(f'{n} {c}' for n, c in v['server_cpu_us_per_op'].items())} |")
         lines.append("")
-    lines += ["## Figures", "", "| section | figure | value | floor | ratio | unit | note |", "|---|---|---|---|---|---|---|"]
+    lines += ["## Figures", ""]
+    repeats = (res.get("counts") or {}).get("latency_repeats") or 1
+    if repeats > 1:
+        lines += [f"The latency phases (send, tool calls, Lead, hand-off) ran {repeats} times, interleaved: each of "
+                  "their values is the median of the repeats', the lowest and highest in brackets (and the ratios "
+                  "they give).", ""]
+    lines += ["| section | figure | value | floor | ratio | unit | note |", "|---|---|---|---|---|---|---|"]
     for r in rs:
         if is_peer(r["section"]):
             continue
-        lines.append(f"| {r['section']} | {r['figure']} | {_fmt(r['value'])} | {_fmt(r['floor'])} | "
-                     f"{_fmt(r['ratio'])} | {r['unit']} | {r['note']} |")
+        lines.append(f"| {r['section']} | {r['figure']} | {_spread(r['value'], r.get('spread'))} | "
+                     f"{_fmt(r['floor'])} | {_spread(r['ratio'], r.get('ratio_spread'))} | {r['unit']} | {r['note']} |")
     lines.append("")
     lines += peer_tables(res, rs)
     big = largest(rs)

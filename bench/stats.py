@@ -36,3 +36,93 @@ def ratio(value: float | None, floor: float | None) -> float | None:
     if value is None or floor is None or not floor or math.isnan(value) or math.isnan(floor):
         return None
     return float(f"{value / floor:.3g}")
+
+
+SUMMARY_QS = ("p50", "p90", "p99", "mean")
+"""The figures of a :func:`summary` that :func:`merge_repeats` takes the median of."""
+SUMMED = frozenset({"n", "not_queued"})
+"""Counts of a latency phase's result that add up across its repeats (the rest are taken as figures)."""
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def _is_summary(v: Any) -> bool:
+    return isinstance(v, dict) and "n" in v and set(v) <= {"n", "min", "max", "spread", *SUMMARY_QS}
+
+
+def _merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    got = [p for p in parts if p.get("n")]
+    if not got:
+        return {"n": 0}
+    if len(got) == 1:
+        return got[0]
+    out: dict[str, Any] = {"n": sum(int(p["n"]) for p in got)}
+    spread: dict[str, list[float]] = {}
+    for q in SUMMARY_QS:
+        xs = [float(p[q]) for p in got if isinstance(p.get(q), (int, float))]
+        if xs:
+            out[q] = round(_median(xs), 4)
+            spread[q] = [min(xs), max(xs)]
+    out["min"] = min(float(p["min"]) for p in got)
+    out["max"] = max(float(p["max"]) for p in got)
+    out["spread"] = spread
+    return out
+
+
+def merge_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One latency phase's result from its repeats (``Counts.latency_repeats``, run interleaved
+    with the other phases' so that a slow minute of the host lands in one repeat of each, not in
+    all of one phase): each percentile and figure is the median of the repeats', and ``spread``
+    holds the lowest and highest of them (a summary's under its own ``spread``, a figure's under
+    the phase's); counts (:data:`SUMMED`, a dict of counts) add up; a flag holds if it held in
+    every repeat. A repeat that failed is left out by the caller; one repeat is returned as is."""
+    parts = [r for r in repeats if isinstance(r, dict)]
+    if len(parts) <= 1:
+        return parts[0] if parts else {}
+    out: dict[str, Any] = {}
+    spread: dict[str, list[float]] = {}
+    for key, first in parts[0].items():
+        vals = [p.get(key) for p in parts]
+        if _is_summary(first):
+            out[key] = _merge_summaries([v for v in vals if isinstance(v, dict)])
+        elif isinstance(first, bool):
+            out[key] = all(bool(v) for v in vals)
+        elif isinstance(first, (int, float)) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                     for v in vals):
+            nums = [float(v) for v in vals if isinstance(v, (int, float))]
+            if key in SUMMED:
+                out[key] = int(sum(nums))
+            elif min(nums) == max(nums):
+                out[key] = first
+            else:
+                out[key] = round(_median(nums), 4)
+                spread[key] = [min(nums), max(nums)]
+        elif isinstance(first, dict) and (counts := [v for v in vals if isinstance(v, dict)]) and len(counts) == len(
+                vals) and all(isinstance(x, int) for v in counts for x in v.values()):  # by kind (a Lead's refusals)
+            total: dict[str, int] = {}
+            for v in counts:
+                for k, x in v.items():
+                    total[k] = total.get(k, 0) + x
+            out[key] = total
+        else:
+            out[key] = first
+    out["repeats"] = len(parts)
+    out["spread"] = spread
+    return out
+
+
+def spread_of(part: dict[str, Any] | None, key: str, q: str | None = None) -> list[float] | None:
+    """The lowest and highest of the repeats' ``part[key][q]`` (a summary's percentile) or
+    ``part[key]`` (a figure), or None when the phase ran once."""
+    if not isinstance(part, dict):
+        return None
+    if q is not None:
+        s = part.get(key)
+        got = (s.get("spread") or {}).get(q) if isinstance(s, dict) else None
+    else:
+        got = (part.get("spread") or {}).get(key)
+    return [float(got[0]), float(got[1])] if isinstance(got, list) and len(got) == 2 else None
