@@ -229,9 +229,8 @@ class Run:
                     runs.setdefault("handoff", []).append(await self.phase(
                         "handoff" + of, latency.handoff(stack, pool, c.handoff_rounds)))
             for name, got in runs.items():
-                done = [r for r in got if r is not None]  # a repeat that failed is in errors
-                if done:
-                    ph[name] = merge_repeats(done)
+                if merged := merge_repeats(got):  # a repeat that failed (None) is in errors, left out
+                    ph[name] = merged
             if self.want("chat"):
                 ph["chat"] = await self.phase("chat", chat.turn_cost(stack, pool, c.chat_sessions, c.chat_turns,
                                                                      c.chat_window))

@@ -33,12 +33,6 @@ def _row(section: str, figure: str, value: Any, floor: Any, unit: str, note: str
     return row
 
 
-def _sq(s: Any, q: str) -> list[float] | None:
-    """The spread of a merged summary's percentile ``q`` (stats.merge_repeats), or None."""
-    got = (s.get("spread") or {}).get(q) if isinstance(s, dict) else None
-    return [float(got[0]), float(got[1])] if isinstance(got, list) and len(got) == 2 else None
-
-
 def _r(x: Any, d: int = 3) -> Any:
     return round(x, d) if isinstance(x, float) else x
 
@@ -66,19 +60,20 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     if s := ph.get("send"):
         for q in ("p50", "p99"):
             out.append(_row("send", f"POST -> 202 (turn started) {q}", s["post_to_202_ms"][q], _r(c[q]["send"]), "ms",
-                            "client clock; floor = HTTP POST + NATS req-reply + Redis script", spread=_sq(s["post_to_202_ms"], q)))
+                            "client clock; floor = HTTP POST + NATS req-reply + Redis script",
+                            spread=spread_of(s["post_to_202_ms"], q)))
             if (chained := stat_or_none(f, "send_chain", q)) is not None:
                 out.append(_row("send", f"POST -> 202 (turn started) {q}, against the chained floor",
                                 s["post_to_202_ms"][q], chained, "ms",
                                 "floor = one request through the same hops and processes (HTTP -> bare ASGI app -> "
                                 "NATS request -> responder -> Redis script -> back), nothing of ours in between",
-                                spread=_sq(s["post_to_202_ms"], q)))
+                                spread=spread_of(s["post_to_202_ms"], q)))
             if (fchained := stat_or_none(f, "send_chain_fastapi", q)) is not None:
                 out.append(_row("send", f"POST -> 202 (turn started) {q}, against the FastAPI chained floor",
                                 s["post_to_202_ms"][q], fchained, "ms",
                                 "floor = the same chain through a FastAPI app that writes the send route as any "
                                 "would (path pattern, bearer dependency, validated body and reply)",
-                                spread=_sq(s["post_to_202_ms"], q)))
+                                spread=spread_of(s["post_to_202_ms"], q)))
             if (paced := stat_or_none(f, "send_chain_fastapi_paced", q)) is not None:
                 pace = f["send_chain_fastapi_paced"].get("pace_ms")
                 gap = (s.get("between_ms") or {}).get("p50")
@@ -88,11 +83,13 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 f"sends come (here a POST {gap} ms after the last 202, p50, the turn run between); "
                                 "on a VM a request after a pause waits for sleeping processes and idle or "
                                 "packed vCPUs at every hop, which a floor made back to back never does "
-                                "(ANALYSIS.md)", spread=_sq(s["post_to_202_ms"], q)))
+                                "(ANALYSIS.md)", spread=spread_of(s["post_to_202_ms"], q)))
             out.append(_row("send", f"POST -> turn.start seen on SSE {q}", s["post_to_turn_start_seen_ms"][q],
-                            _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish", spread=_sq(s["post_to_turn_start_seen_ms"], q)))
+                            _r(c[q]["send_seen"]), "ms", "client clock; floor adds one JetStream publish",
+                            spread=spread_of(s["post_to_turn_start_seen_ms"], q)))
             out.append(_row("send", f"POST -> turn.start ts {q}", s["post_to_turn_start_ts_ms"][q], _r(c[q]["send"]),
-                            "ms", "server ts (1 ms resolution) - client wall clock", spread=_sq(s["post_to_turn_start_ts_ms"], q)))
+                            "ms", "server ts (1 ms resolution) - client wall clock",
+                            spread=spread_of(s["post_to_turn_start_ts_ms"], q)))
     if t := ph.get("tool_calls"):
         out.append(_row("tool calls", f"per call, (turn - tool) / {t['calls']}", t["per_call_ms"],
                         _r(c["p50"]["tool_call"]), "ms", "floor = 1 Redis script + 1 JetStream publish (p50)",
@@ -109,14 +106,16 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_row("lead", f"POST -> lead.applied seen {q}", le["post_to_lead_applied_seen_ms"][q],
                             _r(c[q]["lead"]), "ms",
                             "client clock; includes waiting for the in-flight step; "
-                            "floor = HTTP + NATS req-reply + 2 Redis scripts", spread=_sq(le["post_to_lead_applied_seen_ms"], q)))
+                            "floor = HTTP + NATS req-reply + 2 Redis scripts",
+                            spread=spread_of(le["post_to_lead_applied_seen_ms"], q)))
             out.append(_row("lead", f"lead.saved -> lead.applied ts {q}", le["lead_saved_to_applied_ts_ms"][q],
-                            _r(c[q]["lead"]), "ms", "server ts", spread=_sq(le["lead_saved_to_applied_ts_ms"], q)))
+                            _r(c[q]["lead"]), "ms", "server ts",
+                            spread=spread_of(le["lead_saved_to_applied_ts_ms"], q)))
             if (b := le.get("boundary_to_lead_applied_seen_ms")) and b.get(q) is not None:
                 out.append(_row("lead", f"boundary -> lead.applied seen {q}", b[q], _r(c[q]["lead_boundary"]), "ms",
                                 "client clock (µs): arrivals of the in-flight action's last event (its result, or "
                                 "the response) and of lead.applied; the wait for that action is a step's own time "
-                                "(tool calls); floor = 1 Redis script + 1 JetStream publish", spread=_sq(b, q)))
+                                "(tool calls); floor = 1 Redis script + 1 JetStream publish", spread=spread_of(b, q)))
     if (lm := ph.get("lead_model")) and (b := lm.get("boundary_to_lead_applied_seen_ms")):
         for q in ("p50", "p99"):
             if b.get(q) is not None:
@@ -124,18 +123,21 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 _r(c[q]["lead_boundary"]), "ms",
                                 "as above, each response 20 ms of the model's time: the Lead lands while the model "
                                 "answers, as it mostly does with a real one, and goes with the response's record",
-                                spread=_sq(b, q)))
+                                spread=spread_of(b, q)))
     if h := ph.get("handoff"):
         for q in ("p50", "p99"):
             out.append(_row("hand-off", f"turn.end -> next turn's first output {q}",
                             h["turn_end_to_next_first_output_ts_ms"][q], _r(c[q]["handoff"]), "ms",
-                            "server ts; zero-delay model; floor = 2 Redis scripts + 1 JetStream publish", spread=_sq(h["turn_end_to_next_first_output_ts_ms"], q)))
+                            "server ts; zero-delay model; floor = 2 Redis scripts + 1 JetStream publish",
+                            spread=spread_of(h["turn_end_to_next_first_output_ts_ms"], q)))
             if (seen := h.get("turn_end_to_next_first_output_seen_ms")) and seen.get(q) is not None:
                 out.append(_row("hand-off", f"turn.end -> next turn's first output seen on SSE {q}", seen[q],
                                 _r(c[q]["handoff"]), "ms",
-                                "client clock (µs): the two events' arrivals on the session's stream; same floor", spread=_sq(seen, q)))
+                                "client clock (µs): the two events' arrivals on the session's stream; same floor",
+                                spread=spread_of(seen, q)))
             out.append(_row("hand-off", f"turn.end -> next turn.start {q}", h["turn_end_to_next_turn_start_ts_ms"][q],
-                            _r(stat_or_none(f, "redis_cas", q)), "ms", "server ts; one atomic script", spread=_sq(h["turn_end_to_next_turn_start_ts_ms"], q)))
+                            _r(stat_or_none(f, "redis_cas", q)), "ms", "server ts; one atomic script",
+                            spread=spread_of(h["turn_end_to_next_turn_start_ts_ms"], q)))
     for p in ph.get("sweep") or []:
         if "error" in p:
             out.append(_row("sweep", f"runners={p['runners']} S={p['sessions']}", None, None, "", p["error"]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -73,13 +73,13 @@ def _merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def merge_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_repeats(repeats: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
     """One latency phase's result from its repeats (``Counts.latency_repeats``, run interleaved
     with the other phases' so that a slow minute of the host lands in one repeat of each, not in
     all of one phase): each percentile and figure is the median of the repeats', and ``spread``
     holds the lowest and highest of them (a summary's under its own ``spread``, a figure's under
     the phase's); counts (:data:`SUMMED`, a dict of counts) add up; a flag holds if it held in
-    every repeat. A repeat that failed is left out by the caller; one repeat is returned as is."""
+    every repeat. A repeat that failed (None) is left out; one repeat is returned as is, none gives {}."""
     parts = [r for r in repeats if isinstance(r, dict)]
     if len(parts) <= 1:
         return parts[0] if parts else {}
@@ -115,14 +115,9 @@ def merge_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def spread_of(part: dict[str, Any] | None, key: str, q: str | None = None) -> list[float] | None:
-    """The lowest and highest of the repeats' ``part[key][q]`` (a summary's percentile) or
-    ``part[key]`` (a figure), or None when the phase ran once."""
-    if not isinstance(part, dict):
-        return None
-    if q is not None:
-        s = part.get(key)
-        got = (s.get("spread") or {}).get(q) if isinstance(s, dict) else None
-    else:
-        got = (part.get("spread") or {}).get(key)
+def spread_of(part: dict[str, Any] | None, key: str) -> list[float] | None:
+    """The lowest and highest of the repeats' ``part[key]``, kept by :func:`merge_repeats` under
+    ``part["spread"]``: ``part`` a merged phase and ``key`` one of its figures, or ``part`` a
+    merged summary and ``key`` a percentile. None when the phase ran once."""
+    got = (part.get("spread") or {}).get(key) if isinstance(part, dict) else None
     return [float(got[0]), float(got[1])] if isinstance(got, list) and len(got) == 2 else None

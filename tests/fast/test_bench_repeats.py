@@ -23,7 +23,7 @@ def test_each_percentile_is_the_median_of_the_repeats_with_their_lowest_and_high
     assert seen["n"] == 9 and (seen["min"], seen["max"]) == (1.0, 9.0)
     assert seen["p99"] == sorted(summary(xs)["p99"] for xs in ([1.0, 2.0, 9.0], [3.0, 4.0, 5.0], [2.0, 3.0, 4.0]))[1]
     assert (got["n"], got["not_queued"], got["repeats"]) == (9, 1, 3)  # counts add up
-    assert spread_of(got, "turn_end_to_next_first_output_seen_ms", "p50") == [2.0, 4.0]
+    assert spread_of(got["turn_end_to_next_first_output_seen_ms"], "p50") == [2.0, 4.0]
 
 
 def test_figures_take_the_median_flags_hold_only_if_every_repeat_held_and_one_repeat_is_returned_as_is() -> None:
