@@ -88,6 +88,8 @@ def measure(servers: Servers, n: int, warmup: int = 100, log: Any = print) -> di
             ("js_publish", {"nats-server": sp["nats-server"]}, {"nats": nats_url}),
             ("redis_cas", {"redis-server": sp["redis-server"]}, {"redis": redis_url}),
             ("redis_cas_raw", {"redis-server": sp["redis-server"]}, {"redis": redis_url}),
+            ("handoff_chain", {"nats-server": sp["nats-server"], "redis-server": sp["redis-server"]},
+             {"nats": nats_url, "redis": redis_url}),
             ("http_post", ap, {"port": port}),
             ("http_post_httpx", ap, {"port": port}),
             ("send_chain", {**ap, **rp, "redis-server": sp["redis-server"]}, {"port": port}),

@@ -135,6 +135,18 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                                 _r(c[q]["handoff"]), "ms",
                                 "client clock (µs): the two events' arrivals on the session's stream; same floor",
                                 spread=spread_of(seen, q)))
+            if (chained := stat_or_none(f, "handoff_chain", q)) is not None:
+                # Beside the summed floor (kept as it was: runs compare across commits), the same
+                # operations measured as one chain (bench/floor/probe.py handoff_chain).
+                out.append(_row("hand-off", f"turn.end -> next turn's first output {q}, against the chained floor",
+                                h["turn_end_to_next_first_output_ts_ms"][q], chained, "ms",
+                                "server ts; floor = one program doing a hand-off's I/O back to back (script, "
+                                "publish not awaited, script, publish, acks) on the same servers, nothing of ours "
+                                "in between", spread=spread_of(h["turn_end_to_next_first_output_ts_ms"], q)))
+                if seen and seen.get(q) is not None:
+                    out.append(_row("hand-off", f"turn.end -> next turn's first output seen on SSE {q}, against the "
+                                    "chained floor", seen[q], chained, "ms", "client clock (µs); the same chained floor",
+                                    spread=spread_of(seen, q)))
             out.append(_row("hand-off", f"turn.end -> next turn.start {q}", h["turn_end_to_next_turn_start_ts_ms"][q],
                             _r(stat_or_none(f, "redis_cas", q)), "ms", "server ts; one atomic script",
                             spread=spread_of(h["turn_end_to_next_turn_start_ts_ms"], q)))

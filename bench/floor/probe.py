@@ -75,6 +75,49 @@ async def js_publish(a: argparse.Namespace) -> dict[str, Any]:
         await nc.drain()
 
 
+async def handoff_chain(a: argparse.Namespace) -> dict[str, Any]:
+    """A hand-off's own I/O as one chain, nothing of ours in between: the Redis script that ends
+    turn A (and takes the next message), A's events published to JetStream without waiting (a
+    hand-off must publish them; its next turn does not wait for the ack), the script recording
+    turn B's first output, B's publish and its ack (and A's). Timed from the first script sent to
+    the last ack: the operations the summed floor (2 scripts + 1 publish) adds up, measured as
+    they run, one after another and on two servers that each sync to the one disk (ANALYSIS.md)."""
+    import nats
+    import redis.asyncio as aioredis
+    from nats.js import api
+
+    nc = await nats.connect(a.nats)
+    js = nc.jetstream()
+    name = "BENCHFLOORCHAIN"
+    await js.add_stream(api.StreamConfig(name=name, subjects=["bench.floor.chain.>"], storage=api.StorageType.FILE,
+                                         duplicate_window=300.0))
+    r = aioredis.Redis.from_url(a.redis, decode_responses=True)
+    sha = await r.script_load(CAS)
+    await r.set("bench:floor:chain", "0")
+
+    async def cas(k: int) -> None:
+        if await r.evalsha(sha, 1, "bench:floor:chain", str(k % 2), str((k + 1) % 2)) != 1:
+            raise RuntimeError("the chain's compare-and-set found another value")
+
+    def publish(k: int) -> Awaitable[Any]:
+        return js.publish("bench.floor.chain.s1", PAYLOAD, timeout=5, headers={"Nats-Msg-Id": f"c:{k}:{time.time_ns()}"})
+
+    async def op(i: int) -> None:
+        await cas(2 * i)
+        a_acked = asyncio.ensure_future(publish(2 * i))
+        await cas(2 * i + 1)
+        await publish(2 * i + 1)
+        await a_acked
+
+    try:
+        return await timed(a.n, a.warmup, op)
+    finally:
+        await r.delete("bench:floor:chain")
+        await r.aclose()
+        await js.delete_stream(name)
+        await nc.drain()
+
+
 async def redis_cas(a: argparse.Namespace) -> dict[str, Any]:
     import redis.asyncio as aioredis
 
@@ -189,6 +232,7 @@ async def python(a: argparse.Namespace) -> dict[str, Any]:
 
 
 KINDS = {"python": python, "nats_rr": nats_rr, "js_publish": js_publish, "redis_cas": redis_cas, "redis_cas_raw": redis_cas_raw,
+         "handoff_chain": handoff_chain,
          "http_post": http_post, "http_post_httpx": http_post_httpx, "send_chain": send_chain,
          "send_chain_fastapi": send_chain_fastapi}
 

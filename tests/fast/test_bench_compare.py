@@ -215,3 +215,22 @@ def test_redis_bytes_per_session_are_held_to_the_fields_stored_compactly_once_th
     # A run without that floor (an older result) keeps the one row, against the raw bytes.
     (only,) = redis_rows(_memory()).values()
     assert (only["floor"], only["ratio"]) == (190.5, 5.09)
+
+
+def test_the_handoff_rows_against_the_chained_floor_stand_beside_the_summed_ones() -> None:
+    parts = {k: _floor(0.25, 0.5) for k in ("http_post", "nats_rr", "redis_cas", "js_publish")}
+    handoff = {"turn_end_to_next_first_output_ts_ms": {"p50": 2.0, "p99": 4.0},
+               "turn_end_to_next_first_output_seen_ms": {"p50": 1.5, "p99": 3.0},
+               "turn_end_to_next_turn_start_ts_ms": {"p50": 0.0, "p99": 0.0}}
+    older = report.rows({"floors": parts, "phases": {"handoff": handoff}})
+    assert not [r for r in older if "chained" in r["figure"]]  # a run before the chain was measured
+    rs = report.rows({"floors": {**parts, "handoff_chain": _floor(1.25, 2.0)}, "phases": {"handoff": handoff}})
+    chained = {r["figure"]: r for r in rs if "chained" in r["figure"]}
+    assert set(chained) == {f"turn.end -> next turn's first output {q}, against the chained floor" for q in ("p50", "p99")} | {
+        f"turn.end -> next turn's first output seen on SSE {q}, against the chained floor" for q in ("p50", "p99")}
+    seen99 = chained["turn.end -> next turn's first output seen on SSE p99, against the chained floor"]
+    assert (seen99["value"], seen99["floor"], seen99["ratio"]) == (3.0, 2.0, 1.5)
+    ts50 = chained["turn.end -> next turn's first output p50, against the chained floor"]
+    assert (ts50["value"], ts50["floor"], ts50["ratio"]) == (2.0, 1.25, 1.6)
+    summed = next(r for r in rs if r["figure"] == "turn.end -> next turn's first output p99")
+    assert (summed["floor"], summed["ratio"]) == (1.5, 2.67)  # 2 scripts + 1 publish, as in the runs before
