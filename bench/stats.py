@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -44,12 +45,6 @@ SUMMED = frozenset({"n", "not_queued"})
 """Counts of a latency phase's result that add up across its repeats (the rest are taken as figures)."""
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
 def _is_summary(v: Any) -> bool:
     return isinstance(v, dict) and "n" in v and set(v) <= {"n", "min", "max", "spread", *SUMMARY_QS}
 
@@ -65,7 +60,7 @@ def _merge_summaries(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for q in SUMMARY_QS:
         xs = [float(p[q]) for p in got if isinstance(p.get(q), (int, float))]
         if xs:
-            out[q] = round(_median(xs), 4)
+            out[q] = round(statistics.median(xs), 4)
             spread[q] = [min(xs), max(xs)]
     out["min"] = min(float(p["min"]) for p in got)
     out["max"] = max(float(p["max"]) for p in got)
@@ -99,7 +94,7 @@ def merge_repeats(repeats: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
             elif min(nums) == max(nums):
                 out[key] = first
             else:
-                out[key] = round(_median(nums), 4)
+                out[key] = round(statistics.median(nums), 4)
                 spread[key] = [min(nums), max(nums)]
         elif isinstance(first, dict) and (counts := [v for v in vals if isinstance(v, dict)]) and len(counts) == len(
                 vals) and all(isinstance(x, int) for v in counts for x in v.values()):  # by kind (a Lead's refusals)
