@@ -91,6 +91,19 @@ UPLOAD_SLACK = 65_536
 """What a multipart body holds besides the file (boundaries, headers) at most."""
 
 
+def length_over(length: str | bytes, limit: int) -> bool | None:
+    """Whether a ``Content-Length`` value says more than ``limit`` bytes; None when it is not a
+    length (RFC 9110: one or more ASCII digits). Leading zeros are read as zeros ("000100" is
+    100): the one reading of a length for the fast path (``turnpath``) and :class:`BodyLimit`
+    alike, so a request has one answer whichever path it takes. A length with more digits than
+    the limit has is over it without being read as a number (``int`` refuses > 4300 digits)."""
+    raw = length.decode("latin-1") if isinstance(length, bytes) else length
+    if not raw or not raw.isascii() or not raw.isdigit():
+        return None
+    digits = raw.lstrip("0") or "0"
+    return len(digits) > len(str(limit)) or int(digits) > limit
+
+
 class BodyLimit:
     """Refuse request bodies over ``limit`` bytes with a JSON 413.
 
@@ -117,8 +130,7 @@ class BodyLimit:
             what = (f"an attachment may have at most {self.upload_limit} bytes "
                     f"([attachments] max_mb); nothing was kept")
         length = Headers(scope=scope).get("content-length")
-        # (a length of more digits than any limit has is over it: int() refuses > 4300 digits)
-        if length is not None and length.isdigit() and (len(length) > len(str(limit)) or int(length) > limit):
+        if length is not None and length_over(length, limit):
             too_large = BodyTooLarge(limit, what)
             await JSONResponse(body("too_large", str(too_large.detail)), status_code=413)(scope, receive, send)
             return

@@ -46,8 +46,6 @@ SEND_ROUTE = "/v1/sessions/{sid}/messages"
 SEND_PATH = re.compile(r"/v1/sessions/([A-Za-z0-9_-]{1,64})/messages")
 """A send's path, whole (``fullmatch``: no trailing newline either); the session id as the
 route's pattern (``coxswain.ids.ID_RE``) takes it."""
-LENGTH_DIGITS = 12
-"""A longer ``Content-Length`` is not read as a number here (Python refuses ints of > 4300 digits)."""
 TRACEPARENT_MAX = 512
 """The route's ``traceparent`` header bound: a longer one is the route's 422."""
 JSON_TYPE = (b"content-type", b"application/json")
@@ -86,8 +84,8 @@ class TurnPath:
                 length = value if length is None else length
             elif name == b"traceparent":
                 traceparent = value if traceparent is None else traceparent
-        if ctype != b"application/json" or length is None or not length.isdigit() or len(length) > LENGTH_DIGITS \
-                or int(length) > self.max_body \
+        # a length that is none or over the limit: the route answers it (BodyLimit's 413)
+        if ctype != b"application/json" or length is None or errors.length_over(length, self.max_body) is not False \
                 or (traceparent is not None and len(traceparent) > TRACEPARENT_MAX):
             await self.app(scope, receive, send)
             return
