@@ -323,3 +323,12 @@ def test_a_zero_padded_content_length_over_the_limit_is_413_on_both_paths(gw: Ga
         status, _, answer = gw.request([(b"content-type", ctype), (b"authorization", TOKEN),
                                         (b"content-length", length)], [body(text="hello")])
         assert status == 413 and json.loads(answer)["error"] == "too_large" and gw.services.calls == [], ctype
+
+
+@pytest.mark.parametrize("length", ["\u00b9\u00b2".encode("latin-1"), b"+20", b"2_0", b""])
+def test_a_content_length_that_is_not_ascii_digits_is_no_length_and_no_500(gw: Gateway, length: bytes) -> None:
+    # "¹²" is str.isdigit() in latin-1 (how headers decode) but int() refuses it: it was a 500
+    sent = body(text="hello")
+    before = gw.served()
+    status, _, _ = gw.request([(b"content-type", FAST), (b"authorization", TOKEN), (b"content-length", length)], [sent])
+    assert status != 500 and gw.served() == before, "not a length: the route's, and never a 500"
