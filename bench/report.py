@@ -12,6 +12,7 @@ from typing import Any
 
 from . import floors
 from .compare import is_peer
+from .latency import LEAD_MODEL_MS
 from .peer import PEERS
 from .peer.base import QUEUE_TARGET
 from .stats import ratio, spread_of
@@ -119,7 +120,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     if (lm := ph.get("lead_model")) and (b := lm.get("boundary_to_lead_applied_seen_ms")):
         for q in ("p50", "p99"):
             if b.get(q) is not None:
-                out.append(_row("lead", f"boundary -> lead.applied seen {q}, the model 20 ms a response", b[q],
+                out.append(_row("lead", f"boundary -> lead.applied seen {q}, the model {LEAD_MODEL_MS} ms a response", b[q],
                                 _r(c[q]["lead_boundary"]), "ms",
                                 "as above, each response 20 ms of the model's time: the Lead lands while the model "
                                 "answers, as it mostly does with a real one, and goes with the response's record",
