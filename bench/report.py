@@ -122,7 +122,7 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             if b.get(q) is not None:
                 out.append(_row("lead", f"boundary -> lead.applied seen {q}, the model {LEAD_MODEL_MS} ms a response", b[q],
                                 _r(c[q]["lead_boundary"]), "ms",
-                                "as above, each response 20 ms of the model's time: the Lead lands while the model "
+                                f"as above, each response {LEAD_MODEL_MS} ms of the model's time: the Lead lands while the model "
                                 "answers, as it mostly does with a real one, and goes with the response's record",
                                 spread=spread_of(b, q)))
     if h := ph.get("handoff"):

@@ -98,15 +98,16 @@ class Gateway:
         return (start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in sent[1:]))
 
     def both(self, body: bytes, *extra: tuple[bytes, bytes], auth: bytes | None = TOKEN,
-             length: bool = True, path: str = PATH) -> tuple[Any, Any]:
-        """The same request through the fast path and through the route: (answer, runner's calls) each."""
+             length: bool | bytes = True, path: str = PATH) -> tuple[Any, Any]:
+        """The same request through the fast path and through the route: (answer, runner's calls)
+        each. ``length``: the body's own Content-Length (True), none (False), or this value."""
         out = []
         for ctype in (FAST, ROUTE):
             headers = [(b"content-type", ctype), *extra]
             if auth is not None:
                 headers.append((b"authorization", auth))
-            if length:
-                headers.append((b"content-length", str(len(body)).encode()))
+            if length is not False:
+                headers.append((b"content-length", length if isinstance(length, bytes) else str(len(body)).encode()))
             self.services.calls.clear()
             answer = self.request(headers, [body], path=path)
             out.append((answer, list(self.services.calls)))
@@ -304,25 +305,18 @@ def test_a_zero_padded_content_length_is_its_value_on_both_paths(gw: Gateway, ze
     # limit once read it apart (the route: more digits than the limit has is over it, a 413; the
     # fast path: 202 up to 12 digits), so one request had two answers by the path it took.
     sent = body(text="hello")
-    padded = b"0" * zeros + str(len(sent)).encode()
-    answers = []
-    for ctype in (FAST, ROUTE):
-        gw.services.calls.clear()
-        status, _, answer = gw.request([(b"content-type", ctype), (b"authorization", TOKEN),
-                                        (b"content-length", padded)], [sent])
-        answers.append((status, json.loads(answer), list(gw.services.calls)))
-    assert answers[0] == answers[1]
-    status, answer, calls = answers[0]
-    assert status == 202 and answer["message_id"] == "m_1" and len(calls) == 1
+    fast, route = gw.both(sent, length=b"0" * zeros + str(len(sent)).encode())
+    assert fast == route
+    (status, _, answer), calls = fast
+    assert status == 202 and json.loads(answer)["message_id"] == "m_1" and len(calls) == 1
 
 
 @pytest.mark.parametrize("length", [b"0" * 30 + b"4097", b"0" * 5000 + b"9" * 5000, b"4097"])
 def test_a_zero_padded_content_length_over_the_limit_is_413_on_both_paths(gw: Gateway, length: bytes) -> None:
-    for ctype in (FAST, ROUTE):
-        gw.services.calls.clear()
-        status, _, answer = gw.request([(b"content-type", ctype), (b"authorization", TOKEN),
-                                        (b"content-length", length)], [body(text="hello")])
-        assert status == 413 and json.loads(answer)["error"] == "too_large" and gw.services.calls == [], ctype
+    fast, route = gw.both(body(text="hello"), length=length)
+    assert fast == route
+    (status, _, answer), calls = fast
+    assert status == 413 and json.loads(answer)["error"] == "too_large" and calls == []
 
 
 @pytest.mark.parametrize("length", ["\u00b9\u00b2".encode("latin-1"), b"+20", b"2_0", b""])
