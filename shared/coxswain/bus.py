@@ -70,6 +70,26 @@ class Link:
         if fut is not None and not fut.done():
             fut.set_result(msg)
 
+    async def ask(self, nc: Client, subject: str, payload: bytes,
+                  headers: dict[str, str] | None = None) -> tuple[str, asyncio.Future[Msg]]:
+        """Publish ``payload`` to ``subject``: (its token, the future its reply completes). The
+        caller waits for the future as it likes and :meth:`forget` s the token when done."""
+        prefix = self._prefix or await self._start(nc)
+        self._n += 1
+        token = str(self._n)
+        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = fut
+        try:
+            await nc.publish(subject, payload, reply=prefix + token, headers=headers)
+        except BaseException:
+            self._waiting.pop(token, None)
+            raise
+        return token, fut
+
+    def forget(self, token: str) -> None:
+        """A request whose reply nobody waits for any more."""
+        self._waiting.pop(token, None)
+
     async def request(self, nc: Client, subject: str, payload: bytes, timeout: float,
                       headers: dict[str, str] | None = None) -> Msg:
         """``payload`` to ``subject``; the reply, or nats-py's own errors for no responders and a
@@ -167,6 +187,11 @@ async def call(nc: Client, subject: str, request: BaseModel, result: type[T], ti
 NO_RESPONDERS_WAIT_S = 2.0
 """How long a request keeps trying while the bus says nobody listens on its subject."""
 
+HOME_PATIENCE_S = 1.0
+"""How long a request waits for the session's home alone before it asks any replica too
+(:func:`call_home`): a home answers a send in milliseconds; one that died a moment ago may still
+have a NATS route's interest that swallows the request (no "no responders" comes back)."""
+
 
 async def call_home(nc: Client, subject: str, home_subject: str | None, request: BaseModel, result: type[T],
                     timeout: float = 10.0) -> tuple[T, str | None]:
@@ -174,19 +199,127 @@ async def call_home(nc: Client, subject: str, home_subject: str | None, request:
     ``subject`` (any replica) when it is not or nobody listens there any more (that replica
     stopped); its reply parsed as ``result``, and the home the reply names (``None``: none).
 
-    A home that does not answer in time is :class:`Unavailable` as any replica would be (the
-    request may have been taken): the caller forgets that home, not the request's outcome."""
+    A home that has not answered within :data:`HOME_PATIENCE_S`, or answered that it cannot take
+    the request (:class:`Unavailable`), is not waited for alone: the request goes to any replica
+    too, and the first answer wins. That is safe only for a request whose change is made once
+    whoever runs it (``request.tx``, :class:`coxswain.models.HomeCmd`): the replica that runs it
+    second answers the first one's reply and does nothing more. A request without one is sent
+    to the home alone, and a home that does not answer in time is :class:`Unavailable` (it may
+    have taken the request): the caller forgets that home, not the request's outcome."""
     payload = request.model_dump_json().encode()
-    data = None
-    if home_subject is not None:
+    if home_subject is None:
+        data = await _envelope(nc, subject, payload, timeout)
+    elif getattr(request, "tx", None):
+        data = await _home_or_any(nc, home_subject, subject, payload, timeout)
+    else:
         try:
             data = await _envelope_once(nc, home_subject, payload, timeout)
         except _NoResponders:
-            data = None
-    if data is None:
-        data = await _envelope(nc, subject, payload, timeout)
+            data = await _envelope(nc, subject, payload, timeout)
     home = data.get("home")
     return result.model_validate(data["result"]), home if isinstance(home, str) else None
+
+
+class _NoResponders(Exception):
+    pass
+
+
+_GONE = (_NoResponders, Unavailable)
+"""What a replica's attempt may end in that another replica's answer can still make good."""
+
+
+async def _home_or_any(nc: Client, home_subject: str, subject: str, payload: bytes,
+                       timeout: float) -> dict[str, Any]:
+    """``payload`` (a request made once whoever runs it) to ``home_subject``; to ``subject`` too
+    when the home is late or gone: the first answer's envelope.
+
+    Every :data:`HOME_PATIENCE_S` without an answer the request goes to any replica once more:
+    the queue group may pick the late home itself (it is still a member until the bus learns it
+    is gone). Nobody listening on ``subject`` is waited out as :func:`_envelope` waits it out;
+    an ``unavailable`` answer of a replica found there is the request's."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + timeout
+    ln = _links.get(nc)
+    out: dict[asyncio.Future[Any], tuple[str, str | None]] = {}
+    """The attempts still out: (subject, the Link's token)."""
+
+    async def ask(subj: str) -> None:
+        if ln is None:  # a client without a Link: nats-py's own request, in a task of its own
+            out[asyncio.ensure_future(_envelope_once(nc, subj, payload, max(0.0, until - loop.time())))] = (subj, None)
+        else:
+            token, fut = await _ask(ln, nc, subj, payload)
+            out[fut] = (subj, token)
+
+    await ask(home_subject)
+    quiet_since: float | None = None
+    pause = 0.05
+    try:
+        while (left := until - loop.time()) > 0:
+            done, _ = await asyncio.wait(out, timeout=min(left, HOME_PATIENCE_S), return_when=asyncio.FIRST_COMPLETED)
+            nobody = False
+            for f in done:
+                subj, token = out.pop(f)
+                if token is not None and ln is not None:
+                    ln.forget(token)
+                try:
+                    return _answer(f, subj)
+                except _NoResponders:
+                    nobody = subj == subject
+                except Unavailable:
+                    if subj == subject:
+                        raise  # a replica's own answer (it is shutting down, its Redis is away)
+                    # the home's: any replica may take it
+            if out and done:
+                continue  # another attempt is still out
+            if nobody:
+                now = loop.time()
+                quiet_since = now if quiet_since is None else quiet_since
+                if now + pause - quiet_since > NO_RESPONDERS_WAIT_S or now + pause >= until:
+                    raise Unavailable(f"no service answers {subject}")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.4)
+            if until - loop.time() > 0:
+                await ask(subject)  # the home is late or gone, or the last replica asked is: any replica
+        raise Unavailable(f"{home_subject} did not answer within {timeout:g}s, nor did any replica")
+    finally:
+        for f, (_, token) in out.items():
+            if token is not None and ln is not None:
+                ln.forget(token)
+            _drop(f)
+
+
+async def _ask(ln: Link, nc: Client, subject: str, payload: bytes) -> tuple[str, asyncio.Future[Any]]:
+    if nc.is_closed or not nc.is_connected:
+        raise Unavailable("the message bus is not connected")
+    try:
+        return await ln.ask(nc, subject, payload)
+    except Exception as exc:
+        if (seen := _transport(exc, subject)) is exc:
+            raise
+        raise seen from exc
+
+
+def _answer(fut: asyncio.Future[Any], subject: str) -> dict[str, Any]:
+    """The envelope a finished attempt brought (a reply's or an :func:`_envelope`'s), or its error."""
+    try:
+        got = fut.result()
+    except _Lost as exc:
+        raise Unavailable(f"{exc} while waiting for {subject}") from None
+    if isinstance(got, dict):
+        return got
+    if got.headers and got.headers.get("Status") == NO_RESPONDERS_STATUS:
+        raise _NoResponders()
+    return _opened(got, subject)
+
+
+def _drop(fut: asyncio.Future[Any]) -> None:
+    """Stop waiting for an attempt; its outcome, if any, is seen (never "never retrieved")."""
+    if fut.done():
+        if not fut.cancelled():
+            fut.exception()
+    else:
+        fut.cancel()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 async def raw_call(nc: Client, subject: str, payload: bytes, timeout: float = 10.0) -> Any:
@@ -215,10 +348,6 @@ async def _envelope(nc: Client, subject: str, payload: bytes, timeout: float) ->
             pause = min(pause * 2, 0.4)
 
 
-class _NoResponders(Exception):
-    pass
-
-
 async def _envelope_once(nc: Client, subject: str, payload: bytes, timeout: float) -> dict[str, Any]:
     if nc.is_closed or not nc.is_connected:
         raise Unavailable("the message bus is not connected")
@@ -230,18 +359,32 @@ async def _envelope_once(nc: Client, subject: str, payload: bytes, timeout: floa
         raise _NoResponders() from exc
     except nats.errors.TimeoutError as exc:
         raise Unavailable(f"{subject} did not answer within {timeout:g}s") from exc
-    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
-            nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError) as exc:
-        raise Unavailable(f"the message bus is not connected: {exc}") from exc
-    except (OSError, RuntimeError) as exc:
+    except Exception as exc:
+        if (seen := _transport(exc, subject)) is exc:
+            raise
+        raise seen from exc
+    return _opened(msg, subject)
+
+
+def _transport(exc: Exception, subject: str) -> Exception:
+    """What a request's failure to reach the bus is to its caller (``exc`` itself: not one)."""
+    if isinstance(exc, (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError,
+                        nats.errors.ConnectionReconnectingError, nats.errors.OutboundBufferLimitError)):
+        return Unavailable(f"the message bus is not connected: {exc}")
+    if isinstance(exc, OSError) or (isinstance(exc, RuntimeError) and "closed" in str(exc)):
         # nats-py writes a request to the socket as it publishes it: a server that died under it
         # (its client not yet told) surfaces as the transport's own error, a reset or uvloop's
         # RuntimeError "unable to perform operation on <TCPTransport closed=True>; the handler is
         # closed". Seen as a 500 in the NATS-cluster drill when a node was killed mid-load. The
         # request may have gone out before (as with any 503 in flight).
-        if isinstance(exc, RuntimeError) and "closed" not in str(exc):
-            raise
-        raise Unavailable(f"the message bus connection broke while sending to {subject}") from exc
+        return Unavailable(f"the message bus connection broke while sending to {subject}")
+    if isinstance(exc, _Lost):
+        return Unavailable(f"{exc} while waiting for {subject}")
+    return exc
+
+
+def _opened(msg: Msg, subject: str) -> dict[str, Any]:
+    """A reply's envelope (JSON, ``result`` in it), or the error it carries."""
     try:
         data = json.loads(msg.data)
     except ValueError as exc:

@@ -352,6 +352,16 @@ class SessionRef(_Body):
     sid: Id
 
 
+class HomeCmd(SessionRef):
+    """A command of a :attr:`coxswain.rpc.Op.home` operation: the gateway sends it to the
+    session's home runner and, when that home is late, to any runner too (:func:`coxswain.bus.call_home`)."""
+
+    tx: Annotated[str, Field(pattern=r"^x_[A-Za-z0-9_-]{1,62}$")] | None = None
+    """The request's transition id, one per request (the gateway's): whichever runner runs the
+    request's change first makes it; the other's answers the same reply and does nothing more
+    (redis_lib.lua, "A transition id may name its caller"). None: the runner's own, as for any call."""
+
+
 class CreateCmd(_Body):
     principal: Id
     workspace: str
@@ -387,7 +397,7 @@ class PatchCmd(SessionRef, PatchSession):
     """Remove the share of this principal (404 when it has none)."""
 
 
-class SendCmd(SessionRef, SendMessage):
+class SendCmd(HomeCmd, SendMessage):
     traceparent: Annotated[str, Field(max_length=55)] | None = None
     """The request's W3C ``traceparent`` header, checked by the gateway: the turn the message
     starts is recorded as a child of it (``user.msg`` carries it; docs/operations.md, Traces)."""
@@ -403,7 +413,7 @@ class AttachCmd(SessionRef):
     sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
 
 
-class LeadCmd(SessionRef, LeadMessage):
+class LeadCmd(HomeCmd, LeadMessage):
     pass
 
 
@@ -415,11 +425,11 @@ class StopBody(_Body):
     they run on."""
 
 
-class StopCmd(SessionRef, StopBody):
+class StopCmd(HomeCmd, StopBody):
     pass
 
 
-class ApprovalCmd(SessionRef, ApprovalAnswer):
+class ApprovalCmd(HomeCmd, ApprovalAnswer):
     approval_id: Id
 
 

@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from pydantic import BaseModel, ConfigDict
 
 from . import bus, subjects
+from .ids import new_id
 from .models import (
     Accepted,
     ApprovalCmd,
@@ -49,6 +50,7 @@ from .models import (
     GuardRequest,
     GuardResult,
     Health,
+    HomeCmd,
     JudgeRequest,
     JudgeResult,
     KeepRequest,
@@ -147,6 +149,10 @@ async def call_home(nc: Client, op: Op[Req, Rep], request: Req, home: str | None
     run now as the reply says (``None``: it did not say)."""
     if not op.home:
         raise ValueError(f"{op.subject} is not a session's operation sent to its home")
+    if isinstance(request, HomeCmd) and request.tx is None:
+        # one transition id per request: a late home's request is sent to any replica too, and
+        # whichever runs it second answers the first one's reply (bus.call_home)
+        request = request.model_copy(update={"tx": new_id("x")})
     return await bus.call_home(nc, op.subject, None if home is None else op.subject_at(home), request, op.reply,
                                timeout=op.timeout_s())
 

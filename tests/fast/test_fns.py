@@ -35,7 +35,7 @@ class _Recorder:
         self.redis = self
 
     async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
-                   publish: bool = True) -> dict[str, Any]:
+                   publish: bool = True, tx: str = "") -> dict[str, Any]:
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])  # as Store.call
         self.sent.append((fn, ks, [str(a) for a in args]))
         return {}

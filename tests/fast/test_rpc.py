@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from coxswain import access, rpc, subjects
 from coxswain.errors import Invalid
+from coxswain.models import HomeCmd
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +46,8 @@ def test_a_sessions_operations_reach_one_replica_only_where_the_table_says() -> 
     assert {op.name for op in rpc.HOME_OPS} == {"send", "lead", "stop", "answer"}
     for op in rpc.HOME_OPS:
         assert "sid" in op.request.model_fields, op.subject
+        # a late home's request goes to any replica too: only one made once whoever runs it may
+        assert issubclass(op.request, HomeCmd) and "tx" in op.request.model_fields, op.subject
         assert op.subject_at("r_abc") == op.subject + ".r_abc"
         for svc in subjects.SERVICES:
             may_publish = op.subject + ".*" in access.NATS[svc].publish

@@ -361,6 +361,41 @@ def test_a_runner_stopped_with_sigterm_hands_its_queue_to_another(stack: Stack, 
         respawn(stack, victim)
 
 
+def test_a_send_whose_home_is_frozen_runs_elsewhere_once_and_the_thawed_home_does_not_run_it_again(
+        stack: Stack, api: Api) -> None:
+    """A home that does not answer (frozen here; a home killed a moment ago, whose NATS route
+    still claims its subject, swallows a request the same way) does not hold the send for its
+    30 s time-out: after ``bus.HOME_PATIENCE_S`` the gateway asks any runner too, under the
+    request's one transition id. The thawed home then reads the same request: its call answers
+    the other runner's reply and starts nothing, so the message runs once."""
+    sid = api.create("frozen-home")["id"]
+    sent = ok(api.send(sid, quick("first")))
+    start = api.wait_type(sid, "turn.start", message_id=sent["message_id"])
+    api.wait_idle(sid)
+    home = holder(stack, start["turn_id"])[0]
+    survivor = the_other(stack, home)
+    stack.pause(home)
+    try:
+        t0 = time.monotonic()
+        late = ok(api.send(sid, quick("while frozen")))
+        took = time.monotonic() - t0
+        assert took < 10, f"the send waited {took:.1f}s for its frozen home"  # the request's time-out is 30 s
+        start = api.wait_type(sid, "turn.start", message_id=late["message_id"], timeout=30)
+        api.wait_idle(sid, timeout=30)
+        assert holder(stack, start["turn_id"])[0] == survivor
+    finally:
+        stack.resume(home)
+    # The thawed home reads what waited for it (the send's request among it) before it could
+    # read a request sent after this point; wait for it to answer one, then send again.
+    wait_log(stack, home, ("redis.tx_replayed",), timeout=30, fn="cox_send", sid=sid)
+    again = ok(api.send(sid, quick("again")))
+    api.wait_type(sid, "turn.start", message_id=again["message_id"])
+    api.wait_idle(sid)
+    r = replay(log_of(api, sid))
+    assert r.starts == [sent["message_id"], late["message_id"], again["message_id"]], r.starts
+    assert [r.outcome_of(m) for m in r.starts] == ["completed"] * 3
+
+
 def test_a_sessions_turns_run_on_its_home_and_a_send_after_its_home_died_starts_elsewhere_at_once(
         stack: Stack, api: Api) -> None:
     """The gateway sends a session's sends to the runner its last turn ran on (``rpc.Op.home``):

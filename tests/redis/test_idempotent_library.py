@@ -143,3 +143,44 @@ def test_a_refusal_is_kept_too_so_a_retry_cannot_turn_it_into_a_start(r: redis.R
     turn_end(lib, sid, token, "t_9", tx="")
     assert send(lib, sid, "m_2", "second", "", "t_2", tx="x_busy").get("error") == "busy"
     assert r.hget(keys.session(sid), "busy") == "0"
+
+
+def test_a_transition_another_caller_made_answers_its_reply_marked_and_runs_nothing(r: redis.Redis,
+                                                                                      lib: Library) -> None:
+    """A request the gateway sent to a late home and then to another runner carries one transition
+    id to both, each runner's call naming itself (``x_<id>.<by>``): the first call makes the send;
+    the second, whenever it comes, answers the same reply marked ``tx_replay`` and changes
+    nothing (no second message, turn or lease); the first caller's own retry gets its reply as it
+    was, unmarked (it must still act on it)."""
+    sid = lib.create("s_two")
+    base = keys.session(sid)
+    first = send(lib, sid, "m_1", "once", "", "t_1", tx="x_req1.c_home")
+    assert first["disposition"] == "started", first
+    raw_first = lib.raw[0]
+    after = state(r, sid)
+    other = send(lib, sid, "m_2", "once", "", "t_2", tx="x_req1.c_other")
+    assert other.get("tx_replay") is True, other
+    assert {k: v for k, v in other.items() if k != "tx_replay"} == first, "the first call's reply"
+    assert state(r, sid) == after, "the second caller's call changed something"
+    own = send(lib, sid, "m_3", "once", "", "t_3", tx="x_req1.c_home")
+    assert lib.raw[0] == raw_first and "tx_replay" not in own, "the same caller's retry: its reply as it was"
+    # once the first turn ended, a late second call still answers the first reply, starting nothing
+    turn_end(lib, sid, str(first["token"]), "t_9", tx="")
+    idle = state(r, sid)
+    late = send(lib, sid, "m_4", "once", "", "t_4", tx="x_req1.c_late")
+    assert late.get("tx_replay") is True and late["message_id"] == "m_1", late
+    assert state(r, sid) == idle and r.hget(base, "busy") == "0"
+    # a refusal is carried to the other caller as it was made (marked, still the error)
+    sid2, _ = busy_session(lib)
+    assert send(lib, sid2, "m_b", "busy", "", "t_b", tx="x_req2.c_a").get("error") == "busy"
+    again = send(lib, sid2, "m_b", "busy", "", "t_b", tx="x_req2.c_b")
+    assert again.get("error") == "busy" and again.get("tx_replay") is True, again
+
+
+def test_a_transition_id_naming_its_caller_is_read_whole(r: redis.Redis, lib: Library) -> None:
+    sid = lib.create("s_txid")
+    seq = r.hget(keys.session(sid), "seq")
+    for bad in ("x_a.", "x_a.b.c", "x_a.b c", "x_.b", "y_a.b"):
+        assert send(lib, sid, "m_1", "x", "", "t_1", tx=bad).get("error") == "invalid", bad
+    assert r.hget(keys.session(sid), "seq") == seq, "a refused id changed the session"
+    assert send(lib, sid, "m_1", "x", "", "t_1", tx="x_a.c_b-1")["disposition"] == "started"

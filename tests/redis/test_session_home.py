@@ -64,6 +64,7 @@ class Runner:
         self.rid = rid
         self.home: str | None = rid
         self.got: list[str] = []
+        self.txs: list[str | None] = []
         self.refuse = False
         self.hold = False
         self.subs: list[Any] = []
@@ -74,6 +75,7 @@ class Runner:
 
     async def on(self, msg: Msg) -> None:
         self.got.append(msg.subject)
+        self.txs.append(json.loads(msg.data).get("tx"))
         if self.hold:
             return
         if self.refuse:
@@ -154,14 +156,83 @@ def test_a_home_that_does_not_answer_is_forgotten_and_a_refusal_keeps_it(nats_ur
         with pytest.raises(NotFound):
             await s.call(SEND, cmd("s_3", "refused"))
         assert s.homes == {"s_3": a.rid}, "a refusal is the session's answer, from its home"
-        a.refuse, a.hold = False, True
+        a.refuse, a.hold, b.hold = False, True, True
         with pytest.raises(Unavailable):
             await s.call(QUICK_SEND, cmd("s_3", "held"))
         assert "s_3" not in s.homes, "a home that did not answer is not asked first again"
-        assert not b.got, "a request that may have been taken is not sent again elsewhere"
-        a.hold = False
+        a.hold = b.hold = False
+        a.got.clear()
+        b.got.clear()
         await s.call(SEND, cmd("s_3", "again"))
-        assert len(a.got) + len(b.got) == 3 and SEND.subject in a.got + b.got
+        assert a.got + b.got == [SEND.subject], "the next send: any replica"
+
+    run(nats_url, body)
+
+
+def test_a_late_home_s_request_goes_to_any_replica_too_under_its_one_transition_id(nats_url: str) -> None:
+    """A home that holds a request (frozen, or dead a moment ago while a NATS route still claims
+    its subject: no "no responders" comes back) does not hold the send for its 30 s time-out.
+    After ``bus.HOME_PATIENCE_S`` the same request, with the transition id the gateway gave it,
+    goes to any replica too (again each ``HOME_PATIENCE_S``: the queue group may pick the late
+    home itself), and the first answer is the send's. The runners' library makes the change once
+    under that id (tests/redis/test_idempotent_library.py)."""
+    async def body(s: Services, a: Runner, b: Runner, peer: Any) -> None:
+        s.homes["s_5"] = a.rid
+        a.hold = True
+        t0 = asyncio.get_running_loop().time()
+        async with asyncio.timeout(SEND.timeout_s() / 3):
+            got = await s.call(SEND, cmd("s_5", "late"))
+        took = asyncio.get_running_loop().time() - t0
+        assert got.message_id == "m_late"
+        assert b.got == [SEND.subject], b.got
+        assert set(a.got) <= {SEND.subject_at(a.rid), SEND.subject}, a.got
+        if a.got[:1] == [SEND.subject_at(a.rid)]:  # (NATS may answer "no responders" for a live subject, rarely)
+            assert took >= bus.HOME_PATIENCE_S * 0.9, f"asked elsewhere after {took:.2f}s: the home was not given its time"
+        assert len(set(a.txs + b.txs)) == 1 and str(b.txs[0]).startswith("x_"), "one transition id, the same to all"
+        assert s.homes == {"s_5": b.rid}, "the replica that answered is the home now"
+        # every request has its own id; one a caller gave is kept
+        a.hold = False
+        await s.call(SEND, cmd("s_5", "next"))
+        await s.call(SEND, SendCmd(principal="p", sid="s_5", text="given", tx="x_mine"))
+        assert b.txs[1] not in (None, b.txs[0]) and b.txs[2] == "x_mine", b.txs
+
+    run(nats_url, body)
+
+
+def test_a_home_that_cannot_take_a_request_hands_it_to_any_replica(nats_url: str) -> None:
+    """A home that answers ``unavailable`` (shutting down, its Redis call unconfirmed) may have
+    run nothing, or the change under the request's transition id: any replica runs it again
+    under that id, and its answer is the send's."""
+    async def body(s: Services, a: Runner, b: Runner, peer: Any) -> None:
+        s.homes["s_6"] = a.rid
+
+        async def down(msg: Msg) -> None:
+            a.got.append(msg.subject)
+            await msg.respond(bus.err(Unavailable("this turn-runner is shutting down; send again")))
+
+        for sub in a.subs:
+            await sub.unsubscribe()
+        a.subs = [await peer.subscribe(SEND.subject_at(a.rid), cb=down)]
+        await peer.flush()
+        got = await s.call(SEND, cmd("s_6", "moved"))
+        assert got.message_id == "m_moved" and b.got == [SEND.subject] and s.homes == {"s_6": b.rid}
+
+    run(nats_url, body)
+
+
+def test_a_request_without_a_transition_id_is_never_sent_to_a_second_replica(nats_url: str) -> None:
+    """``bus.call_home`` of a request that has no ``tx`` (it could be made twice): a home that
+    took it and does not answer is ``Unavailable``, and no other replica hears of it."""
+    async def body(s: Services, a: Runner, b: Runner, peer: Any) -> None:
+        a.hold = b.hold = True
+        bare = cmd("s_7", "bare")
+        assert bare.tx is None
+        with pytest.raises(Unavailable):
+            await bus.call_home(s.nc, SEND.subject, SEND.subject_at(a.rid), bare, SendResult, timeout=1.5)
+        if a.got:
+            assert a.got == [SEND.subject_at(a.rid)] and not b.got, (a.got, b.got)
+        else:  # NATS said "no responders" (rarely, for a live subject): it reached nobody, so any replica
+            assert b.got == [SEND.subject], b.got
 
     run(nats_url, body)
 

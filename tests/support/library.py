@@ -57,11 +57,11 @@ class Library:
         self._tx = ""
 
     async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
-                   publish: bool = True) -> dict[str, Any]:
+                   publish: bool = True, tx: str = "") -> dict[str, Any]:
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
         if fn in TX_FNS:
-            argv.append(self._tx)
+            argv.append(tx or self._tx)
         self.raw = list(self.r.fcall(fn, len(ks), *ks, *argv))
         return dict(json.loads(self.raw[0]))
 

@@ -203,7 +203,7 @@ class Admission:
             sid=cmd.sid, principal=cmd.principal, message_id=message_id, text=cmd.text, mode=cmd.mode or "",
             client_id=cmd.client_id or "", runner=r.owner, lease_ms=r.settings.runner.lease_ms, turn_id=turn_id,
             owner=r.owner, models=" ".join(sorted(r.models.names())), agents_md=agents, attachments=wire,
-            traceparent=cmd.traceparent or "", over=over)
+            traceparent=cmd.traceparent or "", over=over, tx=cmd.tx or "")
         # The gateway sends the session's next request here, where its turn runs and its
         # transcript is kept (coxswain.rpc.Op.home): a replay names none.
         bus.set_home(res.get("runner"))
@@ -241,7 +241,7 @@ class Admission:
         res = await r.store.fns.lead(
             sid=cmd.sid, principal=cmd.principal, lead_id=new_id("l"), text=cmd.text, client_id=cmd.client_id or "",
             max_pending=r.settings.lead.max_pending, owner=r.owner, want_turn=cmd.turn_id or "",
-            over=await spending.principal_over(r.store.fns, r.settings.limits, cmd.principal))
+            over=await spending.principal_over(r.store.fns, r.settings.limits, cmd.principal), tx=cmd.tx or "")
         bus.set_home(res.get("runner"))
         if not res.get("replay"):
             await r.doorbell.ring(res.get("runner"), cmd.sid, "lead", {"lead_id": res["lead_id"]})
@@ -249,7 +249,7 @@ class Admission:
 
     async def stop(self, cmd: StopCmd) -> StopResult:
         r = self.r
-        res = await r.store.fns.stop(sid=cmd.sid, principal=cmd.principal, owner=r.owner)
+        res = await r.store.fns.stop(sid=cmd.sid, principal=cmd.principal, owner=r.owner, tx=cmd.tx or "")
         turn_id = res.get("turn_id")
         if cmd.programs:  # "stop programs too": the runner that runs them stops them
             await stop_programs(r, cmd.sid, {"by": "stop"})
@@ -275,7 +275,7 @@ class Admission:
         r = self.r
         res = await r.store.fns.answer(
             sid=cmd.sid, principal=cmd.principal, aid=cmd.approval_id, decision=cmd.decision, scope=cmd.scope,
-            message=cmd.message or "", owner=r.owner, actor="", why="",
+            message=cmd.message or "", owner=r.owner, actor="", why="", tx=cmd.tx or "",
         )
         bus.set_home(res.get("runner"))
         await r.doorbell.ring(res.get("runner"), cmd.sid, "approval")

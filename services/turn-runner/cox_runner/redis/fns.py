@@ -272,7 +272,7 @@ class Caller(Protocol):
     async def fcall_raw(self, fn: str, ks: list[str], argv: list[str]) -> Any: ...
 
     async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
-                   publish: bool = True) -> dict[str, Any]: ...
+                   publish: bool = True, tx: str = "") -> dict[str, Any]: ...
 
 
 class Fns:
@@ -305,33 +305,33 @@ class Fns:
     @lua("cox_send")
     async def send(self, *, sid: str, principal: str, message_id: str, text: str, mode: str, client_id: str,
                    runner: str, lease_ms: int, turn_id: str, owner: str, models: str, agents_md: str,
-                   attachments: str = "", traceparent: str = "", over: str = "") -> Sent:
+                   attachments: str = "", traceparent: str = "", over: str = "", tx: str = "") -> Sent:
         """``mode``: '' (send), queue or steer; ``models``: the configured names, space separated;
         ``attachments``: a JSON array of the message's attachment records ('' for none);
         ``traceparent``: the W3C trace context the message's turn is a child of ('' for none);
         ``over``: why the principal's daily budget refuses it ('' = it does not)."""
         res = await self.store.call("cox_send", sid, [sid, principal, message_id, text, mode, client_id, runner,
                                                       str(lease_ms), turn_id, owner, models, agents_md, attachments,
-                                                      traceparent, over])
+                                                      traceparent, over], tx=tx)
         return cast(Sent, res)
 
     @lua("cox_lead")
     async def lead(self, *, sid: str, principal: str, lead_id: str, text: str, client_id: str, max_pending: int,
-                   owner: str, want_turn: str, over: str = "") -> LeadSaved:
+                   owner: str, want_turn: str, over: str = "", tx: str = "") -> LeadSaved:
         res = await self.store.call("cox_lead", sid, [sid, principal, lead_id, text, client_id, str(max_pending),
-                                                      owner, want_turn, over])
+                                                      owner, want_turn, over], tx=tx)
         return cast(LeadSaved, res)
 
     @lua("cox_stop")
-    async def stop(self, *, sid: str, principal: str, owner: str) -> Stopped:
-        return cast(Stopped, await self.store.call("cox_stop", sid, [sid, principal, owner]))
+    async def stop(self, *, sid: str, principal: str, owner: str, tx: str = "") -> Stopped:
+        return cast(Stopped, await self.store.call("cox_stop", sid, [sid, principal, owner], tx=tx))
 
     @lua("cox_answer")
     async def answer(self, *, sid: str, principal: str, aid: str, decision: str, scope: str, message: str,
-                     owner: str, actor: str, why: str) -> Answered:
+                     owner: str, actor: str, why: str, tx: str = "") -> Answered:
         """``principal`` '' and an ``actor`` when the runner answers (dont_ask, policy); '' = a person."""
         res = await self.store.call("cox_answer", sid, [sid, principal, aid, decision, scope, message, owner,
-                                                        actor, why])
+                                                        actor, why], tx=tx)
         return cast(Answered, res)
 
     # ------------------------------------------------------------------ the turn's holder

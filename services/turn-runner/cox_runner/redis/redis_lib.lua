@@ -22,6 +22,13 @@ TX_KEEP_MS) and a call with the same tx answers it again without running: a call
 was lost (the connection broke after Redis ran the call) retries with the same tx and gets the
 first attempt's answer, even if the state moved on since (a turn_end that released the lease
 is not refused "fenced" on the retry).
+
+A transition id may name its caller too: "x_<id>.<by>". A request the gateway sent to a
+session's home and then, the home late, to any runner carries one id to both (coxswain.bus,
+call_home); each runner's call names itself as "by". The first to run makes the change; the
+other's call answers the same reply with "tx_replay": true in it (a "by" that differs from the
+kept one), so that runner does not act on it a second time (start the turn, ring a doorbell). The
+same caller's own retry (the same "by") gets the reply as it was.
 ]]
 
 local LEASES_PREFIX = 'cox:leases:'
@@ -171,19 +178,24 @@ end
 -- stream is skipped, and cox_pub_done trims by seq.
 local function once(fn)
   return function(keys, args)
-    local tx = args[#args]
+    local arg = args[#args]
     args[#args] = nil
-    if tx == nil or tx == '' then return fn(keys, args) end
-    if not string.match(tx, '^x_[%w_-]+$') then
+    if arg == nil or arg == '' then return fn(keys, args) end
+    local tx, by = string.match(arg, '^(x_[%w_-]+)%.?([%w_-]*)$')
+    if tx == nil or (by == '' and string.sub(arg, -1) == '.') then
       -- a caller that forgot the id would otherwise lose its last argument without a word
-      return refuse('invalid', 'the last argument must be a transition id (x_...) or empty')
+      return refuse('invalid', 'the last argument must be a transition id (x_..., x_....by) or empty')
     end
     local base = keys[1]
     local txk = base .. ':tx:' .. tx
     local kept = redis.call('GET', txk)
     if kept then
       local k = cjson.decode(kept)
-      local out = { k.h }
+      local h = k.h
+      if (k.b or '') ~= by then  -- another caller's request ran it: the reply, marked
+        if h == '{}' then h = '{"tx_replay":true}' else h = string.sub(h, 1, -2) .. ',"tx_replay":true}' end
+      end
+      local out = { h }
       if k.o ~= nil and redis.call('GET', base .. ':publock') == k.o then
         local batch = redis.call('LRANGE', base .. ':outbox', 0, PUB_BATCH - 1)
         if #batch > 0 then
@@ -196,6 +208,7 @@ local function once(fn)
     end
     local res = fn(keys, args)
     local k = { h = res[1] }
+    if by ~= '' then k.b = by end
     if #res > 1 then k.o = redis.call('GET', base .. ':publock') end
     redis.call('SET', txk, cjson.encode(k), 'PX', TX_KEEP_MS)
     return res

@@ -33,7 +33,7 @@ from nats.js import JetStreamContext
 
 from coxswain import errors, keys
 from coxswain.errors import logged
-from coxswain.ids import new_id
+from coxswain.ids import id_time, new_id
 from coxswain.redismux import Mux
 
 from ..errors import StoreDown
@@ -76,6 +76,13 @@ WAITED_FNS = frozenset({"cox_create", "cox_patch", "cox_send", "cox_lead", "cox_
 def _list(value: Any) -> list[Any]:
     """cjson writes an empty Lua table as ``{}``; lists always come back as lists."""
     return value if isinstance(value, list) else []
+
+
+REQUEST_TX_FRESH_S = keys.TX_KEEP_MS / 1000 - 15
+"""A request's transition id (the gateway's, :attr:`coxswain.models.HomeCmd.tx`) older than this
+is not run: its kept reply may be gone (``keys.TX_KEEP_MS``), so a runner that reads it that late
+(frozen, its socket's backlog read at the thaw) could make a change another runner made already.
+The gateway gave up on it long before (30 s); 15 s are left for the hosts' clocks to differ."""
 
 
 class Store:
@@ -168,16 +175,27 @@ class Store:
         return res, int(acked) >= self.wait_replicas
 
     async def call(self, fn: str, sid: str | None, args: list[Any], extra_keys: list[str] | None = None,
-                   publish: bool = True) -> dict[str, Any]:
+                   publish: bool = True, tx: str = "") -> dict[str, Any]:
         """Run ``fn``; raise the error it answered; publish any outbox batch it handed over.
+
+        ``tx``: the transition id of the request this call makes the change of, when the request
+        has one of its own (:attr:`coxswain.models.HomeCmd.tx`: the gateway may have sent it to
+        another runner too); a call whose transition another runner's call made already answers
+        that reply marked ``replay`` (redis_lib.lua, "A transition id may name its caller").
 
         Called by :class:`cox_runner.redis.fns.Fns`, which names and types each function's arguments."""
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
-        tx = ""
         if fn in TX_FNS:
-            tx = new_id("x")  # one per logical call: every retry below sends the same one
+            if tx and (born := id_time(tx)) is not None and time.time() - born > REQUEST_TX_FRESH_S:
+                # its reply is kept only so long: run now, it could be made a second time
+                raise errors.Unavailable(f"the request is {time.time() - born:.0f}s old, older than "
+                                         f"its caller waits: not run")
+            # one per logical call: every retry below sends the same one (and names the same caller)
+            tx = f"{tx}.{new_id('c')}" if tx else new_id("x")
             argv.append(tx)
+        elif tx:
+            raise ValueError(f"{fn} takes no transition id")
         first = time.monotonic()
         attempt = 0
         while True:
@@ -201,6 +219,9 @@ class Store:
                 await self.drop_idle()
                 await asyncio.sleep(min(pause, max(0.0, self.retry_s - waited)))
         head = json.loads(res[0])
+        if isinstance(head, dict) and head.pop("tx_replay", False):
+            head["replay"] = True  # another runner's call made this change: its reply, not to act on
+            self.log.info("redis.tx_replayed", fn=fn, sid=sid, tx=tx)
         batch = list(res[1:])
         if batch and sid is not None:
             if publish:
