@@ -187,10 +187,12 @@ async def call(nc: Client, subject: str, request: BaseModel, result: type[T], ti
 NO_RESPONDERS_WAIT_S = 2.0
 """How long a request keeps trying while the bus says nobody listens on its subject."""
 
-HOME_PATIENCE_S = 1.0
+HOME_PATIENCE_S = 2.5
 """How long a request waits for the session's home alone before it asks any replica too
-(:func:`call_home`): a home answers a send in milliseconds; one that died a moment ago may still
-have a NATS route's interest that swallows the request (no "no responders" comes back)."""
+(:func:`call_home`), and twice how long it then waits for each further ask: a home answers a send
+in milliseconds; one that died a moment ago may still have a NATS route's interest that swallows
+the request (no "no responders" comes back). Not less: a home stalled by its machine's load
+(seconds, seen in CI) would hand its sessions to other runners needlessly."""
 
 
 async def call_home(nc: Client, subject: str, home_subject: str | None, request: BaseModel, result: type[T],
@@ -233,9 +235,9 @@ async def _home_or_any(nc: Client, home_subject: str, subject: str, payload: byt
     """``payload`` (a request made once whoever runs it) to ``home_subject``; to ``subject`` too
     when the home is late or gone: the first answer's envelope.
 
-    Every :data:`HOME_PATIENCE_S` without an answer the request goes to any replica once more:
-    the queue group may pick the late home itself (it is still a member until the bus learns it
-    is gone). Nobody listening on ``subject`` is waited out as :func:`_envelope` waits it out;
+    Then every half :data:`HOME_PATIENCE_S` without an answer the request goes to any replica
+    once more: the queue group may pick the late home itself (it is still a member until the bus
+    learns it is gone). Nobody listening on ``subject`` is waited out as :func:`_envelope` waits it out;
     an ``unavailable`` answer of a replica found there is the request's."""
     loop = asyncio.get_running_loop()
     until = loop.time() + timeout
@@ -253,9 +255,10 @@ async def _home_or_any(nc: Client, home_subject: str, subject: str, payload: byt
     await ask(home_subject)
     quiet_since: float | None = None
     pause = 0.05
+    patience = HOME_PATIENCE_S
     try:
         while (left := until - loop.time()) > 0:
-            done, _ = await asyncio.wait(out, timeout=min(left, HOME_PATIENCE_S), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(out, timeout=min(left, patience), return_when=asyncio.FIRST_COMPLETED)
             nobody = False
             for f in done:
                 subj, token = out.pop(f)
@@ -280,6 +283,7 @@ async def _home_or_any(nc: Client, home_subject: str, subject: str, payload: byt
                 pause = min(pause * 2, 0.4)
             if until - loop.time() > 0:
                 await ask(subject)  # the home is late or gone, or the last replica asked is: any replica
+                patience = HOME_PATIENCE_S / 2
         raise Unavailable(f"{home_subject} did not answer within {timeout:g}s, nor did any replica")
     finally:
         for f, (_, token) in out.items():

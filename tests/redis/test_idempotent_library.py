@@ -184,3 +184,19 @@ def test_a_transition_id_naming_its_caller_is_read_whole(r: redis.Redis, lib: Li
         assert send(lib, sid, "m_1", "x", "", "t_1", tx=bad).get("error") == "invalid", bad
     assert r.hget(keys.session(sid), "seq") == seq, "a refused id changed the session"
     assert send(lib, sid, "m_1", "x", "", "t_1", tx="x_a.c_b-1")["disposition"] == "started"
+
+
+def test_a_not_found_is_not_kept_so_the_same_request_runs_once_its_session_is_back(r: redis.Redis,
+                                                                                    lib: Library) -> None:
+    """A request for an archived session finds none (``not_found``, nothing ran); the runner
+    loads the session back and runs the same request again under the same transition id, which
+    must then run, not answer the kept refusal (CI's archive drills: 404 for a send to an
+    archived session)."""
+    sid = "s_back1"
+    assert send(lib, sid, "m_1", "x", "", "t_1", tx="x_arch.c_a").get("error") == "not_found"
+    assert r.exists(keys.tx(sid, "x_arch")) == 0
+    body = json.dumps({"type": "session.created", "sid": sid, "workspace": "/w", "model": "script"})
+    lib(lib.fns.create(sid=sid, principal="p", workspace="/w", model="script", title="", body=body, owner=""))
+    assert send(lib, sid, "m_1", "x", "", "t_1", tx="x_arch.c_a")["disposition"] == "started"
+    again = send(lib, sid, "m_2", "x", "", "t_2", tx="x_arch.c_b")
+    assert again.get("tx_replay") is True and again["message_id"] == "m_1", again

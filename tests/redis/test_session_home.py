@@ -173,14 +173,14 @@ def test_a_late_home_s_request_goes_to_any_replica_too_under_its_one_transition_
     """A home that holds a request (frozen, or dead a moment ago while a NATS route still claims
     its subject: no "no responders" comes back) does not hold the send for its 30 s time-out.
     After ``bus.HOME_PATIENCE_S`` the same request, with the transition id the gateway gave it,
-    goes to any replica too (again each ``HOME_PATIENCE_S``: the queue group may pick the late
-    home itself), and the first answer is the send's. The runners' library makes the change once
+    goes to any replica too (again each half ``HOME_PATIENCE_S``: the queue group may pick the
+    late home itself), and the first answer is the send's. The runners' library makes the change once
     under that id (tests/redis/test_idempotent_library.py)."""
     async def body(s: Services, a: Runner, b: Runner, peer: Any) -> None:
         s.homes["s_5"] = a.rid
         a.hold = True
         t0 = asyncio.get_running_loop().time()
-        async with asyncio.timeout(SEND.timeout_s() / 3):
+        async with asyncio.timeout(SEND.timeout_s() * 2 / 3):
             got = await s.call(SEND, cmd("s_5", "late"))
         took = asyncio.get_running_loop().time() - t0
         assert got.message_id == "m_late"

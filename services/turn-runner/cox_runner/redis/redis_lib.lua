@@ -51,7 +51,12 @@ local function now_ms()
 end
 
 local function reply(tbl) return cjson.encode(tbl) end
-local function refuse(code, detail) return { cjson.encode({ error = code, detail = detail }) } end
+-- The last refusal made (its reply and code): once() keeps no not_found refusal (below).
+local refused, refused_code = nil, nil
+local function refuse(code, detail)
+  refused, refused_code = { cjson.encode({ error = code, detail = detail }) }, code
+  return refused
+end
 
 -- The events recorded by the running call, by session key, written by flush(): one HINCRBY of
 -- the seq, one RPUSH, one ZADD of each index a session, however many events the call records (a
@@ -206,7 +211,12 @@ local function once(fn)
       end
       return out
     end
+    refused = nil
     local res = fn(keys, args)
+    -- No session: nothing ran, and the same request may run once the session is loaded back
+    -- from the archive (the runner's handler runs again under the same id; so may another
+    -- runner the request was also sent to).
+    if res == refused and refused_code == 'not_found' then return res end
     local k = { h = res[1] }
     if by ~= '' then k.b = by end
     if #res > 1 then k.o = redis.call('GET', base .. ':publock') end
