@@ -94,13 +94,8 @@ class Link:
                       headers: dict[str, str] | None = None) -> Msg:
         """``payload`` to ``subject``; the reply, or nats-py's own errors for no responders and a
         timeout (as its ``request`` raises them), or :class:`Unavailable` when the connection is lost."""
-        prefix = self._prefix or await self._start(nc)
-        self._n += 1
-        token = str(self._n)
-        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._waiting[token] = fut
+        token, fut = await self.ask(nc, subject, payload, headers)
         try:
-            await nc.publish(subject, payload, reply=prefix + token, headers=headers)
             async with asyncio.timeout(timeout):
                 msg = await fut
         except TimeoutError as exc:
