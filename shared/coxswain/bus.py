@@ -103,7 +103,7 @@ class Link:
         except _Lost as exc:
             raise Unavailable(f"{exc} while waiting for {subject}") from None
         finally:
-            self._waiting.pop(token, None)
+            self.forget(token)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # a loss that came with a cancellation from outside: the cancellation wins
         if msg.headers and msg.headers.get("Status") == NO_RESPONDERS_STATUS:
@@ -219,10 +219,6 @@ async def call_home(nc: Client, subject: str, home_subject: str | None, request:
 
 class _NoResponders(Exception):
     pass
-
-
-_GONE = (_NoResponders, Unavailable)
-"""What a replica's attempt may end in that another replica's answer can still make good."""
 
 
 async def _home_or_any(nc: Client, home_subject: str, subject: str, payload: bytes,
@@ -377,8 +373,6 @@ def _transport(exc: Exception, subject: str) -> Exception:
         # closed". Seen as a 500 in the NATS-cluster drill when a node was killed mid-load. The
         # request may have gone out before (as with any 503 in flight).
         return Unavailable(f"the message bus connection broke while sending to {subject}")
-    if isinstance(exc, _Lost):
-        return Unavailable(f"{exc} while waiting for {subject}")
     return exc
 
 

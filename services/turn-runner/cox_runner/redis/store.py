@@ -187,10 +187,9 @@ class Store:
         ks = ([keys.session(sid)] if sid is not None else []) + (extra_keys or [])
         argv = [a if isinstance(a, str) else ("" if a is None else str(a)) for a in args]
         if fn in TX_FNS:
-            if tx and (born := id_time(tx)) is not None and time.time() - born > REQUEST_TX_FRESH_S:
+            if tx and (born := id_time(tx)) is not None and (age := time.time() - born) > REQUEST_TX_FRESH_S:
                 # its reply is kept only so long: run now, it could be made a second time
-                raise errors.Unavailable(f"the request is {time.time() - born:.0f}s old, older than "
-                                         f"its caller waits: not run")
+                raise errors.Unavailable(f"the request is {age:.0f}s old, older than its caller waits: not run")
             # one per logical call: every retry below sends the same one (and names the same caller)
             tx = f"{tx}.{new_id('c')}" if tx else new_id("x")
             argv.append(tx)
