@@ -172,9 +172,12 @@ def rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                         p["ideal"]["queue_wait_p99_ms"], "ms",
                         f"floor = the turns ahead at the floor's pace; {d.get('queued', 0)} of "
                         f"{sum(d.values())} messages were queued (the rest found the session idle)"))
+        sw = p.get("switches_per_turn")
+        woke = (f"; {sw['voluntary']} wake-ups and {sw['involuntary']} preemptions a turn over all processes "
+                "(context switches)") if sw else ""
         out.append(_row("sweep", f"{tag} CPU per turn", p["cpu_ms_per_turn"], p["cpu_floor_ms_per_turn"], "ms",
                         f"all stack processes; client {p['client_cpu_ms_per_turn']} ms/turn apart; floor = CPU of "
-                        f"HTTP + NATS req-reply + 3 Redis scripts + {p['events_per_turn']} JetStream publishes"))
+                        f"HTTP + NATS req-reply + 3 Redis scripts + {p['events_per_turn']} JetStream publishes{woke}"))
     for p in ph.get("runs") or []:
         tag = f"runners={p['runners']} tasks={p['tasks']}"
         if "error" in p:

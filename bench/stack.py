@@ -194,12 +194,19 @@ class Stack:
 
 
 class CpuMeter:
-    """CPU seconds (user + system) spent by a set of processes between ``start`` and ``stop``."""
+    """CPU seconds (user + system) spent by a set of processes between ``start`` and ``stop``,
+    and the times each was switched off a CPU (``switches``: voluntary, when it waited for I/O, a
+    wake-up each; and involuntary, when it was preempted), the threads of each counted together."""
 
     def __init__(self, procs: dict[str, psutil.Process]) -> None:
         self.procs = procs
         self.before: dict[str, float] = {}
         self.spent: dict[str, float] = {}
+        self.switches_before: dict[str, tuple[int, int]] = {}
+        self.switches: dict[str, tuple[int, int]] = {}
+        """(voluntary, involuntary) context switches of each process between start and stop, over
+        the threads alive at stop (a thread's counts leave ``/proc`` with it; the services' threads
+        live as long as they do)."""
         self.self_before = 0.0
         self.client_s = 0.0
 
@@ -211,14 +218,36 @@ class CpuMeter:
         except psutil.Error:
             return 0.0
 
+    @staticmethod
+    def _switches(p: psutil.Process) -> tuple[int, int]:
+        """A process's context switches so far, over all its threads (psutil's ``num_ctx_switches``
+        reads only the main thread's on Linux: the sum over ``/proc/PID/task/*/status``)."""
+        vol = inv = 0
+        try:
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                with contextlib.suppress(OSError), open(f"/proc/{p.pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            vol += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches:"):
+                            inv += int(line.split()[1])
+        except OSError:
+            pass
+        return vol, inv
+
     def start(self) -> CpuMeter:
         self.before = {n: self._cpu(p) for n, p in self.procs.items()}
+        self.switches_before = {n: self._switches(p) for n, p in self.procs.items()}
         self.self_before = time.process_time()
         return self
 
     def stop(self) -> CpuMeter:
         self.spent = {n: round(self._cpu(p) - self.before[n], 3) for n, p in self.procs.items()}
         self.client_s = round(time.process_time() - self.self_before, 3)
+        for n, p in self.procs.items():
+            vol, inv = self._switches(p)
+            b = self.switches_before.get(n, (0, 0))
+            self.switches[n] = (max(0, vol - b[0]), max(0, inv - b[1]))
         return self
 
     @property

@@ -158,6 +158,7 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
     clustered = stack.servers.redis_clustered
     cpu_s = client_s = sent_s = 0.0
     spent: dict[str, float] = {}
+    switches: dict[str, list[int]] = {}
     finished = True
     starts: list[tuple[list[str], float]] = []
     for r in range(rounds):
@@ -172,6 +173,10 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
         client_s += meter.client_s
         for name, secs in meter.spent.items():
             spent[name] = round(spent.get(name, 0.0) + secs, 3)
+        for name, (vol, inv) in meter.switches.items():
+            acc = switches.setdefault(name, [0, 0])
+            acc[0] += vol
+            acc[1] += inv
         starts.append((group, t0w))
     logs, short = await read_logs(pool, stack.servers.redis.admin_url, sids, cluster=clustered)
     v = verdict.check(logs, accepted, answers)
@@ -202,6 +207,14 @@ async def load(stack: Stack, pool: Pool, n_sessions: int, messages: int, text: C
         "handoff_end_to_first_output_ms": summary(to_output, 1),
         "cpu_ms_per_turn": round(cpu_s / max(1, turns) * 1000, 2),
         "cpu_s_by_process": spent, "client_cpu_ms_per_turn": round(client_s / max(1, turns) * 1000, 2),
+        # Wake-ups: a process switched off its CPU to wait (voluntary) or preempted (involuntary),
+        # per turn; the same work spread over more processes wakes each up for less of it.
+        "switches_per_turn": {
+            "voluntary": round(sum(v for v, _ in switches.values()) / max(1, turns), 2),
+            "involuntary": round(sum(i for _, i in switches.values()) / max(1, turns), 2),
+            "by_process": {name: [round(v / max(1, turns), 2), round(i / max(1, turns), 2)]
+                           for name, (v, i) in switches.items()},
+        },
         "events_per_turn": round(events / max(1, turns), 2), "verdict": v,
     }
 
