@@ -130,6 +130,7 @@ def test_a_batch_handed_on_whose_reply_is_read_before_the_one_it_follows_waits_f
         await drained(r, sid)
         real_pub_done, real_start = one.fns.pub_done, one.outbox.start
         armed = True
+        injected = asyncio.Event()
 
         async def pub_done(**kw: Any) -> list[str]:
             nonlocal armed
@@ -144,10 +145,15 @@ def test_a_batch_handed_on_whose_reply_is_read_before_the_one_it_follows_waits_f
                 await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "follows")])
                 assert one.outbox._next.get(sid), "the second was handed what follows, to the running publisher"
                 real_start(sid, read_later[0])  # the first call's reply, read now
+                injected.set()
             return res
 
         one.fns.pub_done = pub_done  # type: ignore[method-assign]
         await one.fns.emit(sid=sid, token=token, owner=one.owner, ops=[], events=[ev(sid, "before")])
+        # The outbox looks drained for a moment inside the stand-in (the lock freed, before its
+        # first call takes it again): CI's parallel lane once looked then, and read the session's
+        # seq before the stand-in's second event. Wait for the stand-in's last call first.
+        await asyncio.wait_for(injected.wait(), 10.0)
         await drained(r, sid, timeout=2.0)  # the lock (5 s) never had to lapse
         assert not armed
         last = int(await r.hget(keys.session(sid), "seq") or 0)
