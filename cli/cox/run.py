@@ -251,21 +251,62 @@ async def _main(api: ChatApi, body: dict[str, Any], as_json: bool) -> int:
 
 
 async def _drive(api: ChatApi, body: dict[str, Any], as_json: bool) -> int:
+    # Ctrl-C is ours from before the POST: asyncio.run's own handling would cancel the main task
+    # mid-request, killing the client with a traceback while the run it asked for goes on
+    loop = asyncio.get_running_loop()
+    interrupts = asyncio.Queue[None]()
+    loop.add_signal_handler(signal.SIGINT, interrupts.put_nowait, None)
     try:
-        started = await api.call("POST", "/v1/runs", body)
+        started = await _start(api, body, interrupts)
+        if isinstance(started, int):
+            return started
+        return await _follow_run(api, str(started["session_id"]), started, as_json, interrupts)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def _start(api: ChatApi, body: dict[str, Any], interrupts: asyncio.Queue[None]) -> dict[str, Any] | int:
+    """The POST's answer, or an exit code. A Ctrl-C while the POST is in flight is kept in
+    ``interrupts`` for the run to be stopped once its id is known; a second leaves at once."""
+    post = asyncio.ensure_future(api.call("POST", "/v1/runs", body))
+    ctrl_c = asyncio.ensure_future(interrupts.get())
+    pressed = 0
+    try:
+        while not post.done():
+            await asyncio.wait({post, ctrl_c}, return_when=asyncio.FIRST_COMPLETED)
+            if ctrl_c.done():
+                pressed += 1
+                if pressed > 1:
+                    print("cox run: left before the gateway answered; the run may have started "
+                          "(GET /v1/sessions lists it)", file=sys.stderr)
+                    return EXIT_OTHERWISE
+                print("cox run: the run is stopped as soon as the gateway answers (Ctrl-C again to leave at once)",
+                      file=sys.stderr, flush=True)
+                ctrl_c = asyncio.ensure_future(interrupts.get())
+    finally:
+        for t in (post, ctrl_c):
+            t.cancel()
+            with contextlib.suppress(BaseException):  # its end was handled, or does not matter now
+                await t
+    try:
+        started: dict[str, Any] = post.result()
     except ApiError as exc:
         where = "the gateway did not answer" if exc.status == 0 else f"{exc.status} {exc.code}"
         print(f"cox run: {where}: {exc.detail}", file=sys.stderr)
         return EXIT_USAGE
-    sid = str(started["session_id"])
+    if pressed:
+        interrupts.put_nowait(None)  # stopped as a Ctrl-C after the start is
+    return started
+
+
+async def _follow_run(api: ChatApi, sid: str, started: dict[str, Any], as_json: bool,
+                      interrupts: asyncio.Queue[None]) -> int:
     transcript = Transcript(sys.stdout)
     show = (lambda ev: show_json(ev, sys.stdout)) if as_json else transcript.show
     if not as_json:
         print(f"session {sid} in {started.get('workspace')}", file=sys.stderr, flush=True)
 
     loop = asyncio.get_running_loop()
-    interrupts = asyncio.Queue[None]()
-    loop.add_signal_handler(signal.SIGINT, interrupts.put_nowait, None)
     reader = asyncio.ensure_future(_until_end(api, sid, show))
     stopper: asyncio.Task[Any] | None = None
     try:
@@ -282,7 +323,6 @@ async def _drive(api: ChatApi, body: dict[str, Any], as_json: bool) -> int:
             stopper = asyncio.ensure_future(retrying(lambda: api.stop(sid)))
             loop.call_later(STOP_WAIT_S, reader.cancel)
     finally:
-        loop.remove_signal_handler(signal.SIGINT)
         for t in (reader, stopper):
             if t is not None:
                 t.cancel()
